@@ -1,0 +1,3 @@
+from ._info import main
+
+main()

@@ -1,0 +1,18 @@
+"""Shared test settings: strict JAX, float64 available, deterministic seeds."""
+
+import jax
+import numpy as np
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def tol(dtype) -> float:
+    """Comparison tolerance for values computed in `dtype`."""
+    return {np.dtype("float32"): 2e-5, np.dtype("complex64"): 2e-5}.get(np.dtype(dtype), 1e-12)
