@@ -153,13 +153,11 @@ class CallSpec:
         """
         if value is None and allow_none:
             return [self._zeros(a, host) for a in avals]
-        try:
-            leaves = treedef.flatten_up_to(value)
-        except (ValueError, TypeError) as exc:
-            got = jax.tree_util.tree_structure(value)
+        leaves, got = jax.tree_util.tree_flatten(value, is_leaf=lambda v: v is None)
+        if got != treedef:
             raise ForeignCallError(
                 f"jaxbridge: {what} of foreign function {self.name!r} has the wrong structure: "
-                f"declared {treedef}, got {got} ({exc})") from None
+                f"declared {treedef}, got {got}")
         paths = _paths(treedef)
         return [self._checked_leaf(leaf, aval, f"{what}{path}", allow_none, host)
                 for leaf, aval, path in zip(leaves, avals, paths)]

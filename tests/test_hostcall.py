@@ -1,0 +1,195 @@
+"""The host-call path: errors that keep their identity, checked results, no leaks,
+no deadlocks, zero-copy read-only views."""
+
+import gc
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbridge as jb
+from jaxbridge import _hostcall
+
+BACKENDS = ["native", "pure_callback"]
+
+
+def identity_spec(x):
+    return x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("jit", [False, True])
+def test_exception_reaches_caller_with_type_message_and_function_name(backend, jit):
+    @jb.foreign(identity_spec, backend=backend)
+    def exploding(x):
+        raise KeyError("the key that was missing")
+
+    call = jax.jit(exploding) if jit else exploding
+    with pytest.raises(Exception) as info:
+        jax.block_until_ready(call(jnp.ones(3)))
+    text = str(info.value)
+    assert "KeyError" in text and "the key that was missing" in text and "'exploding'" in text
+    # The process keeps working afterwards.
+    assert float(jax.jit(lambda x: x + 1)(1.0)) == 2.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exception_in_a_rule_names_the_rule(backend):
+    @jb.foreign(identity_spec, backend=backend)
+    def f(x):
+        return np.sin(x)
+
+    @f.defvjp
+    def _vjp(primals, out, ct):
+        raise ZeroDivisionError("adjoint failed")
+
+    with pytest.raises(Exception, match=r"(?s)ZeroDivisionError: adjoint failed.*vjp rule.*'f'"):
+        jax.block_until_ready(jax.grad(lambda x: jnp.sum(f(x)))(jnp.ones(2)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "result, pattern",
+    [
+        (lambda x: np.ones(4), r"output of foreign function 'f' has shape \[4\].*declared float64\[3\]"),
+        (lambda x: np.ones(3, np.float32), r"dtype float32; declared float64\[3\].*astype"),
+        (lambda x: (x, x), r"output of foreign function 'f' has the wrong structure"),
+        (lambda x: None, r"output of foreign function 'f' is None"),
+    ],
+)
+def test_wrong_results_are_reported_not_cast(backend, result, pattern):
+    @jb.foreign(identity_spec, backend=backend)
+    def f(x):
+        return result(x)
+
+    with pytest.raises(Exception, match=pattern):
+        jax.block_until_ready(jax.jit(f)(jnp.ones(3)))
+
+
+@pytest.mark.parametrize(
+    "rule, pattern",
+    [
+        (lambda p, o, ct: (ct, ct), r"one cotangent \(or None\) per positional argument \(1\)"),
+        (lambda p, o, ct: ct, r"must return a tuple"),
+        (lambda p, o, ct: (np.ones(5),), r"cotangent 0 .*shape \[5\].*declared float64\[3\]"),
+    ],
+)
+def test_wrong_cotangents_are_reported(rule, pattern):
+    @jb.foreign(identity_spec)
+    def f(x):
+        return np.sin(x)
+
+    f.defvjp(rule)
+    with pytest.raises(Exception, match=pattern):
+        jax.block_until_ready(jax.grad(lambda x: jnp.sum(f(x)))(jnp.ones(3)))
+
+
+def test_wrong_tangent_is_reported():
+    @jb.foreign(identity_spec)
+    def f(x):
+        return np.sin(x)
+
+    f.defjvp(lambda p, o, t: np.ones(7))
+    with pytest.raises(Exception, match=r"tangent output of foreign function 'f' has shape \[7\]"):
+        jax.block_until_ready(jax.jvp(f, (jnp.ones(3),), (jnp.ones(3),)))
+
+
+def test_bad_declarations_and_arguments_fail_at_trace_time():
+    with pytest.raises(ValueError, match="vmap must be one of"):
+        jb.foreign(identity_spec, vmap="parallel")(np.sin)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        jb.foreign(identity_spec, backend="gpu")(np.sin)
+    with pytest.raises(TypeError, match="must be a pytree of jax.ShapeDtypeStruct"):
+        jb.foreign(lambda x: "not a shape")(np.sin)(jnp.ones(2))
+
+    @jb.foreign(lambda x, *, opts: x)
+    def f(x, *, opts):
+        return x
+
+    with pytest.raises(TypeError, match=r"keyword argument 'opts' is static.*hashable"):
+        f(jnp.ones(2), opts=[1, 2])
+    with pytest.raises(ValueError, match="kind must be one of"):
+        f.defvjp(lambda *a: None, kind="torch")
+
+
+def test_inputs_are_read_only_zero_copy_views():
+    seen = {}
+
+    @jb.foreign(identity_spec, backend="native")
+    def f(x):
+        seen["writeable"] = x.flags.writeable
+        seen["owndata"] = x.flags.owndata
+        try:
+            x[0] = 1.0
+        except ValueError:
+            seen["write_refused"] = True
+        return x * 2
+
+    np.testing.assert_allclose(jax.jit(f)(jnp.arange(3.0)), [0, 2, 4])
+    assert seen == {"writeable": False, "owndata": False, "write_refused": True}
+
+
+def test_native_backend_is_used_on_cpu():
+    assert "cpu" in _hostcall.native_platforms()
+
+    @jb.foreign(identity_spec, backend="native")
+    def f(x):
+        return x + 1
+
+    text = jax.jit(f).lower(jnp.ones(2)).as_text()
+    assert "jaxbridge_host_call" in text
+
+
+def test_function_that_calls_jax_does_not_deadlock():
+    @jb.foreign(identity_spec)
+    def uses_jax(x):
+        return np.asarray(jax.jit(jnp.sin)(jnp.asarray(x)))
+
+    out = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, x: uses_jax(x), x))(jnp.ones(3))
+    np.testing.assert_allclose(out, np.sin(np.sin(np.sin(np.ones(3)))), rtol=1e-12)
+
+
+def test_concurrent_calls_from_threads():
+    @jb.foreign(identity_spec)
+    def f(x):
+        return np.cos(x)
+
+    g = jax.jit(f)
+    errors = []
+
+    def work(seed):
+        try:
+            x = jnp.full(16, float(seed))
+            for _ in range(20):
+                np.testing.assert_allclose(g(x), np.cos(np.asarray(x)))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+
+
+def test_many_closures_traced_repeatedly_do_not_leak_callables():
+    def run_batch(n):
+        for i in range(n):
+            @jb.foreign(identity_spec)
+            def f(x, i=i):
+                return x + i
+
+            f.defvjp(lambda p, o, ct: (ct,))
+            jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(jnp.ones(2)).block_until_ready()
+
+    run_batch(20)
+    jax.clear_caches()
+    gc.collect()
+    baseline = _hostcall.num_registered()
+    run_batch(60)
+    jax.clear_caches()
+    gc.collect()
+    assert _hostcall.num_registered() <= baseline + 5
