@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 _PY_SCALARS = (bool, int, float, complex)
 
 
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
 def _describe(aval: Any) -> str:
     return f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
 
@@ -66,6 +70,11 @@ class CallSpec:
         static_idx = {i for i, _ in static_leaves}
         self.arg_of_dyn = tuple(a for j, a in enumerate(arg_of_leaf) if j not in static_idx)
         self.n_args = len(in_tree.children())
+        # Hot-path precomputation (a host call should cost a few microseconds).
+        self._kwargs = dict(statics)
+        self._static_map = dict(static_leaves)
+        self._plain_args = not static_leaves and all(
+            jax.tree_util.treedef_is_leaf(c) for c in in_tree.children())
 
     # ---- identity: one object per distinct call (see ForeignFunction._spec) ----
     __hash__ = object.__hash__
@@ -85,7 +94,7 @@ class CallSpec:
 
     @property
     def kwargs(self) -> dict:
-        return dict(self.statics)
+        return self._kwargs
 
     @property
     def n_out(self) -> int:
@@ -114,9 +123,11 @@ class CallSpec:
     # ---- leaves <-> user pytrees ----
     def args(self, dyn_leaves: Sequence[Any]) -> tuple:
         """The positional arguments, rebuilt from dynamic leaves and static leaves."""
+        if self._plain_args:
+            return tuple(dyn_leaves)
         leaves: list[Any] = []
         dyn = iter(dyn_leaves)
-        statics = dict(self.static_leaves)
+        statics = self._static_map
         for j in range(self.in_tree.num_leaves):
             leaves.append(statics[j] if j in statics else next(dyn))
         return tuple(jax.tree_util.tree_unflatten(self.in_tree, leaves))
@@ -153,20 +164,31 @@ class CallSpec:
         """
         if value is None and allow_none:
             return [self._zeros(a, host) for a in avals]
-        leaves, got = jax.tree_util.tree_flatten(value, is_leaf=lambda v: v is None)
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1 \
+                and not isinstance(value, (tuple, list, dict)):  # fast path: one array
+            return [self._checked_leaf(value, avals[0], what, allow_none, host)]
+        leaves, got = jax.tree_util.tree_flatten(value, is_leaf=_is_none)
         if got != treedef:
             raise ForeignCallError(
                 f"jaxbridge: {what} of foreign function {self.name!r} has the wrong structure: "
                 f"declared {treedef}, got {got}")
-        paths = _paths(treedef)
-        return [self._checked_leaf(leaf, aval, f"{what}{path}", allow_none, host)
-                for leaf, aval, path in zip(leaves, avals, paths)]
+        checked = []
+        for i, (leaf, aval) in enumerate(zip(leaves, avals)):
+            try:
+                checked.append(self._checked_leaf(leaf, aval, what, allow_none, host))
+            except ForeignCallError:  # say which leaf (paths are only computed here)
+                self._checked_leaf(leaf, aval, f"{what}{_paths(treedef)[i]}", allow_none, host)
+                raise
+        return checked
 
     def _zeros(self, aval: Any, host: bool) -> Any:
         return np.zeros(aval.shape, aval.dtype) if host else jnp.zeros(aval.shape, aval.dtype)
 
     def _checked_leaf(self, leaf: Any, aval: Any, label: str, allow_none: bool,
                       host: bool) -> Any:
+        if host and type(leaf) is np.ndarray and leaf.dtype == aval.dtype \
+                and leaf.shape == aval.shape:
+            return leaf  # fast path
         if leaf is None:
             if allow_none:
                 return self._zeros(aval, host)
@@ -199,7 +221,29 @@ class CallSpec:
         return primals, out, res, ins[n_in + n_all:]
 
     def run_forward(self, ins: Sequence[Any], host: bool = True) -> list[Any]:
-        value = self.fn.fun(*self.args(ins), **self.kwargs)
+        return self.check_forward(self.fn.fun(*self.args(ins), **self._kwargs), host)
+
+    def fill_forward(self) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        """The native-protocol forward (write into `outs`), with a fast path for the
+        common case of one array argument list and one array result."""
+        fun, kwargs, args = self.fn.fun, self._kwargs, self.args
+        single = self.res_tree is None and self.out_tree.num_nodes == 1 \
+            and self.out_tree.num_leaves == 1
+        shape, dtype = (self.out_avals[0].shape, self.out_avals[0].dtype) if single else (
+            None, None)
+
+        def fill(ins, outs):
+            value = fun(*args(ins), **kwargs)
+            if single and type(value) is np.ndarray and value.shape == shape \
+                    and value.dtype == dtype:
+                outs[0][...] = value
+                return
+            for out, checked in zip(outs, self.check_forward(value)):
+                out[...] = checked
+
+        return fill
+
+    def check_forward(self, value: Any, host: bool = True) -> list[Any]:
         if self.res_tree is not None:
             if not (isinstance(value, tuple) and len(value) == 2):
                 raise ForeignCallError(
@@ -284,8 +328,10 @@ class CallSpec:
         key = (kind, nz)
         target = self._callables.get(key)
         if target is None:
+            fill = None
             if kind == "forward":
                 run, avals, what = self.run_forward, self.all_out_avals, "forward call"
+                fill = self.fill_forward()
             elif kind == "jvp":
                 run = lambda ins: self.run_tangent(ins, nz)  # noqa: E731
                 avals = tuple(a for a, d in zip(self.out_avals, self.diff_out) if d)
@@ -294,7 +340,7 @@ class CallSpec:
                 run = lambda ins: self.run_cotangent(ins, nz)  # noqa: E731
                 avals = tuple(a for a, z in zip(self.in_avals, nz) if z)
                 what = "vjp rule"
-            target = HostCallable(run, avals, self.name, what)
+            target = HostCallable(run, avals, self.name, what, fill)
             self._callables[key] = target
         return target
 
