@@ -63,3 +63,68 @@ def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms a lowering rule is being asked to lower for."""
     platforms = getattr(ctx.module_context, "platforms", None)
     return tuple(platforms) if platforms else ()
+
+
+def auto_partitioned_devices(ctx: Any) -> int:
+    """How many devices XLA's partitioner splits the op being lowered over (1 when the
+    computation runs on one device, or inside a fully manual `shard_map` region)."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, mlir.SPMDAxisContext):
+        manual = set(axis_context.manual_axes or ())
+        sizes = dict(axis_context.mesh.shape)
+        n = 1
+        for name, size in sizes.items():
+            if name not in manual:
+                n *= size
+        return n
+    if isinstance(axis_context, mlir.ShardingContext):
+        return int(axis_context.num_devices)
+    return 1
+
+
+def set_num_batch_dims(results: Any, num_batch_dims: int) -> None:
+    """Mark an FFI custom call as splittable along `num_batch_dims` leading dims.
+
+    This is the frontend attribute read by XLA for targets registered with
+    `jax.ffi.register_ffi_target_as_batch_partitionable`.
+    """
+    value = results[0] if isinstance(results, (list, tuple)) else results
+    op = value.owner
+    op.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(
+        {"num_batch_dims": mlir.ir.StringAttr.get(str(num_batch_dims))})
+
+
+# ---- shard_map: varying manual axes ("vma") ----
+def varying_axes(aval: Any) -> frozenset:
+    """The manual mesh axes (inside `shard_map`) along which a value varies."""
+    mat = getattr(aval, "mat", None)  # JAX >= 0.9
+    if mat is not None:
+        return frozenset(getattr(mat, "varying", ()))
+    return frozenset(getattr(aval, "vma", ()))  # JAX 0.6 - 0.8
+
+
+def cast_to_varying(x: Any, axes: frozenset) -> Any:
+    """Mark `x` as varying over `axes` (its transpose is a `psum`: the gradient of a
+    replicated input sums the shards' contributions)."""
+    missing = tuple(sorted(axes - varying_axes(aval_of(x))))
+    if not missing:
+        return x
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, missing, to="varying")
+    return jax.lax.pvary(x, missing)  # JAX 0.6 - 0.8
+
+
+def result_avals(in_avals: Any, structs: Any, name: str) -> list:
+    """Abstract values for results of `structs` (shape/dtype) computed from inputs
+    `in_avals`: they vary over the same manual axes as the inputs."""
+    vmas = {varying_axes(a) for a in in_avals}
+    if len(vmas) > 1:
+        raise ValueError(
+            f"jaxbridge: {name}: inside jax.shard_map, the inputs vary over different mesh "
+            f"axes {sorted(map(sorted, vmas))}; call the foreign function directly (jaxbridge "
+            f"casts its arguments) rather than binding its primitive.")
+    if not vmas or not next(iter(vmas)):
+        return [ShapedArray(s.shape, s.dtype) for s in structs]
+    template = next(iter(in_avals))
+    return [template.update(shape=tuple(s.shape), dtype=s.dtype, weak_type=False)
+            for s in structs]

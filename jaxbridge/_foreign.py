@@ -10,8 +10,8 @@ from typing import Any, Literal, TypeVar, overload
 import jax
 import numpy as np
 
-from ._compat import aval_of
-from ._hostcall import BACKENDS
+from ._compat import aval_of, cast_to_varying, varying_axes
+from ._hostcall import BACKENDS, ON_MESH
 from ._rules import foreign_call_p
 from ._spec import CallSpec
 
@@ -46,7 +46,8 @@ class ForeignFunction:
     """A host (NumPy/SciPy) function callable from JAX; see :func:`foreign`."""
 
     def __init__(self, fun: Callable[..., Any], result: Any, *, residuals: Any = None,
-                 vmap: str = "loop", backend: str = "auto"):
+                 vmap: str = "loop", backend: str = "auto", batch_dims: int = 0,
+                 on_mesh: str = "error"):
         if not callable(fun):
             raise TypeError(f"jaxbridge.foreign: expected a function to wrap, got {fun!r}")
         if vmap not in VMAP_CHOICES:
@@ -55,7 +56,15 @@ class ForeignFunction:
         if backend not in BACKENDS:
             raise ValueError(f"jaxbridge.foreign: backend must be one of {BACKENDS}, "
                              f"got {backend!r}")
+        if not isinstance(batch_dims, int) or batch_dims < 0:
+            raise ValueError(f"jaxbridge.foreign: batch_dims must be an int >= 0, "
+                             f"got {batch_dims!r}")
+        if on_mesh not in ON_MESH:
+            raise ValueError(f"jaxbridge.foreign: on_mesh must be one of {ON_MESH}, "
+                             f"got {on_mesh!r}")
         functools.update_wrapper(self, fun)
+        self.batch_dims = batch_dims
+        self.on_mesh = on_mesh
         self.fun = fun
         self.result = result
         self.residuals = residuals
@@ -133,6 +142,9 @@ class ForeignFunction:
     # ---- calling ----
     def __call__(self, *args: Any, **static: Any) -> Any:
         spec, dyn = self._spec(args, static)
+        axes = frozenset().union(*(varying_axes(aval_of(x)) for x in dyn))
+        if axes:  # inside shard_map: replicated inputs join the varying ones
+            dyn = [cast_to_varying(x, axes) for x in dyn]
         outs = foreign_call_p.bind(*dyn, spec=spec)
         return jax.tree_util.tree_unflatten(spec.out_tree, list(outs[:spec.n_out]))
 
@@ -188,13 +200,27 @@ class ForeignFunction:
         res_tree, res_avals = (None, ())
         if self.residuals is not None:
             res_tree, res_avals = declared(self.residuals, "residuals")
+        if self.batch_dims:
+            self._check_batch_dims(in_structs + out_avals + res_avals)
         return CallSpec(self, in_tree, static_leaves, in_structs, statics, out_tree, out_avals,
                         res_tree, res_avals)
+
+    def _check_batch_dims(self, structs: tuple) -> None:
+        k = self.batch_dims
+        leading = {tuple(s.shape[:k]) for s in structs if len(s.shape) >= k}
+        if any(len(s.shape) < k for s in structs) or len(leading) != 1:
+            shapes = [list(s.shape) for s in structs]
+            raise ValueError(
+                f"jaxbridge: foreign function {self.__name__!r} declares batch_dims={k}, so every "
+                f"array argument, result and residual must share the same {k} leading "
+                f"dimension(s); got shapes {shapes}. Broadcast unbatched arguments, or call "
+                f"the function inside jax.shard_map instead.")
 
 
 def foreign(result: Any, *, residuals: Any = None,
             vmap: Literal["loop", "vectorized"] = "loop",
             backend: Literal["auto", "native", "pure_callback"] = "auto",
+            batch_dims: int = 0, on_mesh: Literal["error", "replicate"] = "error",
             ) -> Callable[[Callable[..., Any]], ForeignFunction]:
     """Make a NumPy/SciPy function callable (and differentiable) from JAX.
 
@@ -211,6 +237,14 @@ def foreign(result: Any, *, residuals: Any = None,
         functions written to broadcast over leading axes.
       backend: `"auto"` (native host call where available, else `jax.pure_callback`),
         `"native"` (error if unavailable) or `"pure_callback"`.
+      batch_dims: the number of leading dimensions, shared by every array argument
+        and result, along which the function is independent (it must accept any
+        size there). Under `jit` on inputs sharded along them, XLA runs the call
+        (and its rules) once per shard on the shard's own device, with no gather.
+      on_mesh: what to do when a call that cannot be split (no `batch_dims`, or the
+        `pure_callback` backend) is compiled for several devices: `"error"`
+        (default; never a silent gather) or `"replicate"` (accept that XLA gathers
+        the inputs and runs the call on every device).
 
     Positional arguments are pytrees whose array leaves are traced (float, complex,
     integer and bool; only inexact ones are differentiable); other leaves and all
@@ -233,7 +267,8 @@ def foreign(result: Any, *, residuals: Any = None,
         Array([0.5, 0.5], dtype=float32)
     """
     def wrap(fun: Callable[..., Any]) -> ForeignFunction:
-        return ForeignFunction(fun, result, residuals=residuals, vmap=vmap, backend=backend)
+        return ForeignFunction(fun, result, residuals=residuals, vmap=vmap, backend=backend,
+                               batch_dims=batch_dims, on_mesh=on_mesh)
 
     return wrap
 

@@ -34,6 +34,10 @@ else:
     NATIVE_IMPORT_ERROR = None
 
 TARGET_NAME = "jaxbridge_host_call"
+# The same handler under a second name that XLA may split along leading batch
+# dimensions (one call per shard); only calls that declare batch dims use it.
+BATCHED_TARGET_NAME = "jaxbridge_host_call_batched"
+ON_MESH = ("error", "replicate")
 BACKENDS = ("auto", "native", "pure_callback")
 _ids = itertools.count(1)
 _registered_platforms: set[str] = set()
@@ -55,12 +59,15 @@ def _register_native_targets() -> set[str]:
         if _registered_platforms or _native is None:
             return _registered_platforms
         for platform, targets in _native.registrations().items():
-            for name, capsule in targets.items():
-                try:
-                    jax.ffi.register_ffi_target(name, capsule, platform=platform)
-                except Exception:  # noqa: BLE001 - e.g. CUDA handler on a CPU-only jaxlib
-                    continue
-                _registered_platforms.add(platform.lower())
+            capsule = targets[TARGET_NAME]
+            try:
+                jax.ffi.register_ffi_target(TARGET_NAME, capsule, platform=platform)
+                jax.ffi.register_ffi_target(BATCHED_TARGET_NAME, capsule, platform=platform)
+            except Exception:  # noqa: BLE001 - e.g. CUDA handler on a CPU-only jaxlib
+                continue
+            _registered_platforms.add(platform.lower())
+        if _registered_platforms:
+            jax.ffi.register_ffi_target_as_batch_partitionable(BATCHED_TARGET_NAME)
         return _registered_platforms
 
 
@@ -137,16 +144,30 @@ class HostCallable:
             raise ForeignCallError(format_exception(self.name, self.what, exc)) from exc
 
 
-def _ffi_lowering():
-    return jax.ffi.ffi_lowering(TARGET_NAME)
-
-
 def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "auto",
-                    platform: str | None = None) -> Sequence[Any]:
-    """Emit the call of `target` on `args` into the MLIR module being built."""
+                    platform: str | None = None, num_batch_dims: int = 0,
+                    on_mesh: str = "error") -> Sequence[Any]:
+    """Emit the call of `target` on `args` into the MLIR module being built.
+
+    With `num_batch_dims > 0` on the native path, XLA may split the call along those
+    leading dimensions, one call per shard on the shard's own device. A call that
+    cannot be split, in a computation partitioned over several devices, would have
+    its inputs gathered: that is an error unless `on_mesh="replicate"` allows it.
+    """
     if backend == "auto":
         backend = default_backend()
     use_native = backend != "pure_callback" and platform in native_platforms()
+    devices = _compat.auto_partitioned_devices(ctx)
+    if devices > 1 and not (use_native and num_batch_dims) and on_mesh != "replicate":
+        how = ("declares no batch dimensions" if not num_batch_dims else
+               "runs through jax.pure_callback, which XLA cannot split")
+        raise RuntimeError(
+            f"jaxbridge: the {target.what} of foreign function {target.name!r} is compiled into "
+            f"a computation partitioned over {devices} devices, but it {how}, so XLA would "
+            f"gather its inputs onto every device. Declare jb.foreign(..., batch_dims=k) for a "
+            f"function that is independent along its k leading dimensions (it then runs once "
+            f"per shard), call it inside jax.shard_map, or pass on_mesh='replicate' to accept "
+            f"the gather.")
     if backend == "native" and not use_native:
         raise RuntimeError(
             f"jaxbridge: foreign function {target.name!r} asked for backend='native', but the "
@@ -156,7 +177,12 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
             f"jax.pure_callback.")
     if use_native:
         _compat.add_keepalive(ctx, target)
-        return _ffi_lowering()(ctx, *args, callback_id=np.int64(target.id))
+        if not num_batch_dims:
+            return jax.ffi.ffi_lowering(TARGET_NAME)(ctx, *args, callback_id=np.int64(target.id))
+        results = jax.ffi.ffi_lowering(BATCHED_TARGET_NAME)(
+            ctx, *args, callback_id=np.int64(target.id))
+        _compat.set_num_batch_dims(results, num_batch_dims)
+        return results
 
     out_shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in target.out_avals)
 

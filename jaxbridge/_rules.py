@@ -24,7 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._compat import Primitive, ad, aval_of, batching, is_zero, mlir, zero_tangent
+from ._compat import (Primitive, ad, aval_of, batching, is_zero, mlir, result_avals,
+                      zero_tangent)
 from ._hostcall import lower_host_call
 from ._spec import CallSpec
 
@@ -56,17 +57,20 @@ def _no_vjp(spec: CallSpec) -> MissingRuleError:
 
 
 def _jvp_out_avals(spec: CallSpec) -> list:
-    return spec.shaped([a for a, d in zip(spec.out_avals, spec.diff_out) if d])
+    return [a for a, d in zip(spec.out_avals, spec.diff_out) if d]
 
 
 def _vjp_out_avals(spec: CallSpec, nz: tuple) -> list:
-    return spec.shaped([a for a, z in zip(spec.in_avals, nz) if z])
+    return [a for a, z in zip(spec.in_avals, nz) if z]
 
 
 # ---------------------------------------------------------------- abstract eval
-foreign_call_p.def_abstract_eval(lambda *_, spec: spec.shaped(spec.all_out_avals))
-foreign_jvp_p.def_abstract_eval(lambda *_, spec, nz: _jvp_out_avals(spec))
-foreign_vjp_p.def_abstract_eval(lambda *_, spec, nz: _vjp_out_avals(spec, nz))
+foreign_call_p.def_abstract_eval(
+    lambda *avals, spec: result_avals(avals, spec.all_out_avals, spec.name))
+foreign_jvp_p.def_abstract_eval(
+    lambda *avals, spec, nz: result_avals(avals, _jvp_out_avals(spec), spec.name))
+foreign_vjp_p.def_abstract_eval(
+    lambda *avals, spec, nz: result_avals(avals, _vjp_out_avals(spec, nz), spec.name))
 
 
 # ---------------------------------------------------------------- eager: via jit
@@ -81,9 +85,14 @@ for _p in (foreign_call_p, foreign_jvp_p, foreign_vjp_p):
 
 
 # ---------------------------------------------------------------- lowering
+def _host_options(spec: CallSpec, platform: str | None) -> dict:
+    return dict(backend=spec.fn.backend, platform=platform,
+                num_batch_dims=spec.num_batch_dims, on_mesh=spec.fn.on_mesh)
+
+
 def _lower_call(ctx, *args, spec, platform):
     return lower_host_call(ctx, spec.host_callable("forward"), *args,
-                           backend=spec.fn.backend, platform=platform)
+                           **_host_options(spec, platform))
 
 
 def _lower_rule(kind: str, ctx, *args, spec, nz, platform):
@@ -93,7 +102,7 @@ def _lower_rule(kind: str, ctx, *args, spec, nz, platform):
     if rule.kind == "jax":
         return mlir.lower_fun(spec.traced(kind, nz), multiple_results=True)(ctx, *args)
     return lower_host_call(ctx, spec.host_callable(kind, nz), *args,
-                           backend=spec.fn.backend, platform=platform)
+                           **_host_options(spec, platform))
 
 
 for _platform in ("cpu", "cuda", None):

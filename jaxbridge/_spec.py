@@ -32,6 +32,12 @@ def _is_none(x: Any) -> bool:
     return x is None
 
 
+def _local(avals: Sequence[Any], shapes: Sequence[tuple]) -> tuple:
+    """Declared avals with the shapes of one shard of a batch-partitioned call."""
+    return tuple(a if tuple(a.shape) == tuple(sh) else jax.ShapeDtypeStruct(tuple(sh), a.dtype)
+                 for a, sh in zip(avals, shapes))
+
+
 def _describe(aval: Any) -> str:
     return f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
 
@@ -59,6 +65,7 @@ class CallSpec:
         self.res_tree, self.res_avals = res_tree, res_avals
         self.batch_shape = batch_shape
         self.base = base or self
+        self.num_batch_dims = fn.batch_dims + (len(batch_shape) if fn.batch_dims else 0)
         self.diff_in = tuple(jnp.issubdtype(a.dtype, jnp.inexact) for a in in_avals)
         self.diff_out = tuple(jnp.issubdtype(a.dtype, jnp.inexact) for a in out_avals)
         self._callables: dict[Any, HostCallable] = {}
@@ -229,32 +236,37 @@ class CallSpec:
         fun, kwargs, args = self.fn.fun, self._kwargs, self.args
         single = self.res_tree is None and self.out_tree.num_nodes == 1 \
             and self.out_tree.num_leaves == 1
-        shape, dtype = (self.out_avals[0].shape, self.out_avals[0].dtype) if single else (
-            None, None)
+        dtype = self.out_avals[0].dtype if single else None
 
         def fill(ins, outs):
             value = fun(*args(ins), **kwargs)
-            if single and type(value) is np.ndarray and value.shape == shape \
-                    and value.dtype == dtype:
+            if single and type(value) is np.ndarray and value.dtype == dtype \
+                    and value.shape == outs[0].shape:  # == `shape` unless partitioned
                 outs[0][...] = value
                 return
-            for out, checked in zip(outs, self.check_forward(value)):
+            for out, checked in zip(outs, self.check_forward(value, True,
+                                                             [o.shape for o in outs])):
                 out[...] = checked
 
         return fill
 
-    def check_forward(self, value: Any, host: bool = True) -> list[Any]:
+    def check_forward(self, value: Any, host: bool = True,
+                      shapes: Sequence[tuple] | None = None) -> list[Any]:
+        out_avals, res_avals = self.out_avals, self.res_avals
+        if shapes is not None and self.num_batch_dims:  # one shard of a partitioned call
+            local = _local(self.all_out_avals, shapes)
+            out_avals, res_avals = local[:self.n_out], local[self.n_out:]
         if self.res_tree is not None:
             if not (isinstance(value, tuple) and len(value) == 2):
                 raise ForeignCallError(
                     f"jaxbridge: foreign function {self.name!r} declares residuals, so it must "
                     f"return a pair (output, residuals); got {type(value).__name__}")
             value, residuals = value
-            return (self.flatten_checked(value, self.out_tree, self.out_avals, "output",
+            return (self.flatten_checked(value, self.out_tree, out_avals, "output",
                                          allow_none=False, host=host)
-                    + self.flatten_checked(residuals, self.res_tree, self.res_avals,
+                    + self.flatten_checked(residuals, self.res_tree, res_avals,
                                            "residual", allow_none=False, host=host))
-        return self.flatten_checked(value, self.out_tree, self.out_avals, "output",
+        return self.flatten_checked(value, self.out_tree, out_avals, "output",
                                     allow_none=False, host=host)
 
     def _rule_call(self, rule: Callable, primals: tuple, out: Any, third: Any, res: Any) -> Any:
@@ -270,7 +282,11 @@ class CallSpec:
         tangent_leaves = [next(tans) if z else None for z in nz]
         tangents = self.tangent_args(tangent_leaves)
         value = self._rule_call(self.fn.jvp_rule.fun, primals, out, tangents, res)
-        leaves = self.flatten_checked(value, self.out_tree, self.out_avals, "tangent output",
+        out_avals = self.out_avals
+        if host and self.num_batch_dims:  # one shard: the primal outputs give its shapes
+            n_in = len(self.in_avals)
+            out_avals = _local(out_avals, [np.shape(o) for o in ins[n_in:n_in + self.n_out]])
+        leaves = self.flatten_checked(value, self.out_tree, out_avals, "tangent output",
                                       allow_none=True, host=host)
         return [t for t, d in zip(leaves, self.diff_out) if d]
 
@@ -291,7 +307,10 @@ class CallSpec:
                 f"with one cotangent (or None) per positional argument ({self.n_args}); "
                 f"got {got}")
         leaves: list[Any] = []
-        dyn_avals = iter(self.in_avals)
+        in_avals = self.in_avals
+        if host and self.num_batch_dims:  # one shard: the primal inputs give its shapes
+            in_avals = _local(in_avals, [np.shape(x) for x in ins[:len(in_avals)]])
+        dyn_avals = iter(in_avals)
         statics = dict(self.static_leaves)
         flat_index = 0
         for i, (child, ct_i) in enumerate(zip(self.in_tree.children(), value)):
