@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._compat import ShapedArray
 from ._hostcall import ForeignCallError, HostCallable
 
 if TYPE_CHECKING:
@@ -110,9 +109,6 @@ class CallSpec:
     @property
     def all_out_avals(self) -> tuple:
         return self.out_avals + self.res_avals
-
-    def shaped(self, avals: Sequence[Any]) -> list[Any]:
-        return [ShapedArray(a.shape, a.dtype) for a in avals]
 
     # ---- vectorized vmap: the same function on a leading batch axis ----
     def batched(self, size: int) -> CallSpec:
