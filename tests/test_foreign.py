@@ -386,3 +386,16 @@ def test_metadata_repr_and_jaxpr_are_readable():
     assert "sin_mul" in repr(f) and "vjp=numpy" in repr(f)
     text = str(jax.make_jaxpr(f)(*inputs(np.float32)))
     assert "foreign_call" in text and "sin_mul[" in text
+
+
+# ----------------------------------------------------------------------------- rule checker
+@pytest.mark.parametrize("kind", ["numpy", "jax"])
+def test_rule_checker_passes_every_function_wrapped_here(kind):
+    from jaxbridge.testing import check_rules
+
+    x, y = inputs(np.float64)
+    report = check_rules(make_sin_mul(kind), x, y)
+    assert report.passed and not report.failures
+    rng = np.random.default_rng(3)
+    a = jnp.asarray(rng.normal(size=(3, 3)) + 3 * np.eye(3))
+    assert check_rules(make_solve(), a, jnp.ones(3)).passed

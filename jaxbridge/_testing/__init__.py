@@ -1,0 +1,1 @@
+"""Private implementation of :mod:`jaxbridge.testing` (the checker, its report, strategies)."""

@@ -1,0 +1,910 @@
+"""The checks behind `jaxbridge.testing.check_rules`.
+
+Everything works on the *flat* view of a call: the positional arguments are flattened
+to leaves; array leaves are "dynamic" (inexact ones are differentiated, integer and
+boolean ones are held fixed), other leaves are static. Outputs are flattened the same
+way. Each check compares what JAX computes with the user's rules against an
+independent reference (finite differences, the other rule, an eager loop) and records
+one `CheckResult` per (argument leaf, output leaf) pair.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._foreign import ForeignFunction
+from .._rules import MissingRuleError
+from ._report import CHECKS, CheckOptions, CheckResult, RuleReport
+
+_PY_NUMBERS = (bool, int, float, complex)
+# Fourth-order central difference: f'(x) ~ sum(c * f(x + s h)) / h.
+_STENCIL = ((-2.0, 1 / 12), (-1.0, -8 / 12), (1.0, 8 / 12), (2.0, -1 / 12))
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, *_PY_NUMBERS)) or \
+        hasattr(x, "__jax_array__")
+
+
+def _inexact(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _upcast_dtype(dtype: Any) -> np.dtype:
+    return np.dtype(np.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else np.float64)
+
+
+def _defaults(eps_mach: float) -> dict[str, float]:
+    """Tolerances and step for the precision whose machine epsilon is `eps_mach`."""
+    if eps_mach <= 1e-15:
+        return {"rtol": 1e-6, "exact_rtol": 1e-10, "eps": 1e-3}
+    if eps_mach <= 1e-6:
+        return {"rtol": 5e-3, "exact_rtol": 1e-4, "eps": 2e-2}
+    return {"rtol": 5e-2, "exact_rtol": 1e-2, "eps": 1e-1}
+
+
+def _pair(a: Any, b: Any) -> float:
+    """JAX's (bilinear) pairing of tangents and cotangents: Re(sum(a * b))."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    return float(np.real(np.sum(a.astype(np.result_type(a.dtype, np.float64))
+                                * b.astype(np.result_type(b.dtype, np.float64)))))
+
+
+def _abs_pair(a: Any, b: Any) -> float:
+    return float(np.sum(np.abs(np.asarray(a, dtype=np.complex128)
+                               * np.asarray(b, dtype=np.complex128))))
+
+
+def _exception_note(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    first = " ".join(line.strip() for line in msg[:3])
+    first = re.sub(r"^INTERNAL: ", "", first)
+    if len(first) > 400:
+        first = first[:397] + "..."
+    return f"raised {type(exc).__name__}: {first}"
+
+
+def _exception_hint(exc: BaseException) -> str:
+    msg = str(exc)
+    if "shapes do not match" in msg or "shape mismatch" in msg or "incompatible shapes" in msg:
+        return "wrong shape"
+    m = re.search(r"has shape (\[[^\]]*\]) and dtype (\w+); declared (\w+)(\[[^\]]*\])", msg)
+    if m:
+        return "wrong shape" if m.group(1) != m.group(4) else "wrong dtype"
+    if "structure" in msg:
+        return "wrong structure"
+    if "dtype" in msg:
+        return "wrong dtype"
+    if "shape" in msg:
+        return "wrong shape"
+    return ""
+
+
+def _dtype_name(dtype: Any) -> str:
+    dtype = np.dtype(dtype)
+    return "float0" if dtype == jax.dtypes.float0 else dtype.name
+
+
+def _no_forward(exc: BaseException) -> bool:
+    msg = str(exc)
+    return isinstance(exc, MissingRuleError) or "custom_vjp" in msg or "forward-mode" in msg
+
+
+def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
+          transposed: np.ndarray | None = None) -> str:
+    """A cheap guess at what is wrong when `rule` (what the rule gave) != `ref`."""
+    if rule.shape != ref.shape:
+        return f"wrong shape: got {list(rule.shape)}, expected {list(ref.shape)}"
+    if not np.all(np.isfinite(rule)):
+        return "non-finite values"
+    big = np.abs(ref) > 1e-3 * np.max(np.abs(ref), initial=0.0)
+    if not big.any():
+        return "rule is non-zero where the reference is zero"
+    if np.all(np.abs(rule + ref) <= tol):
+        return "sign flipped (rule ~ -reference)"
+    if transposed is not None and np.all(np.abs(transposed - ref) <= tol):
+        return "cotangent looks transposed"
+    if np.all(rule == 0):
+        return "rule returns zeros"
+    k = np.median((rule[big] / ref[big]).real) if np.iscomplexobj(rule) or np.iscomplexobj(ref) \
+        else np.median(rule[big] / ref[big])
+    if np.isfinite(k) and abs(k - 1) > 1e-3 and k != 0 and \
+            np.all(np.abs(rule - k * ref) <= np.asarray(tol) * max(1.0, abs(k)) * 10):
+        return f"off by a constant factor ~{k:.3g}"
+    if np.iscomplexobj(rule) and np.all(np.abs(rule - np.conj(ref)) <= tol):
+        return "looks complex-conjugated"
+    return ""
+
+
+class _Checker:
+    """One `check_rules` run: the flat view of the call plus every check."""
+
+    def __init__(self, f: Callable[..., Any], args: tuple, static: dict, opts: CheckOptions):
+        self.f, self.static, self.opts = f, static, opts
+        self.name = getattr(f, "__name__", None) or type(f).__name__
+        self.foreign = isinstance(f, ForeignFunction)
+        self.rng = np.random.default_rng(opts.seed)
+        self.results: list[CheckResult] = []
+        self.x64 = bool(jax.config.jax_enable_x64)
+
+        # ---- inputs: flat leaves with readable paths ----
+        leaves, self.treedef = jax.tree_util.tree_flatten_with_path(tuple(args))
+        names = self._arg_names(len(args))
+        self.leaves: list[Any] = []
+        self.dyn_pos: list[int] = []       # index into self.leaves of each dynamic leaf
+        self.labels: list[str] = []        # per dynamic leaf
+        self.arg_of: list[int] = []        # positional argument of each dynamic leaf
+        for k, (path, leaf) in enumerate(leaves):
+            if _is_array(leaf):
+                leaf = jnp.asarray(leaf)
+                self.dyn_pos.append(k)
+                self.labels.append(names[path[0].idx] + jax.tree_util.keystr(path[1:]))
+                self.arg_of.append(path[0].idx)
+            self.leaves.append(leaf)
+        self.n_args = len(args)
+        self.arg_names = names
+        self.dyn = [self.leaves[k] for k in self.dyn_pos]
+        self.diff = [i for i, x in enumerate(self.dyn) if _inexact(x.dtype)]   # dyn indices
+        self.ints = [i for i, x in enumerate(self.dyn) if not _inexact(x.dtype)]
+
+    def _arg_names(self, n: int) -> list[str]:
+        try:
+            params = list(inspect.signature(self.f).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        names = []
+        for i in range(n):
+            if i < len(params) and params[i].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD):
+                names.append(params[i].name)
+            elif n == 1:
+                names.append("x")
+            else:
+                names.append(f"args[{i}]")
+        return names
+
+    # ------------------------------------------------------------ flat functions
+    def call_dyn(self, dyn: Sequence[Any]) -> list[Any]:
+        """All output leaves of `f` at dynamic leaves `dyn`."""
+        leaves = list(self.leaves)
+        for k, x in zip(self.dyn_pos, dyn):
+            leaves[k] = x
+        args = jax.tree_util.tree_unflatten(self.treedef, leaves)
+        return jax.tree_util.tree_leaves(self.f(*args, **self.static))
+
+    def diffout(self, dyn: Sequence[Any]) -> list[Any]:
+        """The inexact output leaves."""
+        outs = self.call_dyn(dyn)
+        return [outs[o] for o in self.dout]
+
+    def _merge(self, diff_leaves: Sequence[Any], dyn: Sequence[Any]) -> list[Any]:
+        full = list(dyn)
+        for i, x in zip(self.diff, diff_leaves):
+            full[i] = x
+        return full
+
+    def vjp_all(self, dyn: Sequence[Any], cts: Sequence[Any]) -> list[Any]:
+        """Cotangents of the inexact inputs for cotangents `cts` of the inexact outputs."""
+        _, pull = jax.vjp(lambda d: self.diffout(self._merge(d, dyn)),
+                          [dyn[i] for i in self.diff])
+        return pull(list(cts))[0]
+
+    def jvp_all(self, dyn: Sequence[Any], tans: Sequence[Any]) -> list[Any]:
+        """Tangents of the inexact outputs for tangents `tans` of the inexact inputs."""
+        return jax.jvp(lambda d: self.diffout(self._merge(d, dyn)),
+                       ([dyn[i] for i in self.diff],), (list(tans),))[1]
+
+    def jvp_leaf(self, j: int, dyn: Sequence[Any], t: Any) -> list[Any]:
+        """JVP with a tangent on inexact input leaf `j` only (the others: symbolic zeros)."""
+        def g(x):
+            full = list(dyn)
+            full[self.diff[j]] = x
+            return self.diffout(full)
+        return jax.jvp(g, (dyn[self.diff[j]],), (t,))[1]
+
+    def vjp_out(self, o: int, dyn: Sequence[Any], ct: Any) -> list[Any]:
+        """VJP of inexact output `o` alone (the others' cotangents: symbolic zeros)."""
+        _, pull = jax.vjp(lambda d: self.diffout(self._merge(d, dyn))[o],
+                          [dyn[i] for i in self.diff])
+        return pull(ct)[0]
+
+    @functools.cached_property
+    def jitted(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "f": jax.jit(self.call_dyn),
+            "diffout": jax.jit(self.diffout),
+            "vjp_all": jax.jit(self.vjp_all),
+            "jvp_all": jax.jit(self.jvp_all),
+            "jvp_leaf": jax.jit(self.jvp_leaf, static_argnums=0),
+            "vjp_out": jax.jit(self.vjp_out, static_argnums=0),
+        }
+
+    # ------------------------------------------------------------ results
+    def add(self, name: str, status: str, arg: str | None = None, output: str | None = None,
+            **kw: Any) -> None:
+        self.results.append(CheckResult(name, status, arg, output, **kw))  # type: ignore[arg-type]
+
+    def compare(self, name: str, arg: str | None, output: str | None, rule: Any, ref: Any,
+                tol: Any, scale: Any, note: str = "", transposed: Any = None) -> None:
+        """Record pass/fail of |rule - ref| <= tol (elementwise; tol broadcasts)."""
+        rule, ref = np.asarray(rule), np.asarray(ref)
+        if rule.shape != ref.shape:
+            self.add(name, "fail", arg, output, hint=_hint(rule, ref, tol), note=note)
+            return
+        if rule.dtype == jax.dtypes.float0 or ref.dtype == jax.dtypes.float0:
+            return
+        rule = rule.astype(np.result_type(rule.dtype, np.float64))
+        ref = ref.astype(np.result_type(ref.dtype, np.float64))
+        tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), ref.shape)
+        scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), ref.shape)
+        diff = np.abs(rule - ref)
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        if diff.size == 0:
+            self.add(name, "pass", arg, output, abs_err=0.0, rel_err=0.0, tol=0.0, note=note)
+            return
+        worst = int(np.argmax(diff.ravel() - tol.ravel()))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(diff == 0, 0.0, diff / scale)
+        ok = bool(np.all(diff <= tol))
+        self.add(name, "pass" if ok else "fail", arg, output, abs_err=float(diff.max()),
+                 rel_err=float(np.max(rel)), tol=float(tol.ravel()[worst]),
+                 hint="" if ok else _hint(rule, ref, tol, transposed), note=note)
+
+    def guarded(self, name: str, fun: Callable[[], None], arg: str | None = None,
+                output: str | None = None, note: str = "", record_pass: bool = False) -> bool:
+        """Run `fun`; an exception becomes an "error" result of check `name`."""
+        try:
+            fun()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported
+            self.add(name, "error", arg, output, hint=_exception_hint(exc),
+                     note=(note + ": " if note else "") + _exception_note(exc))
+            return False
+        if record_pass:
+            self.add(name, "pass", arg, output, note=note)
+        return True
+
+    def skip(self, name: str, reason: str) -> None:
+        self.add(name, "skip", note=reason)
+
+    def want(self, name: str) -> bool:
+        return self.opts.enabled(name)
+
+    # ------------------------------------------------------------ the run
+    def run(self) -> RuleReport:
+        opts = self.opts
+        # The primal call: everything else depends on it.
+        try:
+            out = self.f(*jax.tree_util.tree_unflatten(self.treedef, self.leaves), **self.static)
+            self.out_paths = [jax.tree_util.keystr(p)
+                              for p, _ in jax.tree_util.tree_flatten_with_path(out)[0]]
+            self.outs = [jnp.asarray(o) for o in jax.tree_util.tree_leaves(out)]
+            self.out_tree = jax.tree_util.tree_structure(out)
+        except Exception as exc:  # noqa: BLE001
+            self.add("output_shapes", "error", hint=_exception_hint(exc),
+                     note="the eager call " + _exception_note(exc))
+            for name in CHECKS[1:]:
+                if self.want(name):
+                    self.skip(name, "the eager call failed")
+            return self.report("(not evaluated: the eager call failed)")
+        self.out_labels = ["out" + p for p in self.out_paths]
+        self.dout = [o for o, x in enumerate(self.outs) if _inexact(x.dtype)]
+        self._modes()
+        self._precision()
+
+        steps = [
+            ("output_shapes", self.check_output_shapes),
+            ("cotangent_shapes", self.check_cotangent_shapes),
+            ("tangent_shapes", self.check_tangent_shapes),
+            ("integer_inputs", self.check_integer_inputs),
+            ("vjp_fd", self.check_vjp_fd),
+            ("jvp_fd", self.check_jvp_fd),
+            ("vjp_jacobian", self.check_vjp_jacobian),
+            ("jvp_jacobian", self.check_jvp_jacobian),
+            ("jvp_vjp_consistency", self.check_consistency),
+            ("symbolic_zeros", self.check_symbolic_zeros),
+            ("jit", self.check_jit),
+            ("vmap", self.check_vmap),
+            ("second_order", self.check_second_order),
+        ]
+        for name, step in steps:
+            if opts.enabled(name):
+                self.guarded(name, step)
+        return self.report(self.precision)
+
+    def report(self, precision: str) -> RuleReport:
+        return RuleReport(self.name, precision, self.results, self.opts)
+
+    # ------------------------------------------------------------ setup
+    def _modes(self) -> None:
+        """Which of forward / reverse mode the function supports."""
+        self.fwd_reason = self.rev_reason = ""
+        if self.foreign:
+            vjp, jvp = self.f.vjp_rule, self.f.jvp_rule
+            if jvp is None:
+                self.fwd_reason = "no forward rule (the foreign function has no defjvp)"
+            if vjp is None and (jvp is None or jvp.kind != "jax"):
+                self.rev_reason = ("no reverse rule (no defvjp, and a NumPy JVP rule cannot "
+                                   "be transposed)")
+            rules = [r for r in (vjp, jvp) if r is not None]
+            self.auto_second = bool(rules) and all(r.kind == "jax" for r in rules)
+        else:
+            self.auto_second = False
+            if self.diff and self.dout:
+                try:
+                    tans = [jnp.zeros_like(self.dyn[i]) for i in self.diff]
+                    self.jitted["jvp_all"](self.dyn, tans)
+                except Exception as exc:  # noqa: BLE001
+                    if _no_forward(exc):
+                        self.fwd_reason = f"no forward rule ({_exception_note(exc)})"
+        self.fwd = not self.fwd_reason
+        self.rev = not self.rev_reason
+
+    def _precision(self) -> None:
+        """Pick the dtype of the finite-difference checks, their step and tolerances."""
+        opts = self.opts
+        self.work = list(self.dyn)
+        low = [i for i in self.diff if np.dtype(self.dyn[i].dtype).itemsize * (
+            1 if jnp.issubdtype(self.dyn[i].dtype, jnp.floating) else 0.5) < 8]
+        note = ""
+        if low and opts.upcast and self.x64:
+            up = list(self.dyn)
+            for i in self.diff:
+                up[i] = self.dyn[i].astype(_upcast_dtype(self.dyn[i].dtype))
+            try:
+                outs = self.jitted["diffout"](up)
+                if all(_upcast_dtype(o.dtype) == o.dtype for o in outs):
+                    if self.rev:
+                        self.jitted["vjp_all"](up, [jnp.zeros_like(o) for o in outs])
+                    self.work = up
+                    note = " (upcast from " + ", ".join(sorted(
+                        {np.dtype(self.dyn[i].dtype).name for i in low})) + ")"
+                else:
+                    note = " (native: the function does not return float64 for float64 inputs)"
+            except Exception:  # noqa: BLE001 - the function only supports its own dtype
+                note = " (native: the function does not accept float64 inputs)"
+        dtypes = [np.dtype(self.work[i].dtype) for i in self.diff]
+        try:
+            dtypes += [np.dtype(o.dtype) for o in self.jitted["diffout"](self.work)]
+        except Exception:  # noqa: BLE001 - reported by the checks themselves
+            dtypes += [np.dtype(self.outs[o].dtype) for o in self.dout]
+        eps_mach = max([float(jnp.finfo(d).eps) for d in dtypes] or [np.finfo(np.float64).eps])
+        self.eps_mach = eps_mach
+        d = _defaults(eps_mach)
+        self.rtol = opts.rtol if opts.rtol is not None else d["rtol"]
+        self.atol = opts.atol if opts.atol is not None else self.rtol * 1e-3
+        self.xrtol = opts.exact_rtol if opts.exact_rtol is not None else d["exact_rtol"]
+        self.xatol = opts.exact_atol if opts.exact_atol is not None else self.xrtol * 1e-3
+        self.h = opts.eps if opts.eps is not None else d["eps"]
+        worst = max(dtypes, key=lambda t: float(jnp.finfo(t).eps)) if dtypes else "float64"
+        self.precision = np.dtype(worst).name + note
+        # Exact tolerances of checks run at the original dtypes (jit, vmap).
+        orig = [np.dtype(self.dyn[i].dtype) for i in self.diff] + \
+               [np.dtype(self.outs[o].dtype) for o in self.dout]
+        d0 = _defaults(max([float(jnp.finfo(t).eps) for t in orig] or [1e-16]))
+        self.xrtol0 = opts.exact_rtol if opts.exact_rtol is not None else d0["exact_rtol"]
+        self.xatol0 = opts.exact_atol if opts.exact_atol is not None else self.xrtol0 * 1e-3
+        # Directions: per inexact input leaf, scaled by its RMS value.
+        self.scale = []
+        for i in self.diff:
+            x = np.asarray(self.work[i])
+            rms = float(np.sqrt(np.mean(np.abs(x) ** 2))) if x.size else 0.0
+            self.scale.append(rms if rms > 0 and np.isfinite(rms) else 1.0)
+
+    def randn(self, like: Any, scale: float = 1.0) -> np.ndarray:
+        shape, dtype = np.shape(like), np.dtype(like.dtype)
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            z = (self.rng.standard_normal(shape) + 1j * self.rng.standard_normal(shape))
+            z = z / np.sqrt(2)
+        else:
+            z = self.rng.standard_normal(shape)
+        return np.asarray(z * scale).astype(dtype)
+
+    def directions(self) -> list[list[np.ndarray]]:
+        """`n_directions` sets of (one tangent per inexact input leaf)."""
+        if not hasattr(self, "_dirs"):
+            self._dirs = [[self.randn(self.work[i], s) for i, s in zip(self.diff, self.scale)]
+                          for _ in range(self.opts.n_directions)]
+            self._cts = [[self.randn(self.outs_work[o]) for o in range(len(self.dout))]
+                         for _ in range(self.opts.n_directions)]
+        return self._dirs
+
+    @functools.cached_property
+    def outs_work(self) -> list[Any]:
+        return list(self.jitted["diffout"](self.work))
+
+    def cotangents(self) -> list[list[np.ndarray]]:
+        self.directions()
+        return self._cts
+
+    def fd(self, j: int, t: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
+        """Finite-difference derivative of every inexact output along tangent `t` of input
+        leaf `j`, and a round-off estimate for each."""
+        F = self.jitted["diffout"]
+        x = np.asarray(self.work[self.diff[j]])
+        acc: list[np.ndarray] | None = None
+        mags = [0.0] * len(self.dout)
+        for s, c in _STENCIL:
+            dyn = list(self.work)
+            dyn[self.diff[j]] = (x + (s * self.h) * t).astype(x.dtype)
+            vals = [np.asarray(v).astype(np.result_type(v.dtype, np.float64)) for v in F(dyn)]
+            mags = [max(m, float(np.max(np.abs(v), initial=0.0))) for m, v in zip(mags, vals)]
+            acc = [c * v for v in vals] if acc is None else [a + c * v for a, v in zip(acc, vals)]
+        assert acc is not None
+        noise = [50 * self.eps_mach * m / self.h for m in mags]
+        return [a / self.h for a in acc], noise
+
+    @functools.cached_property
+    def fd_dirs(self) -> list[list[tuple[list[np.ndarray], list[float]]]]:
+        """fd_dirs[k][j]: finite differences along direction k of input leaf j."""
+        return [[self.fd(j, t) for j, t in enumerate(ts)] for ts in self.directions()]
+
+    def _need_diff(self, name: str, mode: str | None = None) -> bool:
+        if not self.diff:
+            self.skip(name, "no floating-point inputs")
+            return False
+        if not self.dout:
+            self.skip(name, "no floating-point outputs")
+            return False
+        if mode == "fwd" and not self.fwd:
+            self.skip(name, self.fwd_reason)
+            return False
+        if mode == "rev" and not self.rev:
+            self.skip(name, self.rev_reason)
+            return False
+        if mode == "both" and not (self.fwd and self.rev):
+            self.skip(name, self.fwd_reason or self.rev_reason)
+            return False
+        return True
+
+    def _jlabel(self, j: int) -> str:
+        return self.labels[self.diff[j]]
+
+    def _olabel(self, o: int) -> str:
+        return self.out_labels[self.dout[o]]
+
+    def _transpose_of(self, j: int, c: np.ndarray) -> np.ndarray | None:
+        return c.T if c.ndim == 2 and c.shape[0] == c.shape[1] and c.shape[0] > 1 else None
+
+    # ------------------------------------------------------------ declared vs actual
+    def check_output_shapes(self) -> None:
+        args = jax.tree_util.tree_unflatten(self.treedef, self.leaves)
+        declared = jax.eval_shape(lambda *a: self.f(*a, **self.static), *args)
+        d_leaves, d_tree = jax.tree_util.tree_flatten(declared)
+        if d_tree != self.out_tree:
+            self.add("output_shapes", "fail", hint="wrong structure",
+                     note=f"declared {d_tree}, the eager call returned {self.out_tree}")
+            return
+        for d, a, label in zip(d_leaves, self.outs, self.out_labels):
+            dd, ad = (tuple(d.shape), np.dtype(d.dtype)), (tuple(a.shape), np.dtype(a.dtype))
+            if dd == ad:
+                self.add("output_shapes", "pass", output=label, note=f"{ad[1].name}{list(ad[0])}")
+            else:
+                self.add("output_shapes", "fail", output=label,
+                         hint="wrong shape" if dd[0] != ad[0] else "wrong dtype",
+                         note=f"declared {dd[1].name}{list(dd[0])}, got {ad[1].name}{list(ad[0])}")
+
+    def _expect(self, name: str, got: Any, like: Any, label: str, out: str | None = None,
+                arg: str | None = None, integer_ok: bool = True) -> None:
+        want_dtype = np.dtype(like.dtype) if _inexact(like.dtype) else np.dtype(jax.dtypes.float0)
+        gd, gs = np.dtype(got.dtype), tuple(np.shape(got))
+        ok_dtype = gd == want_dtype or (not _inexact(like.dtype) and integer_ok
+                                        and not np.any(np.asarray(got)))
+        if gs == tuple(like.shape) and ok_dtype:
+            self.add(name, "pass", arg, out, note=f"{_dtype_name(gd)}{list(gs)}")
+        else:
+            self.add(name, "fail", arg, out,
+                     hint="wrong shape" if gs != tuple(like.shape) else "wrong dtype",
+                     note=f"{label}: expected {_dtype_name(want_dtype)}{list(like.shape)}, "
+                          f"got {_dtype_name(gd)}{list(gs)}")
+
+    def _all_cts(self) -> tuple[Any, Any]:
+        """jax.vjp over every dynamic input (integers included) with random cotangents."""
+        cts = [self.randn(o) if _inexact(o.dtype) else np.zeros(o.shape, jax.dtypes.float0)
+               for o in self.outs]
+        _, pull = jax.vjp(lambda *d: self.call_dyn(d), *self.dyn)
+        return pull(cts)
+
+    def check_cotangent_shapes(self) -> None:
+        if not self.rev and self.diff:
+            return self.skip("cotangent_shapes", self.rev_reason)
+        if not self.diff:
+            return self.skip("cotangent_shapes", "no floating-point inputs")
+        got = self._all_cts()
+        for g, x, label in zip(got, self.dyn, self.labels):
+            self._expect("cotangent_shapes", g, x, "cotangent", arg=label)
+
+    def check_tangent_shapes(self) -> None:
+        if not self._need_diff("tangent_shapes", "fwd"):
+            return
+        tans = [self.randn(x) if _inexact(x.dtype) else np.zeros(x.shape, jax.dtypes.float0)
+                for x in self.dyn]
+        _, out_t = jax.jvp(lambda *d: self.call_dyn(d), tuple(self.dyn), tuple(tans))
+        for g, o, label in zip(out_t, self.outs, self.out_labels):
+            self._expect("tangent_shapes", g, o, "output tangent", out=label)
+
+    def check_integer_inputs(self) -> None:
+        if not self.ints:
+            return self.skip("integer_inputs", "no integer or boolean inputs")
+        if self.rev:
+            got = self._all_cts()
+            for i in self.ints:
+                self._expect("integer_inputs", got[i], self.dyn[i], "cotangent",
+                             arg=self.labels[i])
+        if self.fwd and self.diff:
+            tans = [self.randn(x) if _inexact(x.dtype) else np.zeros(x.shape, jax.dtypes.float0)
+                    for x in self.dyn]
+            jax.jvp(lambda *d: self.call_dyn(d), tuple(self.dyn), tuple(tans))
+            self.add("integer_inputs", "pass", note="jvp with float0 integer tangents ran")
+
+    # ------------------------------------------------------------ finite differences
+    def check_vjp_fd(self) -> None:
+        if not self._need_diff("vjp_fd", "rev"):
+            return
+        dirs, cts, fds = self.directions(), self.cotangents(), self.fd_dirs
+        for o in range(len(self.dout)):
+            rule_cts = []
+            for k in range(len(dirs)):
+                try:
+                    rule_cts.append(self.jitted["vjp_out"](o, self.work, cts[k][o]))
+                except Exception as exc:  # noqa: BLE001
+                    self.add("vjp_fd", "error", "*", self._olabel(o), hint=_exception_hint(exc),
+                             note=_exception_note(exc))
+                    break
+            else:
+                for j in range(len(self.diff)):
+                    rule, ref, tol, scale, trans = [], [], [], [], []
+                    for k in range(len(dirs)):
+                        c = np.asarray(rule_cts[k][j])
+                        fd, noise = fds[k][j]
+                        if c.shape != dirs[k][j].shape:
+                            self.add("vjp_fd", "fail", self._jlabel(j), self._olabel(o),
+                                     hint="wrong shape", note=f"cotangent shape "
+                                     f"{list(c.shape)}, input shape {list(dirs[k][j].shape)}")
+                            break
+                        rule.append(_pair(c, dirs[k][j]))
+                        ref.append(_pair(cts[k][o], fd[o]))
+                        s = _abs_pair(cts[k][o], fd[o]) + _abs_pair(c, dirs[k][j])
+                        scale.append(s)
+                        tol.append(self.atol + self.rtol * s
+                                   + noise[o] * float(np.sum(np.abs(cts[k][o]))))
+                        ct_t = self._transpose_of(j, c)
+                        trans.append(None if ct_t is None else _pair(ct_t, dirs[k][j]))
+                    else:
+                        self.compare("vjp_fd", self._jlabel(j), self._olabel(o), rule, ref, tol,
+                                     scale, note="<vjp(ct), t> vs <ct, fd(t)>",
+                                     transposed=None if trans[0] is None else trans)
+
+    def check_jvp_fd(self) -> None:
+        if not self._need_diff("jvp_fd", "fwd"):
+            return
+        dirs, fds = self.directions(), self.fd_dirs
+        for j in range(len(self.diff)):
+            try:
+                tans = [self.jitted["jvp_leaf"](j, self.work, dirs[k][j]) for k in range(len(dirs))]
+            except Exception as exc:  # noqa: BLE001
+                self.add("jvp_fd", "error", self._jlabel(j), "*", hint=_exception_hint(exc),
+                         note=_exception_note(exc))
+                continue
+            for o in range(len(self.dout)):
+                rule = np.stack([np.asarray(tans[k][o]) for k in range(len(dirs))])
+                ref = np.stack([fds[k][j][0][o] for k in range(len(dirs))])
+                if rule.shape != ref.shape:
+                    self.add("jvp_fd", "fail", self._jlabel(j), self._olabel(o),
+                             hint="wrong shape", note=f"tangent shape {list(rule.shape[1:])}, "
+                             f"output shape {list(ref.shape[1:])}")
+                    continue
+                noise = max(fds[k][j][1][o] for k in range(len(dirs)))
+                scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
+                self.compare("jvp_fd", self._jlabel(j), self._olabel(o), rule, ref,
+                             self.atol + self.rtol * scale + noise, scale,
+                             note="jvp(t) vs fd(t)")
+
+    def _small(self, name: str) -> bool:
+        n_in = sum(int(np.size(self.work[i])) for i in self.diff)
+        n_out = sum(int(np.size(o)) for o in self.outs_work)
+        if n_in > self.opts.jacobian_max_size or n_out > 4 * self.opts.jacobian_max_size:
+            self.skip(name, f"inputs too large for a full Jacobian ({n_in} elements > "
+                            f"jacobian_max_size={self.opts.jacobian_max_size})")
+            return False
+        if any(jnp.issubdtype(self.work[i].dtype, jnp.complexfloating) for i in self.diff) or \
+                any(jnp.issubdtype(o.dtype, jnp.complexfloating) for o in self.outs_work):
+            self.skip(name, "complex values: checked along random directions only")
+            return False
+        return True
+
+    @functools.cached_property
+    def fd_jacobian(self) -> list[tuple[list[np.ndarray], list[float]]]:
+        """Per input leaf j: per output o, the matrix [out_size, in_size] and noise."""
+        jac = []
+        for j, i in enumerate(self.diff):
+            x = self.work[i]
+            cols, noise = [], [0.0] * len(self.dout)
+            for e in range(int(np.size(x))):
+                t = np.zeros(np.size(x), x.dtype)
+                t[e] = self.scale[j]
+                d, nz = self.fd(j, t.reshape(np.shape(x)))
+                cols.append([v.ravel() / self.scale[j] for v in d])
+                noise = [max(a, b / self.scale[j]) for a, b in zip(noise, nz)]
+            mats = [np.stack([c[o] for c in cols], axis=1) if cols else
+                    np.zeros((int(np.size(self.outs_work[o])), 0)) for o in range(len(self.dout))]
+            jac.append((mats, noise))
+        return jac
+
+    def _compare_jac(self, name: str, j: int, o: int, rule: np.ndarray) -> None:
+        ref, noise = self.fd_jacobian[j][0][o], self.fd_jacobian[j][1][o]
+        x = self.work[self.diff[j]]
+        trans = None
+        if np.ndim(x) == 2 and x.shape[0] == x.shape[1] and x.shape[0] > 1:
+            n = x.shape[0]
+            perm = np.arange(n * n).reshape(n, n).T.ravel()
+            trans = rule[:, perm]
+        scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
+        self.compare(name, self._jlabel(j), self._olabel(o), rule, ref,
+                     self.atol + self.rtol * scale + noise, scale,
+                     note=f"Jacobian {list(ref.shape)} vs finite differences", transposed=trans)
+
+    def check_vjp_jacobian(self) -> None:
+        if not self._need_diff("vjp_jacobian", "rev") or not self._small("vjp_jacobian"):
+            return
+        for o in range(len(self.dout)):
+            out = self.outs_work[o]
+            rows = []
+            for e in range(int(np.size(out))):
+                ct = np.zeros(np.size(out), out.dtype)
+                ct[e] = 1
+                rows.append([np.asarray(c) for c in self.jitted["vjp_out"](
+                    o, self.work, ct.reshape(np.shape(out)))])
+            for j in range(len(self.diff)):
+                size = int(np.size(self.work[self.diff[j]]))
+                if any(np.size(r[j]) != size for r in rows):
+                    self.add("vjp_jacobian", "fail", self._jlabel(j), self._olabel(o),
+                             hint="wrong shape")
+                    continue
+                rule = np.stack([r[j].ravel() for r in rows]) if rows else np.zeros((0, size))
+                self._compare_jac("vjp_jacobian", j, o, rule)
+
+    def check_jvp_jacobian(self) -> None:
+        if not self._need_diff("jvp_jacobian", "fwd") or not self._small("jvp_jacobian"):
+            return
+        for j, i in enumerate(self.diff):
+            x = self.work[i]
+            cols = []
+            for e in range(int(np.size(x))):
+                t = np.zeros(np.size(x), x.dtype)
+                t[e] = 1
+                cols.append([np.asarray(v).ravel() for v in self.jitted["jvp_leaf"](
+                    j, self.work, t.reshape(np.shape(x)))])
+            for o in range(len(self.dout)):
+                size = int(np.size(self.outs_work[o]))
+                rule = np.stack([c[o] for c in cols], axis=1) if cols else np.zeros((size, 0))
+                self._compare_jac("jvp_jacobian", j, o, rule)
+
+    # ------------------------------------------------------------ consistency
+    def check_consistency(self) -> None:
+        if not self._need_diff("jvp_vjp_consistency", "both"):
+            return
+        dirs, cts = self.directions(), self.cotangents()
+        vjps = [[self.jitted["vjp_out"](o, self.work, cts[k][o]) for o in range(len(self.dout))]
+                for k in range(len(dirs))]
+        jvps = [[self.jitted["jvp_leaf"](j, self.work, dirs[k][j]) for j in range(len(self.diff))]
+                for k in range(len(dirs))]
+        for j in range(len(self.diff)):
+            for o in range(len(self.dout)):
+                lhs, rhs, tol, scale = [], [], [], []
+                for k in range(len(dirs)):
+                    jt, vc, t, ct = jvps[k][j][o], vjps[k][o][j], dirs[k][j], cts[k][o]
+                    lhs.append(_pair(vc, t))
+                    rhs.append(_pair(ct, jt))
+                    s = _abs_pair(vc, t) + _abs_pair(ct, jt)
+                    scale.append(s)
+                    tol.append(self.xatol + self.xrtol * s)
+                self.compare("jvp_vjp_consistency", self._jlabel(j), self._olabel(o), lhs, rhs,
+                             tol, scale, note="<vjp(ct), t> vs <ct, jvp(t)>")
+
+    # ------------------------------------------------------------ symbolic zeros
+    def check_symbolic_zeros(self) -> None:
+        name = "symbolic_zeros"
+        if not self.diff or not self.dout:
+            return self.skip(name, "no floating-point inputs" if not self.diff
+                             else "no floating-point outputs")
+        if not (self.fwd or self.rev):
+            return self.skip(name, self.fwd_reason)
+        J = self.jitted
+        zero_tol = self.xatol
+        if self.fwd:
+            for j in range(len(self.diff)):
+                t = self.directions()[0][j]
+                self.guarded(name, lambda: J["jvp_leaf"](j, self.work, t), self._jlabel(j), "*",
+                             note="jvp with a tangent on this input only", record_pass=True)
+            z = [np.zeros_like(np.asarray(self.work[i])) for i in self.diff]
+            outs = J["jvp_all"](self.work, z)
+            for o, v in enumerate(outs):
+                self.compare(name, "*", self._olabel(o), v, np.zeros_like(np.asarray(v)),
+                             zero_tol, 1.0, note="jvp with all-zero tangents must be zero")
+        if self.rev:
+            for o in range(len(self.dout)):
+                ct = self.cotangents()[0][o]
+                self.guarded(name, lambda: J["vjp_out"](o, self.work, ct), "*",
+                             self._olabel(o), note="vjp with a cotangent on this output only",
+                             record_pass=True)
+            z = [np.zeros_like(np.asarray(v)) for v in self.outs_work]
+            cts = J["vjp_all"](self.work, z)
+            for j, c in enumerate(cts):
+                self.compare(name, self._jlabel(j), "*", c, np.zeros_like(np.asarray(c)),
+                             zero_tol, 1.0, note="vjp with all-zero cotangents must be zero")
+
+    # ------------------------------------------------------------ transforms
+    def _close(self, name: str, arg: str | None, output: str | None, got: Any, want: Any,
+               note: str) -> None:
+        got, want = np.asarray(got), np.asarray(want)
+        if got.dtype == jax.dtypes.float0:
+            return
+        scale = max(float(np.max(np.abs(want.astype(np.result_type(want.dtype, np.float64))),
+                                 initial=0.0)), 1e-300)
+        self.compare(name, arg, output, got, want, self.xatol0 + self.xrtol0 * scale, scale,
+                     note=note)
+
+    def check_jit(self) -> None:
+        name = "jit"
+        eager = self.outs
+        jitted = jax.jit(lambda d: self.call_dyn(d))(self.dyn)
+        for o, (a, b) in enumerate(zip(jitted, eager)):
+            self._close(name, None, self.out_labels[o], a, b, "values: jit vs eager")
+        if not self.diff or not self.dout:
+            return
+        if self.rev:
+            cts = [self.randn(self.outs[o]) for o in self.dout]
+            e = self.vjp_all(self.dyn, cts)
+            g = jax.jit(self.vjp_all)(self.dyn, cts)
+            for j, (a, b) in enumerate(zip(g, e)):
+                self._close(name, self._jlabel(j), None, a, b, "vjp: jit vs eager")
+        if self.fwd:
+            tans = [self.randn(self.dyn[i]) for i in self.diff]
+            e = self.jvp_all(self.dyn, tans)
+            g = jax.jit(self.jvp_all)(self.dyn, tans)
+            for o, (a, b) in enumerate(zip(g, e)):
+                self._close(name, None, self._olabel(o), a, b, "jvp: jit vs eager")
+
+    def _batch(self, which: set[int]) -> list[Any]:
+        """The dynamic inputs with a leading axis: `batch_size` perturbed copies of the
+        leaves of positional arguments in `which` (others are unbatched)."""
+        out = []
+        B = self.opts.batch_size
+        for i, x in enumerate(self.dyn):
+            if self.arg_of[i] not in which:
+                out.append(x)
+                continue
+            xn = np.asarray(x)
+            if _inexact(x.dtype):
+                rms = float(np.sqrt(np.mean(np.abs(xn) ** 2))) if xn.size else 1.0
+                copies = [xn] + [xn + self.randn(x, 0.05 * (rms or 1.0)) for _ in range(B - 1)]
+            else:
+                copies = [xn] * B
+            out.append(jnp.asarray(np.stack(copies).astype(xn.dtype)))
+        return out
+
+    def check_vmap(self) -> None:
+        name = "vmap"
+        if not self.dyn:
+            return self.skip(name, "no array inputs")
+        B = self.opts.batch_size
+        groups = [({a}, self.arg_names[a]) for a in range(self.n_args)
+                  if any(self.arg_of[i] == a for i in range(len(self.dyn)))]
+        if len(groups) > 1:
+            groups.append((set(range(self.n_args)), "*"))
+        for which, label in groups:
+            bdyn = self._batch(which)
+            axes = [0 if self.arg_of[i] in which else None for i in range(len(self.dyn))]
+            every = label == "*"
+
+            def pick(k: int, dyn: list = bdyn, axes: list = axes) -> list[Any]:
+                return [d[k] if a == 0 else d for d, a in zip(dyn, axes)]
+
+            def vals() -> None:
+                got = jax.jit(jax.vmap(self.call_dyn, in_axes=(axes,)))(bdyn)
+                want = [self.jitted["f"](pick(k)) for k in range(B)]
+                for o in range(len(self.outs)):
+                    self._close(name, label, self.out_labels[o], got[o],
+                                np.stack([np.asarray(w[o]) for w in want]),
+                                f"values: vmap over {label} vs a loop")
+
+            self.guarded(name, vals, label, None, note="vmap of the function")
+            if not self.diff or not self.dout:
+                continue
+
+            if self.rev:
+                def grads() -> None:
+                    cts = [np.stack([self.randn(self.outs[o]) for _ in range(B)]) if every
+                           else self.randn(self.outs[o]) for o in self.dout]
+                    ct_ax = [0 if every else None] * len(cts)
+                    got = jax.jit(jax.vmap(self.vjp_all, in_axes=(axes, ct_ax)))(bdyn, cts)
+                    want = [self.jitted["vjp_all"](pick(k), [c[k] if every else c for c in cts])
+                            for k in range(B)]
+                    for j in range(len(self.diff)):
+                        self._close(name, label, None, got[j],
+                                    np.stack([np.asarray(w[j]) for w in want]),
+                                    f"vjp: cotangent of {self._jlabel(j)}, vmap over {label} "
+                                    f"vs a loop")
+                self.guarded(name, grads, label, None, note="vmap of the vjp")
+
+            if self.fwd:
+                def tangents() -> None:
+                    tans = [np.stack([self.randn(self.dyn[i]) for _ in range(B)]) if every
+                            else self.randn(self.dyn[i]) for i in self.diff]
+                    t_ax = [0 if every else None] * len(tans)
+                    got = jax.jit(jax.vmap(self.jvp_all, in_axes=(axes, t_ax)))(bdyn, tans)
+                    want = [self.jitted["jvp_all"](pick(k), [t[k] if every else t for t in tans])
+                            for k in range(B)]
+                    for o in range(len(self.dout)):
+                        self._close(name, label, self._olabel(o), got[o],
+                                    np.stack([np.asarray(w[o]) for w in want]),
+                                    f"jvp: vmap over {label} vs a loop")
+                self.guarded(name, tangents, label, None, note="vmap of the jvp")
+
+    # ------------------------------------------------------------ second order
+    def check_second_order(self) -> None:
+        name = "second_order"
+        enabled = self.opts.second_order
+        if enabled is None:
+            enabled = self.auto_second
+        if not enabled:
+            return self.skip(name, "not enabled (pass CheckOptions(second_order=True); "
+                             "automatic for foreign functions whose rules all have kind='jax')")
+        if not self._need_diff(name, "rev"):
+            return
+        if any(jnp.issubdtype(self.work[i].dtype, jnp.complexfloating) for i in self.diff) or \
+                any(jnp.issubdtype(o.dtype, jnp.complexfloating) for o in self.outs_work):
+            return self.skip(name, "complex values are not supported by the Hessian check")
+        weights = [self.randn(o) for o in self.outs_work]
+
+        def s(d: list) -> Any:
+            outs = self.diffout(self._merge(d, self.work))
+            return sum(jnp.sum(w * o) for w, o in zip(weights, outs))
+
+        grad = jax.jit(jax.grad(s))
+        x = [self.work[i] for i in self.diff]
+
+        def fwd_over_rev(x, t):
+            return jax.jvp(jax.grad(s), (x,), (t,))[1]
+
+        def rev_over_rev(x, t):
+            return jax.grad(lambda y: sum(jnp.sum(a * b) for a, b in zip(jax.grad(s)(y), t)))(x)
+
+        how, hvp = "jax.jvp(jax.grad(...)) (forward-over-reverse)", jax.jit(fwd_over_rev)
+        try:
+            hvp(x, self.directions()[0])
+        except Exception:  # noqa: BLE001 - try reverse-over-reverse instead
+            how, hvp = "jax.grad(jax.grad(...)) (reverse-over-reverse)", jax.jit(rev_over_rev)
+        gots, refs, noises = [], [], []
+        for t in self.directions():
+            gots.append([np.asarray(v) for v in hvp(x, t)])
+            acc, mags = None, 0.0
+            for sgn, c in _STENCIL:
+                g = [np.asarray(v) for v in grad([xi + (sgn * self.h) * ti
+                                                  for xi, ti in zip(x, t)])]
+                mags = max([mags] + [float(np.max(np.abs(v), initial=0.0)) for v in g])
+                acc = [c * v for v in g] if acc is None else [a + c * v for a, v in zip(acc, g)]
+            refs.append([a / self.h for a in acc])
+            noises.append(50 * self.eps_mach * mags / self.h)
+        for j in range(len(self.diff)):
+            got = np.stack([g[j] for g in gots])
+            ref = np.stack([r[j] for r in refs])
+            scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
+            self.compare(name, self._jlabel(j), "sum(w*out)", got, ref,
+                         self.atol + self.rtol * scale + max(noises), scale,
+                         note=f"Hessian-vector products via {how} vs fd of the gradient")
+
+
+def run_checks(f: Callable[..., Any], args: tuple, static: dict,
+               opts: CheckOptions) -> RuleReport:
+    """Run every enabled check on `f(*args, **static)` and return the report."""
+    return _Checker(f, args, static, opts).run()

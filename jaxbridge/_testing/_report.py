@@ -1,0 +1,245 @@
+"""Options, per-check results, the report and the error of `jaxbridge.testing.check_rules`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Mapping
+from typing import Any, Literal
+
+#: Every check `check_rules` knows, in the order it runs them.
+CHECKS: tuple[str, ...] = (
+    "output_shapes",        # jax.eval_shape (declared) vs an eager call (actual)
+    "cotangent_shapes",     # jax.vjp cotangents vs the inputs' structure/shapes/dtypes
+    "tangent_shapes",       # jax.jvp output tangents vs the outputs
+    "integer_inputs",       # int/bool inputs get float0 (or zero) cotangents, no crash
+    "vjp_fd",               # VJP vs finite differences along random directions
+    "jvp_fd",               # JVP vs finite differences along random directions
+    "vjp_jacobian",         # full Jacobian from the VJP vs finite differences (small inputs)
+    "jvp_jacobian",         # full Jacobian from the JVP vs finite differences (small inputs)
+    "jvp_vjp_consistency",  # <ct, J t> == <J^T ct, t>, to near machine precision
+    "symbolic_zeros",       # rules with unperturbed inputs / zero output cotangents
+    "jit",                  # eager vs jax.jit: values and gradients
+    "vmap",                 # jax.vmap vs a loop: values, vjp (and jvp)
+    "second_order",         # Hessian-vector products vs finite differences of the gradient
+)
+
+Status = Literal["pass", "fail", "error", "skip"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOptions:
+    """Settings of :func:`jaxbridge.testing.check_rules` (pass as ``check_options=``).
+
+    Attributes:
+      checks: run only these checks (names from ``jaxbridge.testing.CHECKS``); None = all.
+      skip: checks not to run.
+      rtol, atol: tolerances of the finite-difference checks (``*_fd``, ``*_jacobian``,
+        ``second_order``). Default: rtol 1e-6 when evaluating in float64, 5e-3 in
+        float32, 5e-2 in 16-bit; atol = rtol * 1e-3. A finite-difference round-off
+        estimate is always added to the tolerance.
+      exact_rtol, exact_atol: tolerances of the checks that involve no finite differences
+        (``jvp_vjp_consistency``, ``jit``, ``vmap``, zero results). Default: rtol 1e-10 in
+        float64, 1e-4 in float32, 1e-2 in 16-bit; atol = exact_rtol * 1e-3.
+      seed: seed of the random directions, cotangents and batch perturbations.
+      n_directions: random directions per (argument, output) pair.
+      eps: relative finite-difference step (scaled by each input's RMS value). Default:
+        1e-3 in float64, 2e-2 in float32, 1e-1 in 16-bit (a fourth-order stencil).
+      second_order: True/False forces the Hessian check on/off; None (default) runs it
+        for foreign functions whose rules all have ``kind="jax"``.
+      jacobian_max_size: the full-Jacobian checks run when the differentiable inputs have
+        at most this many elements in total (and the outputs at most 4x as many).
+      batch_size: number of perturbed copies stacked for the vmap check.
+      upcast: evaluate the finite-difference checks in float64 when the function accepts
+        float64 inputs (default True; needs ``jax_enable_x64``).
+    """
+
+    checks: Collection[str] | None = None
+    skip: Collection[str] = ()
+    rtol: float | None = None
+    atol: float | None = None
+    exact_rtol: float | None = None
+    exact_atol: float | None = None
+    seed: int = 0
+    n_directions: int = 3
+    eps: float | None = None
+    second_order: bool | None = None
+    jacobian_max_size: int = 50
+    batch_size: int = 3
+    upcast: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = set(self.checks or ()) | set(self.skip)
+        unknown -= set(CHECKS)
+        if unknown:
+            raise ValueError(f"jaxbridge.testing: unknown check name(s) {sorted(unknown)}; "
+                             f"known: {', '.join(CHECKS)}")
+        if self.n_directions < 1 or self.batch_size < 1:
+            raise ValueError("jaxbridge.testing: n_directions and batch_size must be >= 1")
+
+    def enabled(self, name: str) -> bool:
+        """Whether check `name` is selected by `checks` and `skip`."""
+        return (self.checks is None or name in self.checks) and name not in self.skip
+
+    @classmethod
+    def coerce(cls, value: CheckOptions | Mapping[str, Any] | None) -> CheckOptions:
+        """Accept a CheckOptions, a dict of its fields, or None (defaults)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls(**value)
+        raise TypeError(f"jaxbridge.testing: check_options must be a CheckOptions or a dict, "
+                        f"got {type(value).__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check on one (argument, output) pair.
+
+    Attributes:
+      name: the check (one of ``CHECKS``).
+      status: "pass", "fail" (measured error above tolerance), "error" (something
+        raised), or "skip".
+      arg: the input it concerns, as a path such as ``"b"`` or ``"params['w']"``
+        (``"*"`` for all of them; None when not applicable).
+      output: the output it concerns, e.g. ``"out"`` or ``"out[1]"``.
+      abs_err, rel_err: the largest absolute / relative error measured (None if none).
+      tol: the absolute tolerance the worst error was compared with.
+      hint: a guess at the bug ("sign flipped", "cotangent looks transposed", "off by a
+        constant factor ~2", "wrong shape", ...), or "".
+      note: what exactly was compared, why it was skipped, or the exception raised.
+    """
+
+    name: str
+    status: Status
+    arg: str | None = None
+    output: str | None = None
+    abs_err: float | None = None
+    rel_err: float | None = None
+    tol: float | None = None
+    hint: str = ""
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True unless the check failed or raised."""
+        return self.status in ("pass", "skip")
+
+    def describe(self) -> str:
+        """One line: name, where, errors, tolerance, hint and note."""
+        where = ", ".join(p for p in (
+            None if self.arg is None else f"arg {self.arg}",
+            None if self.output is None else f"output {self.output}") if p)
+        parts = [f"{self.status.upper():5s} {self.name}" + (f" [{where}]" if where else "")]
+        if self.abs_err is not None:
+            parts.append(f"max abs err {_num(self.abs_err)}, max rel err {_num(self.rel_err)}, "
+                         f"tol {_num(self.tol)}")
+        if self.hint:
+            parts.append(f"hint: {self.hint}")
+        if self.note:
+            parts.append(self.note)
+        return " -- ".join(parts)
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    return f"{x:.1e}"
+
+
+@dataclasses.dataclass
+class RuleReport:
+    """What :func:`jaxbridge.testing.check_rules` found; ``str(report)`` is a table.
+
+    Attributes:
+      function: the checked function's name.
+      precision: the dtype the finite-difference checks were evaluated in, e.g.
+        ``"float64"`` or ``"float64 (upcast from float32)"``.
+      results: one :class:`CheckResult` per check and (argument, output) pair.
+      options: the options used.
+    """
+
+    function: str
+    precision: str
+    results: list[CheckResult]
+    options: CheckOptions
+
+    @property
+    def passed(self) -> bool:
+        """True when nothing failed or raised."""
+        return all(r.ok for r in self.results)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        """The results with status "fail" or "error"."""
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def skipped(self) -> list[CheckResult]:
+        """The results with status "skip"."""
+        return [r for r in self.results if r.status == "skip"]
+
+    def by_name(self, name: str) -> list[CheckResult]:
+        """The results of check `name`."""
+        return [r for r in self.results if r.name == name]
+
+    def summary(self) -> dict[str, str]:
+        """Per check name: "pass", "fail", "error" or "skip" (the worst of its rows)."""
+        order = {"error": 3, "fail": 2, "pass": 1, "skip": 0}
+        out: dict[str, str] = {}
+        for r in self.results:
+            if r.name not in out or order[r.status] > order[out[r.name]]:
+                out[r.name] = r.status
+        return out
+
+    def __str__(self) -> str:
+        head = ("check", "status", "arg", "output", "abs err", "rel err", "tol", "hint / note")
+        rows = [head]
+        for r in self.results:
+            extra = "; ".join(s for s in (r.hint, r.note) if s)
+            rows.append((r.name, r.status, r.arg or "", r.output or "",
+                         "" if r.abs_err is None else _num(r.abs_err),
+                         "" if r.rel_err is None else _num(r.rel_err),
+                         "" if r.tol is None else _num(r.tol),
+                         extra if len(extra) <= 90 else extra[:87] + "..."))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
+        lines = []
+        for k, row in enumerate(rows):
+            cells = [c.ljust(w) for c, w in zip(row[:-1], widths)] + [row[-1]]
+            lines.append("  ".join(cells).rstrip())
+            if k == 0:
+                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 11)
+        n_fail = len(self.failures)
+        verdict = "all checks passed" if not n_fail else f"{n_fail} FAILED"
+        counts = {s: sum(r.status == s for r in self.results)
+                  for s in ("pass", "fail", "error", "skip")}
+        title = (f"check_rules({self.function}) in {self.precision}: {verdict} "
+                 f"({counts['pass']} passed, {counts['fail']} failed, {counts['error']} "
+                 f"errors, {counts['skip']} skipped)")
+        return "\n".join([title, *lines])
+
+
+class RuleCheckError(AssertionError):
+    """Raised by `check_rules` when a check fails; ``.report`` holds the full report."""
+
+    def __init__(self, report: RuleReport):
+        self.report = report
+        failures = report.failures
+        lines = [f"check_rules({report.function}): {len(failures)} of {len(report.results)} "
+                 f"checks failed (evaluated in {report.precision}):"]
+        seen: dict[str, str] = {}
+        for r in failures:
+            if r.status == "error" and r.note:
+                key = r.note.split("raised ", 1)[-1]
+                if key in seen:  # the same exception again: name it once
+                    where = r.describe().split(" -- ")[0]
+                    lines.append(f"  {where} -- the same error as {seen[key]}")
+                    continue
+                seen[key] = r.name
+            lines.append(f"  {r.describe()}")
+        lines.append("(the full table is str(err.report))")
+        super().__init__("\n".join(lines))
