@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 _PY_SCALARS = (bool, int, float, complex)
 
 
+def _is_array_like(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, jax.Array, *_PY_SCALARS))
+
+
 def _is_none(x: Any) -> bool:
     return x is None
 
@@ -315,6 +319,14 @@ class CallSpec:
             avals = [next(dyn_avals) for _ in child_dyn]
             if ct_i is None:
                 leaves += [self._zeros(a, host) for a in avals]
+            elif child.num_leaves == 1 and _is_array_like(ct_i):
+                # One-leaf custom node (e.g. nnx.Param): a bare array is its cotangent,
+                # as with jax.custom_vjp.
+                aval = avals[0] if avals else None
+                if aval is not None and jnp.issubdtype(aval.dtype, jnp.inexact):
+                    leaves.append(self._checked_leaf(ct_i, aval, f"cotangent {i}", True, host))
+                else:
+                    leaves += [None] * len(avals)
             else:
                 try:
                     child_leaves = child.flatten_up_to(ct_i)

@@ -399,3 +399,28 @@ def test_rule_checker_passes_every_function_wrapped_here(kind):
     rng = np.random.default_rng(3)
     a = jnp.asarray(rng.normal(size=(3, 3)) + 3 * np.eye(3))
     assert check_rules(make_solve(), a, jnp.ones(3)).passed
+
+
+def test_bug_bare_array_cotangent_for_single_leaf_custom_node():
+    """Like jax.custom_vjp: a VJP may return a bare array for an argument that is a
+    one-leaf custom pytree node (e.g. nnx.Param)."""
+
+    @jax.tree_util.register_pytree_node_class
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+        def tree_flatten(self):
+            return (self.v,), None
+
+        @classmethod
+        def tree_unflatten(cls, _, children):
+            return cls(*children)
+
+    @jb.foreign(lambda w, x: x)
+    def scale(w, x):
+        return np.asarray(w.v) * x
+
+    scale.defvjp(lambda p, y, ct: ((ct * p[1]).sum(), ct * p[0].v))
+    g = jax.grad(lambda w: jnp.sum(scale(w, jnp.arange(3.0))))(Box(jnp.float64(2.0)))
+    assert isinstance(g, Box) and float(g.v) == 3.0

@@ -1,0 +1,78 @@
+"""Every example script runs to completion and passes its own checks.
+
+Each example is run as a subprocess (as a user would run it) and must exit 0 and
+print its success line, `OK`. Examples that need an optional dependency (the
+`jaxbridge[examples]` extra) are skipped, with the reason, where it is missing.
+"""
+
+import importlib
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+TIMEOUT_S = 300
+
+# example -> optional modules it cannot run without (soft dependencies such as
+# optax, tqdm or matplotlib in training_loop.py have fallbacks and are not listed).
+REQUIRES = {
+    "flax_nnx_module.py": ("flax", "optax"),
+    "equinox_module.py": ("equinox",),
+    "custom_gradient.py": (),
+    "pytree_model.py": (),
+    "softplus.py": (),
+    "training_loop.py": (),
+}
+
+
+def require(module: str, example: str) -> None:
+    """Skip, with the reason, unless `module` imports (like pytest.importorskip, but
+    also for an installed module that fails to import, e.g. one too new for jax)."""
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        pytest.skip(f"{example} needs {module} (pip install 'jaxbridge[examples]'): {err}")
+
+
+def run_example(name: str, *args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, str(EXAMPLES / name), *args],
+                              capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{name} did not finish in {TIMEOUT_S} s:\n{exc.stdout}\n{exc.stderr}")
+
+
+def check(proc: subprocess.CompletedProcess, name: str) -> None:
+    output = f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    assert proc.returncode == 0, f"{name} exited with {proc.returncode}\n{output}"
+    assert "OK" in proc.stdout.splitlines(), f"{name} printed no success line\n{output}"
+    assert "FAILED" not in proc.stdout, output
+
+
+def test_listed_examples_exist():
+    missing = [name for name in REQUIRES if not (EXAMPLES / name).is_file()]
+    assert not missing, f"listed examples not found in {EXAMPLES}: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in REQUIRES if n != "training_loop.py"))
+def test_example_runs(name):
+    for module in REQUIRES[name]:
+        require(module, name)
+    check(run_example(name), name)
+
+
+def test_training_loop_example(tmp_path):
+    """Also: the loss curve goes to --out (when matplotlib is there), not the repo."""
+    proc = run_example("training_loop.py", "--out", str(tmp_path), "--steps", "300")
+    check(proc, "training_loop.py")
+    assert "step time: with host layers" in proc.stdout and "ratio" in proc.stdout
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib not installed" in proc.stdout
+    else:
+        png = tmp_path / "loss_curve.png"
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
