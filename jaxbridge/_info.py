@@ -34,9 +34,16 @@ def info() -> dict[str, object]:
         "native_error": _hostcall.NATIVE_IMPORT_ERROR,
         "native_platforms": sorted(_hostcall.native_platforms()),
         "cuda_built": bool(native is not None and native.with_cuda),
+        "kernels": _kernels_available(),
         "jax_backend": jax.default_backend(),
         "host_call_default": _hostcall.default_backend(),
     }
+
+
+def _kernels_available() -> bool:
+    from . import ops  # late import: ops imports the kernel extension
+
+    return bool(ops.available())
 
 
 def main() -> None:

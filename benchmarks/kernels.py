@@ -1,0 +1,227 @@
+"""Benchmarks of jaxbridge's kernel bridge and built-in kernels (CPU).
+
+    PYTHONPATH=. python benchmarks/kernels.py [--quick]
+
+(a) bridge overhead: `jaxbridge.ops.softplus` (jb.kernel) vs a hand-written
+    `jax.ffi.ffi_call` + `jax.custom_vjp` calling the very same FFI targets:
+    per call inside a jitted fori_loop, per jitted dispatch, and per grad step.
+(b) each built-in kernel vs its best jnp equivalent (and
+    `jax.lax.linalg.tridiagonal_solve`) at small to large sizes, with the fraction
+    of host memory bandwidth (measured with a large NumPy copy) the kernel reaches.
+Ratios are jaxbridge / reference (lower is better for jaxbridge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+from jaxbridge import ops  # noqa: E402
+
+
+def timeit(fn, *args, min_time=0.15, repeats=5) -> float:
+    """Median seconds per call of fn(*args) (blocked on the result)."""
+    jax.block_until_ready(fn(*args))
+    n, t = 1, 0.0
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        t = time.perf_counter() - t0
+        if t > min_time / repeats or n > 1 << 20:
+            break
+        n *= 4
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / n)
+    return float(np.median(times))
+
+
+def host_bandwidth() -> float:
+    """Bytes/s of a large NumPy copy (read + write counted)."""
+    a = np.ones(1 << 25)  # 256 MiB
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    best = min(_t(lambda: np.copyto(b, a)) for _ in range(5))
+    return 2 * a.nbytes / best
+
+
+def _t(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def fmt_t(s: float) -> str:
+    return f"{s * 1e6:9.2f} us" if s < 1e-3 else f"{s * 1e3:9.3f} ms"
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+# ----------------------------------------------------------------- (a) bridge overhead
+def hand_written_softplus():
+    ops._register()
+
+    def fwd_call(x):
+        return jax.ffi.ffi_call("jaxbridge_softplus_fwd", jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                vmap_method="broadcast_all")(x, beta=np.float64(1.0))
+
+    @jax.custom_vjp
+    def sp(x):
+        return fwd_call(x)
+
+    def sp_fwd(x):
+        y = fwd_call(x)
+        return y, (x, y)
+
+    def sp_bwd(res, ct):
+        x, y = res
+        return (jax.ffi.ffi_call("jaxbridge_softplus_adj", jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                 vmap_method="broadcast_all")(x, y, ct, beta=np.float64(1.0)),)
+
+    sp.defvjp(sp_fwd, sp_bwd)
+    return sp
+
+
+def bench_overhead(quick: bool) -> None:
+    hand = hand_written_softplus()
+    bridged = ops.softplus
+    rows = []
+    for n in ([1, 100_000] if quick else [1, 1000, 100_000, 1_000_000]):
+        x = jnp.linspace(-3, 3, n, dtype=jnp.float32)
+        iters = 1000 if n <= 1000 else 20
+
+        def loop(f):
+            return jax.jit(lambda x: jax.lax.fori_loop(0, iters, lambda i, c: f(c) - 0.5, x))
+
+        def grad_step(f):
+            return jax.jit(jax.grad(lambda x: f(x).sum()))
+
+        cases = [
+            ("call in fori_loop", loop(bridged), loop(hand), iters),
+            ("jitted call", jax.jit(bridged), jax.jit(hand), 1),
+            ("grad step (jit)", grad_step(bridged), grad_step(hand), 1),
+        ]
+        for label, fb, fh, per in cases:
+            tb, th = timeit(fb, x) / per, timeit(fh, x) / per
+            rows.append([label, f"{n:,}", fmt_t(tb), fmt_t(th), f"{tb / th:.3f}x"])
+    table("(a) jb.kernel vs hand-written ffi_call + custom_vjp (softplus, float32)",
+          ["what", "elements", "jaxbridge", "hand-written", "ratio"], rows)
+
+
+# ----------------------------------------------------------------- (b) kernels vs jnp
+def rbf_jnp_diff(x, y, l):
+    d2 = jnp.sum((x[:, None, :] - y[None, :, :]) ** 2, -1)
+    return jnp.exp(-d2 / (2 * l**2))
+
+
+def rbf_jnp_gemm(x, y, l):
+    d2 = jnp.sum(x**2, -1)[:, None] + jnp.sum(y**2, -1)[None, :] - 2 * x @ y.T
+    return jnp.exp(-jnp.maximum(d2, 0) / (2 * l**2))
+
+
+def bench_kernels(quick: bool, bw: float) -> None:
+    rng = np.random.default_rng(0)
+    rows = []
+    dt = np.float32
+
+    # softplus: read n + write n
+    for n in ([1000, 1_000_000] if quick else [1000, 100_000, 1_000_000, 10_000_000]):
+        x = jnp.asarray(rng.normal(size=n) * 5, dt)
+        f_jb, f_ref = jax.jit(ops.softplus), jax.jit(jax.nn.softplus)
+        g_jb = jax.jit(jax.grad(lambda x: ops.softplus(x).sum()))
+        g_ref = jax.jit(jax.grad(lambda x: jax.nn.softplus(x).sum()))
+        tb, tr = timeit(f_jb, x), timeit(f_ref, x)
+        bytes_ = 2 * x.nbytes
+        rows.append(["softplus", f"n={n:,}", fmt_t(tb), fmt_t(tr), "jax.nn.softplus",
+                     f"{tb / tr:.2f}x", f"{bytes_ / tb / bw:.0%}"])
+        tb, tr = timeit(g_jb, x), timeit(g_ref, x)
+        rows.append(["softplus grad", f"n={n:,}", fmt_t(tb), fmt_t(tr), "jax.nn.softplus",
+                     f"{tb / tr:.2f}x", "-"])
+
+    # tridiagonal: read 4 n + write n per system
+    sizes = [(1, 1000), (1000, 1000)] if quick else [(1, 1000), (100, 100), (1000, 1000),
+                                                     (10, 100_000)]
+    for batch, n in sizes:
+        dl, du, b = (jnp.asarray(rng.normal(size=(batch, n)), dt) for _ in range(3))
+        d = jnp.asarray(4 + rng.random((batch, n)), dt)
+        f_jb = jax.jit(ops.tridiagonal_solve)
+        f_ref = jax.jit(lambda dl, d, du, b: jax.lax.linalg.tridiagonal_solve(
+            dl, d, du, b[..., None])[..., 0])
+        tb, tr = timeit(f_jb, dl, d, du, b), timeit(f_ref, dl, d, du, b)
+        bytes_ = 5 * d.nbytes
+        rows.append(["tridiagonal_solve", f"{batch}x{n:,}", fmt_t(tb), fmt_t(tr),
+                     "lax.linalg.tridiagonal_solve", f"{tb / tr:.2f}x", f"{bytes_ / tb / bw:.0%}"])
+        g_jb = jax.jit(jax.grad(lambda *a: ops.tridiagonal_solve(*a).sum(), argnums=(0, 1, 2, 3)))
+        g_ref = jax.jit(jax.grad(lambda *a: f_ref(*a).sum(), argnums=(0, 1, 2, 3)))
+        tb, tr = timeit(g_jb, dl, d, du, b), timeit(g_ref, dl, d, du, b)
+        rows.append(["tridiagonal_solve grad", f"{batch}x{n:,}", fmt_t(tb), fmt_t(tr),
+                     "lax.linalg.tridiagonal_solve", f"{tb / tr:.2f}x", "-"])
+
+    # RBF: write n*m (+ read inputs)
+    for n, m, dim in ([(100, 100, 3), (2000, 2000, 3)] if quick else
+                      [(100, 100, 3), (1000, 1000, 3), (2000, 2000, 3), (1000, 1000, 64)]):
+        x = jnp.asarray(rng.normal(size=(n, dim)), dt)
+        y = jnp.asarray(rng.normal(size=(m, dim)), dt)
+        l = jnp.asarray(1.3, dt)
+        f_jb = jax.jit(ops.rbf_kernel)
+        refs = {"jnp (diff)": jax.jit(rbf_jnp_diff), "jnp (gemm)": jax.jit(rbf_jnp_gemm)}
+        tb = timeit(f_jb, x, y, l)
+        tref = {k: timeit(f, x, y, l) for k, f in refs.items()}
+        best = min(tref, key=tref.get)
+        bytes_ = (n * m + (n + m) * dim) * np.dtype(dt).itemsize
+        rows.append(["rbf_kernel", f"{n}x{m}x{dim}", fmt_t(tb), fmt_t(tref[best]), best,
+                     f"{tb / tref[best]:.2f}x", f"{bytes_ / tb / bw:.0%}"])
+        g_jb = jax.jit(jax.grad(lambda *a: (ops.rbf_kernel(*a) ** 2).sum(), argnums=(0, 1, 2)))
+        grefs = {k: jax.jit(jax.grad(lambda *a, f=f: (f(*a) ** 2).sum(), argnums=(0, 1, 2)))
+                 for k, f in (("jnp (diff)", rbf_jnp_diff), ("jnp (gemm)", rbf_jnp_gemm))}
+        tb = timeit(g_jb, x, y, l)
+        tref = {k: timeit(f, x, y, l) for k, f in grefs.items()}
+        best = min(tref, key=tref.get)
+        rows.append(["rbf_kernel grad", f"{n}x{m}x{dim}", fmt_t(tb), fmt_t(tref[best]), best,
+                     f"{tb / tref[best]:.2f}x", "-"])
+
+    table("(b) built-in kernels vs best jnp/lax equivalent (CPU, float32; ratio = jaxbridge / "
+          "reference; BW = fraction of host copy bandwidth reached by the kernel's minimal "
+          "traffic)", ["kernel", "size", "jaxbridge", "reference", "reference is", "ratio",
+                       "BW"], rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="fewer sizes (about 30 s)")
+    p.add_argument("--only", choices=["overhead", "kernels"], default=None)
+    args = p.parse_args()
+    bw = host_bandwidth()
+    print(f"# jaxbridge kernel benchmarks — {datetime.date.today()}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
+          f"visible; python {platform.python_version()}, jax {jax.__version__}, numpy "
+          f"{np.__version__}; host copy bandwidth {bw / 1e9:.1f} GB/s")
+    if args.only in (None, "overhead"):
+        bench_overhead(args.quick)
+    if args.only in (None, "kernels"):
+        bench_kernels(args.quick, bw)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+// XLA FFI handlers (CUDA) of the built-in kernels: validation + dispatch; the
+// kernels run on XLA's stream (csrc/kernels/cuda_kernels.cu). Same calling
+// conventions as cpu_handlers.cc.
+#include <cstdint>
+
+#include "cuda_handlers.h"
+#include "jaxbridge/cuda.h"
+#include "jaxbridge/ffi_helpers.h"
+#include "kernels/cuda_kernels.h"
+#include "validate.h"
+
+namespace jaxbridge::builtin {
+namespace {
+
+namespace kc = ::jaxbridge::kernels::cuda;
+using ffi::AnyBuffer;
+using ffi::Result;
+
+template <typename T>
+T* Ptr(AnyBuffer b) {
+  return static_cast<T*>(b.untyped_data());
+}
+template <typename T>
+T* Ptr(Result<AnyBuffer>& b) {
+  return static_cast<T*>(b->untyped_data());
+}
+
+#define JB_CUDA_RETURN(fn, expr) \
+  do {                           \
+    cudaError_t _s = (expr);     \
+    if (_s != cudaSuccess) return ::jaxbridge::CudaError(fn, _s); \
+    return ffi::Error::Success(); \
+  } while (0)
+
+ffi::Error SoftplusFwd(cudaStream_t stream, AnyBuffer x, Result<AnyBuffer> y, double beta) {
+  const char* fn = "jaxbridge_softplus_fwd (CUDA)";
+  JAXBRIDGE_RETURN_IF_ERROR(builtin::CheckPositive(beta, fn, "beta"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *y, fn, "x", "result"));
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
+    JB_CUDA_RETURN(fn, kc::SoftplusForward<T>(stream, Ptr<const T>(x), Ptr<T>(y), n,
+                                              static_cast<T>(beta)));
+  });
+}
+
+ffi::Error SoftplusDeriv(const char* fn, cudaStream_t stream, AnyBuffer x, AnyBuffer y,
+                         AnyBuffer v, Result<AnyBuffer>& out, double beta) {
+  JAXBRIDGE_RETURN_IF_ERROR(builtin::CheckPositive(beta, fn, "beta"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, y, fn, "x", "y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, v, fn, "x", "cotangent/tangent"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *out, fn, "x", "result"));
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
+    JB_CUDA_RETURN(fn, kc::SoftplusDerivative<T>(stream, Ptr<const T>(x), Ptr<const T>(v),
+                                                 Ptr<T>(out), n, static_cast<T>(beta)));
+  });
+}
+
+ffi::Error SoftplusAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer ct,
+                       Result<AnyBuffer> gx, double beta) {
+  return SoftplusDeriv("jaxbridge_softplus_adj (CUDA)", stream, x, y, ct, gx, beta);
+}
+ffi::Error SoftplusTan(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer tx,
+                       Result<AnyBuffer> ty, double beta) {
+  return SoftplusDeriv("jaxbridge_softplus_tan (CUDA)", stream, x, y, tx, ty, beta);
+}
+
+template <typename T>
+ffi::Error Scratch(ffi::ScratchAllocator& alloc, int64_t elems, T** out, const char* fn) {
+  *out = nullptr;
+  if (elems <= 0) return ffi::Error::Success();
+  auto mem = alloc.Allocate(static_cast<size_t>(elems) * sizeof(T), alignof(T));
+  if (!mem.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(fn) + ": could not allocate scratch memory");
+  }
+  *out = static_cast<T*>(*mem);
+  return ffi::Error::Success();
+}
+
+ffi::Error TridiagFwd(cudaStream_t stream, ffi::ScratchAllocator alloc, AnyBuffer dl,
+                      AnyBuffer d, AnyBuffer du, AnyBuffer b, Result<AnyBuffer> x) {
+  const char* fn = "jaxbridge_tridiagonal_solve_fwd (CUDA)";
+  TridiagDims td;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *x, fn, "d", "result"));
+  JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
+    T* scratch;
+    JAXBRIDGE_RETURN_IF_ERROR(Scratch(alloc, kc::TridiagScratchElems(td.batch, td.n), &scratch, fn));
+    JB_CUDA_RETURN(fn, kc::TridiagSolve<T>(stream, Ptr<const T>(dl), Ptr<const T>(d),
+                                           Ptr<const T>(du), Ptr<const T>(b), Ptr<T>(x),
+                                           td.batch, td.n, false, scratch));
+  });
+}
+
+ffi::Error TridiagAdj(cudaStream_t stream, AnyBuffer dl,
+                      AnyBuffer d, AnyBuffer du, AnyBuffer b, AnyBuffer x, AnyBuffer ct,
+                      Result<AnyBuffer> gdl, Result<AnyBuffer> gd, Result<AnyBuffer> gdu,
+                      Result<AnyBuffer> gb) {
+  const char* fn = "jaxbridge_tridiagonal_solve_adj (CUDA)";
+  TridiagDims td;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, ct, fn, "d", "cotangent"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gdl, fn, "d", "result 0"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gd, fn, "d", "result 1"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gdu, fn, "d", "result 2"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gb, fn, "d", "result 3"));
+  JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
+    // gd doubles as the Thomas scratch (it is overwritten by the finish kernel).
+    T* scratch = kc::TridiagScratchElems(td.batch, td.n) ? Ptr<T>(gd) : nullptr;
+    JAXBRIDGE_RETURN_IF_ERROR(
+        [&]() -> ffi::Error {
+          cudaError_t s = kc::TridiagSolve<T>(stream, Ptr<const T>(dl), Ptr<const T>(d),
+                                              Ptr<const T>(du), Ptr<const T>(ct), Ptr<T>(gb),
+                                              td.batch, td.n, true, scratch);
+          return s == cudaSuccess ? ffi::Error::Success() : CudaError(fn, s);
+        }());
+    JB_CUDA_RETURN(fn, kc::TridiagAdjointFinish<T>(stream, Ptr<const T>(x), Ptr<const T>(gb),
+                                                   Ptr<T>(gdl), Ptr<T>(gd), Ptr<T>(gdu),
+                                                   td.batch, td.n));
+  });
+}
+
+ffi::Error TridiagTan(cudaStream_t stream, ffi::ScratchAllocator alloc, AnyBuffer dl,
+                      AnyBuffer d, AnyBuffer du, AnyBuffer b, AnyBuffer x, AnyBuffer tdl,
+                      AnyBuffer tdd, AnyBuffer tdu, AnyBuffer tb, Result<AnyBuffer> dx) {
+  const char* fn = "jaxbridge_tridiagonal_solve_tan (CUDA)";
+  TridiagDims td;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdl, fn, "d", "tangent dl"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdd, fn, "d", "tangent d"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdu, fn, "d", "tangent du"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tb, fn, "d", "tangent b"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *dx, fn, "d", "result"));
+  JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
+    T* scratch;
+    JAXBRIDGE_RETURN_IF_ERROR(Scratch(alloc, kc::TridiagScratchElems(td.batch, td.n), &scratch, fn));
+    JAXBRIDGE_RETURN_IF_ERROR(
+        [&]() -> ffi::Error {
+          cudaError_t s = kc::TridiagTangentRhs<T>(stream, Ptr<const T>(x), Ptr<const T>(tdl),
+                                                   Ptr<const T>(tdd), Ptr<const T>(tdu),
+                                                   Ptr<const T>(tb), Ptr<T>(dx), td.batch, td.n);
+          return s == cudaSuccess ? ffi::Error::Success() : CudaError(fn, s);
+        }());
+    JB_CUDA_RETURN(fn, kc::TridiagSolve<T>(stream, Ptr<const T>(dl), Ptr<const T>(d),
+                                           Ptr<const T>(du), Ptr<const T>(dx), Ptr<T>(dx),
+                                           td.batch, td.n, false, scratch));
+  });
+}
+
+ffi::Error RbfFwd(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l,
+                  Result<AnyBuffer> kout) {
+  const char* fn = "jaxbridge_rbf_kernel_fwd (CUDA)";
+  RbfDims r;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
+  const size_t nb = x.dimensions().size() - 2;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, x.element_type(), *kout, fn, "result"));
+  JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
+    JB_CUDA_RETURN(fn, kc::RbfForward<T>(stream, Ptr<const T>(x), Ptr<const T>(y),
+                                         Ptr<const T>(l), Ptr<T>(kout), r.batch, r.n, r.m,
+                                         r.dim));
+  });
+}
+
+ffi::Error RbfAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer kmat,
+                  AnyBuffer ct, Result<AnyBuffer> gx, Result<AnyBuffer> gy,
+                  Result<AnyBuffer> gl) {
+  const char* fn = "jaxbridge_rbf_kernel_adj (CUDA)";
+  RbfDims r;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
+  const size_t nb = x.dimensions().size() - 2;
+  const auto dt = x.element_type();
+  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, kmat, fn, "K"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, ct, fn, "cotangent"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *gx, fn, "x", "result 0"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, *gy, fn, "y", "result 1"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(l, *gl, fn, "length_scale", "result 2"));
+  JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
+    JB_CUDA_RETURN(fn, kc::RbfAdjoint<T>(stream, Ptr<const T>(x), Ptr<const T>(y),
+                                         Ptr<const T>(l), Ptr<const T>(kmat), Ptr<const T>(ct),
+                                         Ptr<T>(gx), Ptr<T>(gy), Ptr<T>(gl), r.batch, r.n, r.m,
+                                         r.dim));
+  });
+}
+
+ffi::Error RbfTan(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer kmat,
+                  AnyBuffer tx, AnyBuffer ty, AnyBuffer tl, Result<AnyBuffer> dk) {
+  const char* fn = "jaxbridge_rbf_kernel_tan (CUDA)";
+  RbfDims r;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
+  const size_t nb = x.dimensions().size() - 2;
+  const auto dt = x.element_type();
+  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, kmat, fn, "K"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, tx, fn, "x", "tangent x"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, ty, fn, "y", "tangent y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(l, tl, fn, "length_scale", "tangent length_scale"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, *dk, fn, "result"));
+  JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
+    JB_CUDA_RETURN(fn, kc::RbfTangent<T>(stream, Ptr<const T>(x), Ptr<const T>(y),
+                                         Ptr<const T>(l), Ptr<const T>(kmat), Ptr<const T>(tx),
+                                         Ptr<const T>(ty), Ptr<const T>(tl), Ptr<T>(dk), r.batch,
+                                         r.n, r.m, r.dim));
+  });
+}
+
+}  // namespace
+}  // namespace jaxbridge::builtin
+
+namespace jb = ::jaxbridge::builtin;
+using ::xla::ffi::AnyBuffer;
+using ::xla::ffi::Ffi;
+
+#define JB_ARGS2 .Arg<AnyBuffer>().Arg<AnyBuffer>()
+#define JB_ARGS3 JB_ARGS2.Arg<AnyBuffer>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusFwdCuda, jb::SoftplusFwd,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>().Arg<AnyBuffer>()
+                                  .Ret<AnyBuffer>().Attr<double>("beta"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusAdjCuda, jb::SoftplusAdj,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3
+                                  .Ret<AnyBuffer>().Attr<double>("beta"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusTanCuda, jb::SoftplusTan,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3
+                                  .Ret<AnyBuffer>().Attr<double>("beta"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeTridiagFwdCuda, jb::TridiagFwd,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>()
+                                  .Ctx<::xla::ffi::ScratchAllocator>() JB_ARGS2 JB_ARGS2
+                                  .Ret<AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeTridiagAdjCuda, jb::TridiagAdj,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3 JB_ARGS3
+                                  .Ret<AnyBuffer>().Ret<AnyBuffer>().Ret<AnyBuffer>()
+                                  .Ret<AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeTridiagTanCuda, jb::TridiagTan,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>()
+                                  .Ctx<::xla::ffi::ScratchAllocator>() JB_ARGS3 JB_ARGS3
+                                  JB_ARGS3.Ret<AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeRbfFwdCuda, jb::RbfFwd,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3
+                                  .Ret<AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeRbfAdjCuda, jb::RbfAdj,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3 JB_ARGS2
+                                  .Ret<AnyBuffer>().Ret<AnyBuffer>().Ret<AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeRbfTanCuda, jb::RbfTan,
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3 JB_ARGS3
+                                  .Arg<AnyBuffer>().Ret<AnyBuffer>());

@@ -1,0 +1,83 @@
+// Shape/dtype validation shared by the CPU and CUDA handlers of the built-in kernels.
+// The Python wrappers (jaxbridge/ops.py) check the same things at trace time with
+// friendlier messages; these re-checks make the handlers safe on their own (a
+// handler never reads or writes out of bounds, whatever it is called with).
+#ifndef JAXBRIDGE_FFI_VALIDATE_H_
+#define JAXBRIDGE_FFI_VALIDATE_H_
+
+#include <cstdint>
+
+#include "jaxbridge/ffi_helpers.h"
+
+namespace jaxbridge::builtin {
+
+struct TridiagDims {
+  int64_t batch = 0, n = 0;
+};
+
+// All of (dl, d, du, b, extra...) share one shape (..., n) and dtype.
+inline ffi::Error CheckTridiag(const char* fn, TridiagDims* out, const ffi::AnyBuffer& dl,
+                        const ffi::AnyBuffer& d, const ffi::AnyBuffer& du,
+                        const ffi::AnyBuffer& b) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRankAtLeast(d, 1, fn, "d"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, dl, fn, "d", "dl"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, du, fn, "d", "du"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, b, fn, "d", "b"));
+  auto dims = d.dimensions();
+  out->n = dims.back();
+  out->batch = Product(dims, 0, dims.size() - 1);
+  return ffi::Error::Success();
+}
+
+struct RbfDims {
+  int64_t batch = 0, n = 0, m = 0, dim = 0;
+};
+
+inline ffi::Error CheckRbf(const char* fn, RbfDims* out, const ffi::AnyBuffer& x,
+                           const ffi::AnyBuffer& y, const ffi::AnyBuffer& l) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRankAtLeast(x, 2, fn, "x"));
+  const size_t rank = x.dimensions().size();
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRank(y, rank, fn, "y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRank(l, rank - 2, fn, "length_scale"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckBatchDims(x, y, rank - 2, fn, "x", "y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckBatchDims(x, l, rank - 2, fn, "x", "length_scale"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckDim(y, -1, x.dimensions()[rank - 1], fn, "y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckDtype(y, x.element_type(), fn, "y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckDtype(l, x.element_type(), fn, "length_scale"));
+  auto dx = x.dimensions();
+  out->batch = Product(dx, 0, rank - 2);
+  out->n = dx[rank - 2];
+  out->dim = dx[rank - 1];
+  out->m = y.dimensions()[rank - 2];
+  return ffi::Error::Success();
+}
+
+// `buf` must have exactly `dims` (leading batch dims of `ref` + trailing `tail`).
+inline ffi::Error CheckShapeIs(const ffi::AnyBuffer& ref, size_t nbatch,
+                               std::initializer_list<int64_t> tail, ffi::DataType dtype,
+                               const ffi::AnyBuffer& buf, const char* fn, const char* arg) {
+  auto rd = ref.dimensions(), bd = buf.dimensions();
+  bool ok = bd.size() == nbatch + tail.size() && buf.element_type() == dtype;
+  for (size_t i = 0; ok && i < nbatch; ++i) ok = bd[i] == rd[i];
+  size_t k = nbatch;
+  for (int64_t t : tail) {
+    if (!ok) break;
+    ok = bd[k++] == t;
+  }
+  if (ok) return ffi::Error::Success();
+  std::string expected = "batch dims of " + ShapeString(rd) + " followed by (";
+  for (int64_t t : tail) expected += std::to_string(t) + ",";
+  expected += ") in " + std::string(DataTypeName(dtype));
+  return ArgError(fn, arg, expected,
+                  ShapeString(bd) + " " + DataTypeName(buf.element_type()));
+}
+
+inline ffi::Error CheckPositive(double v, const char* fn, const char* attr) {
+  if (v > 0) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(std::string(fn) + ": attribute '" + attr +
+                                     "' must be > 0, received " + std::to_string(v));
+}
+
+}  // namespace jaxbridge::builtin
+
+#endif  // JAXBRIDGE_FFI_VALIDATE_H_

@@ -1,0 +1,195 @@
+"""Built-in C++/CUDA kernels as differentiable JAX ops (`jaxbridge.ops`).
+
+Every op has forward, adjoint and tangent kernels (so `grad`, `jacrev`, `jvp` and
+`jacfwd` all work), float32 and float64, any number of leading batch dimensions
+(`vmap` is one kernel call), CPU always and CUDA where jaxbridge was built with it.
+
+* `softplus(x, beta=1.0)`              log(1 + exp(beta x)) / beta, stable for any x
+* `tridiagonal_solve(dl, d, du, b)`    batched tridiagonal solve (Thomas on CPU,
+                                       parallel cyclic reduction on GPU)
+* `rbf_kernel(x, y, length_scale)`     exp(-|x_i - y_j|^2 / (2 l^2))
+
+Arguments are checked at trace time; a bad dtype, rank or shape raises
+`KernelError` (a TypeError) naming the op, the argument, what was expected and
+what was received. The C++ handlers check again and return an XLA FFI error.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._kernel import Kernel, KernelError, kernel, register_target
+
+__all__ = ["softplus", "tridiagonal_solve", "rbf_kernel", "available", "export_checks",
+           "KernelError"]
+
+_FLOATS = (np.dtype("float32"), np.dtype("float64"))
+_lock = threading.Lock()
+_platforms: tuple[str, ...] | None = None
+
+try:
+    from . import _kernels
+except ImportError as _err:  # pragma: no cover - exercised only on broken installs
+    _kernels = None
+    IMPORT_ERROR: str | None = f"{type(_err).__name__}: {_err}"
+else:
+    IMPORT_ERROR = None
+
+
+def available() -> bool:
+    """True when the compiled built-in kernels (`jaxbridge._kernels`) are importable."""
+    return _kernels is not None
+
+
+def _register() -> tuple[str, ...]:
+    global _platforms
+    with _lock:
+        if _platforms is None:
+            if _kernels is None:
+                raise ImportError("jaxbridge.ops: the compiled kernels (jaxbridge._kernels) are "
+                                  f"not available: {IMPORT_ERROR}")
+            plats = []
+            for platform, targets in _kernels.registrations().items():
+                plat = platform.lower()
+                for name, capsule in targets.items():
+                    register_target(name, capsule, platform=plat, _builtin=True)
+                plats.append(plat)
+            _platforms = tuple(plats)
+    return _platforms
+
+
+def _builtin(stem: str, result: Any, arg_names: tuple, attrs: dict | None = None) -> Kernel:
+    plats = _register()
+    return kernel(f"jaxbridge_{stem}_fwd", f"jaxbridge_{stem}_adj", f"jaxbridge_{stem}_tan",
+                  result=result, platforms=plats, vmap="batch", name=stem,
+                  arg_names=arg_names, attrs=attrs, _builtin=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _softplus_kernel() -> Kernel:
+    return _builtin("softplus", lambda x, **_: x, ("x",), {"beta": 1.0})
+
+
+@functools.lru_cache(maxsize=None)
+def _tridiag_kernel() -> Kernel:
+    return _builtin("tridiagonal_solve", lambda dl, d, du, b: b, ("dl", "d", "du", "b"))
+
+
+@functools.lru_cache(maxsize=None)
+def _rbf_kernel() -> Kernel:
+    def result(x, y, l):
+        return jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]), x.dtype)
+    return _builtin("rbf_kernel", result, ("x", "y", "length_scale"))
+
+
+def export_checks() -> list:
+    """`disabled_checks` for `jax.export.export` of functions that use these ops."""
+    return [c for k in (_softplus_kernel(), _tridiag_kernel(), _rbf_kernel())
+            for c in k.export_checks()]
+
+
+# ----------------------------------------------------------------- validation
+def _as_array(fn: str, name: str, v: Any) -> Any:
+    if isinstance(v, (jax.Array, np.ndarray)) or hasattr(v, "aval"):
+        arr = v
+    else:
+        try:
+            arr = jnp.asarray(v)
+        except TypeError as e:
+            raise KernelError(f"jaxbridge.ops.{fn}: argument {name!r}: expected an array, "
+                              f"received {type(v).__name__}") from e
+    if np.dtype(arr.dtype) not in _FLOATS:
+        raise KernelError(f"jaxbridge.ops.{fn}: argument {name!r}: expected dtype float32 or "
+                          f"float64, received {np.dtype(arr.dtype).name} with shape "
+                          f"{tuple(np.shape(arr))}")
+    return arr
+
+
+def _same_dtype(fn: str, ref: str, arrays: dict) -> None:
+    dt = np.dtype(arrays[ref].dtype)
+    for k, a in arrays.items():
+        if np.dtype(a.dtype) != dt:
+            raise KernelError(f"jaxbridge.ops.{fn}: argument {k!r}: expected dtype {dt.name} "
+                              f"(the dtype of {ref!r}), received {np.dtype(a.dtype).name}")
+
+
+# ----------------------------------------------------------------- ops
+def softplus(x: Any, *, beta: float = 1.0) -> jax.Array:
+    """Numerically stable softplus ``log(1 + exp(beta x)) / beta`` (C++/CUDA kernel).
+
+    Computed as ``(max(z, 0) + log1p(exp(-|z|))) / beta`` with ``z = beta x``, so it
+    is finite for every finite ``x`` (|x| up to 1e4 and beyond in float32); the
+    derivative is ``sigmoid(beta x)``. ``beta`` is static (an FFI attribute).
+
+    >>> import jax.numpy as jnp
+    >>> from jaxbridge import ops
+    >>> float(ops.softplus(jnp.float32(0.0)))  # doctest: +ELLIPSIS
+    0.693...
+    """
+    x = _as_array("softplus", "x", x)
+    if not isinstance(beta, (int, float, np.integer, np.floating)) or not beta > 0:
+        raise KernelError(f"jaxbridge.ops.softplus: argument 'beta': expected a positive "
+                          f"Python number (static), received {beta!r}")
+    return _softplus_kernel()(x, beta=float(beta))
+
+
+def tridiagonal_solve(dl: Any, d: Any, du: Any, b: Any) -> jax.Array:
+    """Solve ``A x = b`` for tridiagonal ``A``, batched over leading dimensions.
+
+    ``dl, d, du, b`` all have shape ``(..., n)``: ``A[i, i-1] = dl[i]``,
+    ``A[i, i] = d[i]``, ``A[i, i+1] = du[i]``; ``dl[..., 0]`` and ``du[..., n-1]``
+    are ignored (their gradients are 0), as in ``jax.lax.linalg.tridiagonal_solve``.
+    No pivoting: meant for diagonally dominant or symmetric positive definite
+    systems. Gradients flow to all three diagonals and to ``b``.
+    """
+    fn = "tridiagonal_solve"
+    arrs = {k: _as_array(fn, k, v) for k, v in (("dl", dl), ("d", d), ("du", du), ("b", b))}
+    _same_dtype(fn, "d", arrs)
+    dshape = tuple(np.shape(arrs["d"]))
+    if len(dshape) < 1:
+        raise KernelError(f"jaxbridge.ops.{fn}: argument 'd': expected rank >= 1 (shape "
+                          f"(..., n)), received a scalar")
+    for k in ("dl", "du", "b"):
+        if tuple(np.shape(arrs[k])) != dshape:
+            raise KernelError(f"jaxbridge.ops.{fn}: argument {k!r}: expected shape {dshape} "
+                              f"(the shape of 'd'), received {tuple(np.shape(arrs[k]))}")
+    return _tridiag_kernel()(arrs["dl"], arrs["d"], arrs["du"], arrs["b"])
+
+
+def rbf_kernel(x: Any, y: Any, length_scale: Any = 1.0) -> jax.Array:
+    """Gaussian (RBF) kernel matrix ``K[..., i, j] = exp(-|x_i - y_j|^2 / (2 l^2))``.
+
+    ``x``: ``(..., n, d)``, ``y``: ``(..., m, d)``, ``length_scale``: a scalar or an
+    array of shape ``(...)`` (the batch dims); result ``(..., n, m)``. Differentiable
+    in ``x``, ``y`` and ``length_scale``.
+    """
+    fn = "rbf_kernel"
+    x = _as_array(fn, "x", x)
+    y = _as_array(fn, "y", y)
+    if not hasattr(length_scale, "dtype"):
+        length_scale = jnp.asarray(length_scale, dtype=x.dtype)
+    l = _as_array(fn, "length_scale", length_scale)
+    _same_dtype(fn, "x", {"x": x, "y": y, "length_scale": l})
+    xs, ys = tuple(np.shape(x)), tuple(np.shape(y))
+    if len(xs) < 2:
+        raise KernelError(f"jaxbridge.ops.{fn}: argument 'x': expected rank >= 2 (shape "
+                          f"(..., n, d)), received shape {xs}")
+    if len(ys) != len(xs) or ys[:-2] != xs[:-2] or ys[-1] != xs[-1]:
+        want = (*xs[:-2], "m", xs[-1])
+        raise KernelError(f"jaxbridge.ops.{fn}: argument 'y': expected shape "
+                          f"{'(' + ', '.join(map(str, want)) + ')'} (batch dims and feature "
+                          f"dim of 'x'), received {ys}")
+    batch = xs[:-2]
+    if np.ndim(l) == 0 and batch:
+        l = jnp.broadcast_to(l, batch)
+    if tuple(np.shape(l)) != batch:
+        raise KernelError(f"jaxbridge.ops.{fn}: argument 'length_scale': expected a scalar or "
+                          f"shape {batch} (the batch dims of 'x'), received "
+                          f"{tuple(np.shape(l))}")
+    return _rbf_kernel()(x, y, l)

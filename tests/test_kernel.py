@@ -1,0 +1,168 @@
+"""jaxbridge.kernel: FFI targets -> differentiable functions (API, errors, batching)."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbridge import _kernel
+from jaxbridge._kernel import KernelError, get_include, kernel, register_target
+
+ops = pytest.importorskip("jaxbridge.ops")
+if not ops.available():  # pragma: no cover
+    pytest.skip(f"jaxbridge._kernels not built: {ops.IMPORT_ERROR}", allow_module_level=True)
+ops._register()
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def softplus_kernel(**kw):
+    kw.setdefault("adjoint", "jaxbridge_softplus_adj")
+    kw.setdefault("result", lambda x, **_: x)
+    kw.setdefault("attrs", {"beta": 1.0})
+    return kernel("jaxbridge_softplus_fwd", **kw)
+
+
+def test_get_include_has_headers():
+    inc = Path(get_include())
+    for h in ("ffi_helpers.h", "parallel.h", "cuda.h"):
+        assert (inc / "jaxbridge" / h).is_file()
+
+
+def test_register_target_validation():
+    cap = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_fwd"]
+    with pytest.raises(KernelError, match="invalid FFI target name"):
+        register_target("bad name!", cap)
+    with pytest.raises(KernelError, match="reserved"):
+        register_target("jaxbridge_mine", cap)
+    with pytest.raises(KernelError, match="PyCapsule"):
+        register_target("ok_name", lambda: None)
+    full = register_target("sp", cap, namespace="tests.kernel")
+    assert full == "tests.kernel.sp"
+    assert register_target("sp", cap, namespace="tests.kernel") == full  # idempotent
+    other = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_adj"]
+    with pytest.raises(KernelError, match="already registered with a different handler"):
+        register_target("sp", other, namespace="tests.kernel")
+    with pytest.raises(KernelError, match="unknown platform"):
+        register_target("sp2", cap, platform="tpu9")
+
+
+def test_capsule_targets_are_namespaced():
+    regs = ops._kernels.registrations()["cpu"]
+    k = kernel(regs["jaxbridge_softplus_fwd"], regs["jaxbridge_softplus_adj"],
+               name="mysoftplus", namespace="tests.ns", result=lambda x, **_: x,
+               attrs={"beta": 1.0})
+    assert k.targets() == ["tests.ns.mysoftplus_adjoint", "tests.ns.mysoftplus_forward"]
+    x = jnp.linspace(-3, 3, 5)
+    np.testing.assert_allclose(jax.grad(lambda x: k(x).sum())(x), jax.nn.sigmoid(x), rtol=1e-12)
+
+
+def test_missing_tangent_is_a_clear_error():
+    k = softplus_kernel(name="sp_no_tangent")
+    x = jnp.linspace(-2, 2, 4)
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda x: k(x).sum()))(x), jax.nn.sigmoid(x),
+                               rtol=1e-12)
+    np.testing.assert_allclose(jax.jacrev(k)(x), np.diag(jax.nn.sigmoid(x)), rtol=1e-12)
+    for transform in (lambda: jax.jvp(k, (x,), (x,)), lambda: jax.jacfwd(k)(x),
+                      lambda: jax.jit(jax.jacfwd(k))(x)):
+        with pytest.raises(KernelError, match=r"kernel 'sp_no_tangent' needs a tangent kernel"):
+            transform()
+
+
+def test_missing_adjoint_is_a_clear_error():
+    k = kernel("jaxbridge_softplus_fwd", tangent="jaxbridge_softplus_tan", name="sp_no_adj",
+               result=lambda x, **_: x, attrs={"beta": 1.0})
+    x = jnp.ones(3)
+    jax.jvp(k, (x,), (x,))
+    with pytest.raises(KernelError, match=r"kernel 'sp_no_adj' needs an adjoint kernel"):
+        jax.grad(lambda x: k(x).sum())(x)
+
+
+def test_static_attributes():
+    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name="sp_attr")
+    x = jnp.linspace(-2, 2, 5)
+    np.testing.assert_allclose(k(x, beta=3.0), jnp.logaddexp(0, 3 * x) / 3, rtol=1e-12)
+    with pytest.raises(KernelError, match="unknown static argument 'gamma'"):
+        k(x, gamma=1.0)
+    with pytest.raises(KernelError, match="must be a bool, int, float or str"):
+        k(x, beta=[1.0])
+    # The C++ side re-checks: beta <= 0 is an FFI error at run time.
+    with pytest.raises(Exception, match="attribute 'beta' must be > 0"):
+        k(x, beta=-1.0).block_until_ready()
+
+
+def test_dtype_check_names_kernel_and_argument():
+    k = softplus_kernel(name="sp_dtype", arg_names=("x",))
+    with pytest.raises(KernelError, match=r"kernel 'sp_dtype': argument 'x': expected dtype "
+                                          r"float32 or float64, received int32"):
+        k(jnp.arange(3, dtype=jnp.int32))
+
+
+def test_ffi_side_rejects_bad_shapes():
+    # Bypass the Python checks: the handler's own validation returns an ffi::Error.
+    k = kernel("jaxbridge_tridiagonal_solve_fwd", name="tri_unchecked",
+               result=lambda dl, d, du, b: b)
+    with pytest.raises(Exception, match=r"jaxbridge_tridiagonal_solve_fwd: argument 'du'"):
+        k(jnp.ones(4), jnp.ones(4), jnp.ones(3), jnp.ones(4)).block_until_ready()
+
+
+@pytest.mark.parametrize("vmap", ["batch", "loop"])
+def test_vmap_modes_agree(vmap):
+    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name=f"sp_{vmap}", vmap=vmap)
+    x = jnp.linspace(-3, 3, 12).reshape(3, 4)
+    f = jax.vmap(jax.vmap(lambda x: k(x).sum()))
+    np.testing.assert_allclose(f(x[..., None]), jnp.logaddexp(0, x), rtol=1e-12)
+    g = jax.vmap(jax.grad(lambda x: k(x).sum()))(x)
+    np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
+    prims = [e.primitive.name for e in jax.make_jaxpr(jax.vmap(k))(x).jaxpr.eqns]
+    assert ("while" in prims or "scan" in prims) == (vmap == "loop")
+
+
+def test_pytree_results_and_export_checks():
+    k = kernel("jaxbridge_rbf_kernel_fwd", "jaxbridge_rbf_kernel_adj", name="rbf_dict",
+               result=lambda x, y, l: {"K": jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]),
+                                                                x.dtype)})
+    x, y = jnp.ones((2, 3)), jnp.zeros((4, 3))
+    out = k(x, y, jnp.float64(1.0))
+    assert set(out) == {"K"} and out["K"].shape == (2, 4)
+    assert {c.__class__.__name__ for c in k.export_checks()} == {"DisabledSafetyCheck"}
+    with pytest.raises(KernelError, match="pytree of jax.ShapeDtypeStruct"):
+        kernel("jaxbridge_softplus_fwd", result=lambda x, **_: 3, attrs={"beta": 1.0})(x)
+
+
+def test_second_order_is_a_clear_error():
+    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name="sp_hess")
+    with pytest.raises(KernelError, match="second-order derivative of kernel 'sp_hess'"):
+        jax.hessian(lambda x: k(x).sum())(jnp.ones(3))
+
+
+def test_platform_without_implementation():
+    k = kernel({"cuda": "tests.kernel.cuda_only_fwd"}, name="cuda_only",
+               result=lambda x, **_: x, attrs={"beta": 1.0})
+    with pytest.raises(KernelError, match="no forward implementation for platform 'cpu'"):
+        jax.jit(k).lower(jnp.ones(3))
+
+
+def test_parallel_for_large_inputs_match():
+    # Exercises the thread-pool path (many chunks) of every kernel.
+    x = np.random.default_rng(1).normal(size=(1 << 18,))
+    np.testing.assert_allclose(ops.softplus(x), np.logaddexp(0, x), rtol=1e-12)
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler")
+def test_asan_driver():
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "asan_kernels.sh")],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0 and "sanitize" in proc.stderr and "unrecognized" in proc.stderr:
+        pytest.skip("compiler without AddressSanitizer")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK (0 failures)" in proc.stdout
+
+
+def test_registry_is_process_wide():
+    assert _kernel.is_registered("jaxbridge_softplus_fwd", "cpu")

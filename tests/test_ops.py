@@ -1,0 +1,311 @@
+"""Built-in C++ kernels in jaxbridge.ops: values, gradients, transformations, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+
+from conftest import tol
+
+ops = pytest.importorskip("jaxbridge.ops")
+if not ops.available():  # pragma: no cover
+    pytest.skip(f"jaxbridge._kernels not built: {ops.IMPORT_ERROR}", allow_module_level=True)
+
+FLOATS = [np.float32, np.float64]
+
+
+def has_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+# ----------------------------------------------------------------- references
+def np_softplus(x, beta=1.0):
+    return np.logaddexp(0.0, beta * np.asarray(x, np.float64)) / beta
+
+
+def np_tridiag(dl, d, du, b):
+    dl, d, du, b = (np.asarray(a, np.float64) for a in (dl, d, du, b))
+    n = d.shape[-1]
+    a = np.zeros((*d.shape, n))
+    idx = np.arange(n)
+    a[..., idx, idx] = d
+    a[..., idx[1:], idx[:-1]] = dl[..., 1:]
+    a[..., idx[:-1], idx[1:]] = du[..., :-1]
+    return np.linalg.solve(a, b[..., None])[..., 0]
+
+
+def np_rbf(x, y, l):
+    x, y, l = (np.asarray(a, np.float64) for a in (x, y, l))
+    d2 = ((x[..., :, None, :] - y[..., None, :, :]) ** 2).sum(-1)
+    return np.exp(-d2 / (2 * l[..., None, None] ** 2))
+
+
+def tridiag_args(rng, shape, dtype):
+    dl, du, b = rng.normal(size=(3, *shape))
+    d = 4.0 + rng.random(shape)  # diagonally dominant
+    return tuple(np.asarray(a, dtype) for a in (dl, d, du, b))
+
+
+def rbf_args(rng, batch, n, m, dim, dtype):
+    x = rng.normal(size=(*batch, n, dim))
+    y = rng.normal(size=(*batch, m, dim))
+    l = 0.8 + rng.random(batch)
+    return tuple(np.asarray(a, dtype) for a in (x, y, l))
+
+
+# ----------------------------------------------------------------- values
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("beta", [1.0, 2.5])
+def test_softplus_values(rng, dtype, beta):
+    x = np.asarray(rng.normal(size=(5, 7)) * 10, dtype)
+    got = ops.softplus(x, beta=beta)
+    assert got.dtype == dtype and got.shape == x.shape
+    np.testing.assert_allclose(got, np_softplus(x, beta), rtol=10 * tol(dtype), atol=1e-6)
+
+
+def test_softplus_extreme_values_float32():
+    x = jnp.array([-1e4, -100.0, -20.0, 0.0, 20.0, 100.0, 1e4], jnp.float32)
+    y = ops.softplus(x)
+    g = jax.grad(lambda x: ops.softplus(x).sum())(x)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(g))
+    np.testing.assert_allclose(y, np_softplus(x), rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(g, [0, 0, 2.061e-9, 0.5, 1, 1, 1], rtol=1e-3, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1,), (2,), (9,), (3, 17), (2, 2, 5)])
+def test_tridiagonal_solve_values(rng, dtype, shape):
+    args = tridiag_args(rng, shape, dtype)
+    got = ops.tridiagonal_solve(*args)
+    assert got.dtype == dtype and got.shape == shape
+    np.testing.assert_allclose(got, np_tridiag(*args), rtol=50 * tol(dtype), atol=1e-5)
+
+
+def test_tridiagonal_matches_lax(rng):
+    dl, d, du, b = tridiag_args(rng, (4, 12), np.float64)
+    want = jax.lax.linalg.tridiagonal_solve(dl, d, du, b[..., None])[..., 0]
+    np.testing.assert_allclose(ops.tridiagonal_solve(dl, d, du, b), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("batch,n,m,dim", [((), 4, 5, 3), ((), 1, 1, 1), ((2,), 3, 6, 2),
+                                           ((2, 3), 2, 2, 4)])
+def test_rbf_kernel_values(rng, dtype, batch, n, m, dim):
+    x, y, l = rbf_args(rng, batch, n, m, dim, dtype)
+    got = ops.rbf_kernel(x, y, l)
+    assert got.dtype == dtype and got.shape == (*batch, n, m)
+    np.testing.assert_allclose(got, np_rbf(x, y, l), rtol=20 * tol(dtype), atol=1e-6)
+
+
+def test_rbf_scalar_length_scale_broadcasts(rng):
+    x, y, _ = rbf_args(rng, (3,), 2, 4, 2, np.float64)
+    np.testing.assert_allclose(ops.rbf_kernel(x, y, 0.7),
+                               np_rbf(x, y, np.full(3, 0.7)), rtol=1e-12)
+
+
+# ----------------------------------------------------------------- gradients (float64 FD)
+def test_softplus_grads(rng):
+    x = rng.normal(size=(6,)) * 3
+    check_grads(lambda x: ops.softplus(x, beta=1.5), (x,), order=1, modes=("fwd", "rev"))
+
+
+def test_tridiagonal_grads(rng):
+    args = tridiag_args(rng, (2, 6), np.float64)
+    check_grads(ops.tridiagonal_solve, args, order=1, modes=("fwd", "rev"))
+    # The ignored corner entries get zero gradients.
+    g = jax.grad(lambda *a: ops.tridiagonal_solve(*a).sum(), argnums=(0, 2))(*args)
+    assert np.all(g[0][..., 0] == 0) and np.all(g[1][..., -1] == 0)
+
+
+def test_rbf_grads(rng):
+    x, y, l = rbf_args(rng, (), 3, 4, 2, np.float64)
+    check_grads(ops.rbf_kernel, (x, y, l), order=1, modes=("fwd", "rev"))
+    xb, yb, lb = rbf_args(rng, (2,), 3, 2, 3, np.float64)
+    check_grads(ops.rbf_kernel, (xb, yb, lb), order=1, modes=("fwd", "rev"))
+
+
+def test_jacfwd_equals_jacrev(rng):
+    args = tridiag_args(rng, (5,), np.float64)
+    for i in range(4):
+        np.testing.assert_allclose(jax.jacfwd(ops.tridiagonal_solve, i)(*args),
+                                   jax.jacrev(ops.tridiagonal_solve, i)(*args), atol=1e-13)
+
+
+# ----------------------------------------------------------------- eager / jit / vmap grid
+CASES = {
+    "softplus": (lambda rng: (rng.normal(size=(4, 5)),), ops.softplus),
+    "tridiag": (lambda rng: tridiag_args(rng, (4, 6), np.float64), ops.tridiagonal_solve),
+    "rbf": (lambda rng: rbf_args(rng, (4,), 3, 2, 2, np.float64), ops.rbf_kernel),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("mode", ["eager", "jit", "vmap", "jit_vmap", "vmap_grad"])
+def test_transformation_grid(rng, case, mode):
+    make, op = CASES[case]
+    args = make(rng)
+
+    def loss(*a):
+        return (op(*a) ** 2).sum()
+
+    per_example = [op(*(a[i] for a in args)) for i in range(4)]
+    want = np.stack(per_example)
+    if mode == "eager":
+        np.testing.assert_allclose(op(*args), want, rtol=1e-12)
+    elif mode == "jit":
+        np.testing.assert_allclose(jax.jit(op)(*args), want, rtol=1e-12)
+    elif mode == "vmap":
+        np.testing.assert_allclose(jax.vmap(op)(*args), want, rtol=1e-12)
+    elif mode == "jit_vmap":
+        np.testing.assert_allclose(jax.jit(jax.vmap(op))(*args), want, rtol=1e-12)
+    else:
+        g = jax.jit(jax.vmap(jax.grad(loss, argnums=tuple(range(len(args))))))(*args)
+        for i in range(4):
+            gi = jax.grad(loss, argnums=tuple(range(len(args))))(*(a[i] for a in args))
+            for a, b in zip(g, gi):
+                np.testing.assert_allclose(a[i], b, rtol=1e-10, atol=1e-14)
+
+
+def test_vmap_is_one_call(rng):
+    dl, d, du, b = tridiag_args(rng, (3, 5), np.float64)
+    jaxpr = jax.make_jaxpr(jax.vmap(ops.tridiagonal_solve, in_axes=(0, 0, 0, None)))(
+        dl, d, du, b[0])
+    prims = [e.primitive.name for e in jaxpr.jaxpr.eqns]
+    assert prims.count("jaxbridge_kernel") == 1 and "while" not in prims and "scan" not in prims
+    got = jax.vmap(ops.tridiagonal_solve, in_axes=(0, 0, 0, None))(dl, d, du, b[0])
+    np.testing.assert_allclose(got, np_tridiag(dl, d, du, np.broadcast_to(b[0], d.shape)),
+                               rtol=1e-12)
+
+
+def test_grad_of_vmap_sums_unbatched(rng):
+    x, y, l = rbf_args(rng, (), 3, 4, 2, np.float64)
+    xs = np.stack([x, x + 1.0])
+    g = jax.grad(lambda y: jax.vmap(lambda x: ops.rbf_kernel(x, y, l))(xs).sum())(y)
+    g0 = sum(jax.grad(lambda y: ops.rbf_kernel(xi, y, l).sum())(y) for xi in xs)
+    np.testing.assert_allclose(g, g0, rtol=1e-12)
+
+
+def test_scan_and_fori_loop(rng):
+    x0 = rng.normal(size=(8,))
+
+    def step(c, _):
+        return ops.softplus(c) - 0.5, None
+
+    out = jax.jit(lambda x: jax.lax.scan(step, x, None, length=5)[0])(x0)
+    ref = x0
+    for _ in range(5):
+        ref = np_softplus(ref) - 0.5
+    np.testing.assert_allclose(out, ref, rtol=1e-12)
+    g = jax.grad(lambda x: jax.lax.scan(step, x, None, length=5)[0].sum())(x0)
+    assert np.all(np.isfinite(g))
+
+
+def test_export_round_trip(rng):
+    pytest.importorskip("flatbuffers")  # needed by jax.export serialization
+    args = tridiag_args(rng, (2, 5), np.float64)
+
+    def f(dl, d, du, b):
+        x = ops.tridiagonal_solve(dl, d, du, b)
+        return ops.softplus(x).sum(), jax.grad(lambda b: ops.rbf_kernel(
+            x[..., None], b[..., None], 1.0).sum())(b)
+
+    exp = jax.export.export(jax.jit(f), disabled_checks=ops.export_checks())(*args)
+    restored = jax.export.deserialize(exp.serialize())
+    for a, b in zip(restored.call(*args), f(*args)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    # Gradients through the deserialized function (vjp_order=1).
+    exp1 = jax.export.export(jax.jit(lambda b: ops.softplus(b).sum()),
+                             disabled_checks=ops.export_checks())(args[3])
+    r1 = jax.export.deserialize(exp1.serialize(vjp_order=1))
+    np.testing.assert_allclose(jax.grad(r1.call)(args[3]), jax.nn.sigmoid(args[3]), rtol=1e-12)
+
+
+# ----------------------------------------------------------------- bad input
+def test_bad_dtype_message():
+    with pytest.raises(TypeError, match=r"softplus: argument 'x': expected dtype float32 or "
+                                        r"float64, received int32"):
+        ops.softplus(jnp.arange(3, dtype=jnp.int32))
+    with pytest.raises(TypeError, match=r"tridiagonal_solve: argument 'b': expected dtype "
+                                        r"float64 \(the dtype of 'd'\), received float32"):
+        ops.tridiagonal_solve(*(np.ones(3),) * 3, np.ones(3, np.float32))
+
+
+def test_bad_shape_and_rank_messages():
+    with pytest.raises(TypeError, match=r"tridiagonal_solve: argument 'du': expected shape "
+                                        r"\(4,\) \(the shape of 'd'\), received \(3,\)"):
+        ops.tridiagonal_solve(np.ones(4), np.ones(4), np.ones(3), np.ones(4))
+    with pytest.raises(TypeError, match=r"argument 'd': expected rank >= 1"):
+        ops.tridiagonal_solve(*(np.float64(1.0),) * 4)
+    with pytest.raises(TypeError, match=r"rbf_kernel: argument 'x': expected rank >= 2"):
+        ops.rbf_kernel(np.ones(3), np.ones((2, 3)), 1.0)
+    with pytest.raises(TypeError, match=r"rbf_kernel: argument 'y': expected shape \(m, 3\)"):
+        ops.rbf_kernel(np.ones((2, 3)), np.ones((2, 4)), 1.0)
+    with pytest.raises(TypeError, match=r"'length_scale': expected a scalar or shape \(2,\)"):
+        ops.rbf_kernel(np.ones((2, 2, 3)), np.ones((2, 4, 3)), np.ones(3))
+    with pytest.raises(TypeError, match=r"'beta': expected a positive"):
+        ops.softplus(np.ones(2), beta=-1.0)
+
+
+def test_bad_input_raises_under_jit_at_trace_time():
+    f = jax.jit(lambda a: ops.tridiagonal_solve(a, a, a[:2], a))
+    with pytest.raises(TypeError, match="tridiagonal_solve"):
+        f.trace(jnp.ones(3))
+
+
+# ----------------------------------------------------------------- property-based
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=0, max_size=3),
+       dtype=st.sampled_from(FLOATS), seed=st.integers(0, 2**16), beta=st.floats(0.1, 5))
+def test_property_softplus(shape, dtype, seed, beta):
+    x = np.asarray(np.random.default_rng(seed).normal(size=shape) * 30, dtype)
+    y = np.asarray(ops.softplus(x, beta=beta))
+    assert y.shape == x.shape and y.dtype == dtype
+    np.testing.assert_allclose(y, np_softplus(x, beta), rtol=20 * tol(dtype), atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.lists(st.integers(1, 3), max_size=2), n=st.integers(1, 40),
+       dtype=st.sampled_from(FLOATS), seed=st.integers(0, 2**16))
+def test_property_tridiag(batch, n, dtype, seed):
+    args = tridiag_args(np.random.default_rng(seed), (*batch, n), dtype)
+    np.testing.assert_allclose(ops.tridiagonal_solve(*args), np_tridiag(*args),
+                               rtol=100 * tol(dtype), atol=1e-5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(batch=st.lists(st.integers(1, 3), max_size=2), n=st.integers(1, 6), m=st.integers(1, 6),
+       dim=st.integers(1, 4), dtype=st.sampled_from(FLOATS), seed=st.integers(0, 2**16))
+def test_property_rbf(batch, n, m, dim, dtype, seed):
+    x, y, l = rbf_args(np.random.default_rng(seed), tuple(batch), n, m, dim, dtype)
+    np.testing.assert_allclose(ops.rbf_kernel(x, y, l), np_rbf(x, y, l),
+                               rtol=50 * tol(dtype), atol=1e-6)
+    g = jax.grad(lambda l: ops.rbf_kernel(x, y, l).sum())(l)
+    assert g.shape == l.shape and np.all(np.isfinite(g))
+
+
+# ----------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n", [7, 1024, 1500])
+def test_gpu_matches_cpu(rng, n):
+    gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
+    args = tridiag_args(rng, (3, n), np.float64)
+    put = lambda dev: [jax.device_put(a, dev) for a in args]  # noqa: E731
+    np.testing.assert_allclose(ops.tridiagonal_solve(*put(gpu)), ops.tridiagonal_solve(*put(cpu)),
+                               rtol=1e-9)
+    gg = jax.grad(lambda *a: ops.tridiagonal_solve(*a).sum(), argnums=(0, 1, 2, 3))
+    for a, b in zip(gg(*put(gpu)), gg(*put(cpu))):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-12)
+    x, y, l = rbf_args(rng, (2,), 5, 4, 3, np.float64)
+    fr = jax.grad(lambda x, y, l: (ops.rbf_kernel(x, y, l) ** 2).sum(), argnums=(0, 1, 2))
+    for a, b in zip(fr(*(jax.device_put(v, gpu) for v in (x, y, l))),
+                    fr(*(jax.device_put(v, cpu) for v in (x, y, l)))):
+        np.testing.assert_allclose(a, b, rtol=1e-10)
+    s = rng.normal(size=100) * 50
+    np.testing.assert_allclose(ops.softplus(jax.device_put(s, gpu)), np_softplus(s), rtol=1e-12)
