@@ -335,9 +335,8 @@ class CallSpec:
                         f"jaxbridge: cotangent {i} from the vjp rule of foreign function "
                         f"{self.name!r} has the wrong structure: expected {child}, got "
                         f"{jax.tree_util.tree_structure(ct_i)} ({exc})") from None
-                paths = _paths(child)
                 dyn_pos = 0
-                for k, (leaf, path) in enumerate(zip(child_leaves, paths)):
+                for k, leaf in enumerate(child_leaves):
                     if flat_index + k in statics:
                         continue
                     aval = avals[dyn_pos]
@@ -345,8 +344,13 @@ class CallSpec:
                     if not jnp.issubdtype(aval.dtype, jnp.inexact):
                         leaves.append(None)  # integer input: no cotangent
                         continue
-                    leaves.append(self._checked_leaf(leaf, aval, f"cotangent {i}{path}",
-                                                     True, host))
+                    try:
+                        leaves.append(self._checked_leaf(leaf, aval, f"cotangent {i}", True,
+                                                         host))
+                    except ForeignCallError:  # name the leaf (paths only computed here)
+                        path = _paths(child)[k]
+                        self._checked_leaf(leaf, aval, f"cotangent {i}{path}", True, host)
+                        raise
             flat_index += child.num_leaves
         return [c for c, z in zip(leaves, nz) if z]
 
