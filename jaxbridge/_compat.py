@@ -8,6 +8,7 @@ JAX releases are resolved once, in this module.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -92,6 +93,32 @@ def set_num_batch_dims(results: Any, num_batch_dims: int) -> None:
     op = value.owner
     op.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(
         {"num_batch_dims": mlir.ir.StringAttr.get(str(num_batch_dims))})
+    if getattr(jax.config, "jax_use_shardy_partitioner", False):
+        # Shardy does not read num_batch_dims: tell it that the leading dims of every
+        # operand and result are one shared factor each (so results stay sharded).
+        op.attributes["sdy.sharding_rule"] = _batch_sharding_rule(op, num_batch_dims)
+
+
+def _batch_sharding_rule(op: Any, num_batch_dims: int) -> Any:
+    """`#sdy.op_sharding_rule` sharing the leading `num_batch_dims` factors."""
+    sizes: dict[str, int] = {}
+    counter = iter(range(num_batch_dims, 1 << 30))
+
+    def factor(n: int) -> str:  # Shardy's factor symbols: i ... z, then z_1, z_2, ...
+        return chr(ord("i") + n) if n < 18 else f"z_{n - 17}"
+
+    def mapping(shape: Sequence[int]) -> str:
+        names = []
+        for d, size in enumerate(shape):
+            name = factor(d if d < num_batch_dims else next(counter))
+            sizes[name] = int(size)
+            names.append(name)
+        return "[" + ", ".join(names) + "]"
+
+    ins = ", ".join(mapping(mlir.ir.RankedTensorType(v.type).shape) for v in op.operands)
+    outs = ", ".join(mapping(mlir.ir.RankedTensorType(r.type).shape) for r in op.results)
+    factors = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    return mlir.ir.Attribute.parse(f"#sdy.op_sharding_rule<({ins})->({outs}) {{{factors}}}>")
 
 
 # ---- shard_map: varying manual axes ("vma") ----

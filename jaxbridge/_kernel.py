@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._compat import Primitive, ShapedArray, ad, aval_of, batching, is_zero, mlir, zero_tangent
+from ._compat import (Primitive, ShapedArray, ad, aval_of, batching, cast_to_varying, is_zero,
+                      mlir, result_avals, varying_axes, zero_tangent)
 
 __all__ = ["Kernel", "KernelError", "get_include", "kernel", "register_target"]
 
@@ -285,6 +286,9 @@ class Kernel:
                      tuple(ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in structs),
                      tuple(ShapedArray(tuple(o.shape), np.dtype(o.dtype)) for o in out_leaves),
                      frozenset(self.nondiff_argnums))
+        axes = frozenset().union(*(varying_axes(aval_of(a)) for a in arrays))
+        if axes:  # inside shard_map: replicated inputs join the varying ones
+            arrays = [cast_to_varying(a, axes) for a in arrays]
         outs = kernel_call_p.bind(*arrays, spec=spec)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -389,9 +393,13 @@ _ROLE = {kernel_call_p: "forward", kernel_tan_p: "tangent", kernel_adj_p: "adjoi
 for _p in _ROLE:
     _p.multiple_results = True
 
-kernel_call_p.def_abstract_eval(lambda *_, spec: list(spec.out_avals))
-kernel_tan_p.def_abstract_eval(lambda *_, spec: spec.tan_avals())
-kernel_adj_p.def_abstract_eval(lambda *_, spec: spec.adj_avals())
+# Results vary over the same shard_map axes as the inputs (see _compat.result_avals).
+kernel_call_p.def_abstract_eval(
+    lambda *avals, spec: result_avals(avals, spec.out_avals, "jaxbridge kernel"))
+kernel_tan_p.def_abstract_eval(
+    lambda *avals, spec: result_avals(avals, spec.tan_avals(), "jaxbridge kernel"))
+kernel_adj_p.def_abstract_eval(
+    lambda *avals, spec: result_avals(avals, spec.adj_avals(), "jaxbridge kernel"))
 
 
 @functools.lru_cache(maxsize=512)
