@@ -84,7 +84,8 @@ class CallSpec:
         self._kwargs = dict(statics)
         self._static_map = dict(static_leaves)
         self._plain_args = not static_leaves and all(
-            jax.tree_util.treedef_is_leaf(c) for c in in_tree.children())
+            jax.tree_util.treedef_is_leaf(c) and c.num_leaves == 1
+            for c in in_tree.children())  # an empty argument, e.g. (), is not a leaf
 
     # ---- identity: one object per distinct call (see ForeignFunction._spec) ----
     __hash__ = object.__hash__

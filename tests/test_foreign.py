@@ -424,3 +424,12 @@ def test_bug_bare_array_cotangent_for_single_leaf_custom_node():
     scale.defvjp(lambda p, y, ct: ((ct * p[1]).sum(), ct * p[0].v))
     g = jax.grad(lambda w: jnp.sum(scale(w, jnp.arange(3.0))))(Box(jnp.float64(2.0)))
     assert isinstance(g, Box) and float(g.v) == 3.0
+
+
+def test_bug_empty_pytree_argument_is_passed_not_dropped():
+    @jb.foreign(lambda x, params: x)
+    def f(x, params):
+        assert params == ()
+        return x * 2
+
+    np.testing.assert_allclose(f(jnp.ones(2), ()), [2.0, 2.0])

@@ -1,0 +1,260 @@
+"""jaxbridge.scipy.integrate: solve_ivp (adjoint / forward sensitivities) and quad."""
+
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.integrate
+
+from jaxbridge.scipy import SolverError
+from jaxbridge.scipy.integrate import quad, solve_ivp
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ problems
+def damped(t, y, p):
+    """Damped oscillator with a time-dependent forcing: exercises df/dt too."""
+    return jnp.stack([y[1], -p["k"] * y[0] - p["c"] * y[1] + 0.1 * jnp.sin(t)])
+
+
+P = {"k": jnp.array(2.0), "c": jnp.array(0.3)}
+Y0 = jnp.array([1.0, 0.0])
+TE = jnp.linspace(0.5, 3.0, 6)
+
+
+def robertson(t, y, k):
+    y1, y2, y3 = y
+    return jnp.stack([-k[0] * y1 + k[2] * y2 * y3,
+                      k[0] * y1 - k[1] * y2 ** 2 - k[2] * y2 * y3,
+                      k[1] * y2 ** 2])
+
+
+K = jnp.array([0.04, 3e7, 1e4])
+
+
+def loss(y0, p, te, t0, method="RK45", **kw):
+    sol = solve_ivp(damped, (t0, 3.0), y0, te, p, method=method, rtol=1e-10, atol=1e-12, **kw)
+    return jnp.sum(jnp.sin(sol.y) * jnp.arange(1.0, 7.0)[None, :])
+
+
+def fd(f, x, eps=1e-6):
+    """Central differences of scalar f along every coordinate of array x."""
+    x = np.asarray(x, np.float64)
+    out = np.zeros(x.shape)
+    for i in np.ndindex(x.shape):
+        e = np.zeros(x.shape)
+        e[i] = eps
+        out[i] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / (2 * eps)
+    return out
+
+
+def rk4_solve(f, y0, ts, p, steps_per=200):
+    """A pure-JAX fixed-step RK4 reference, differentiated by JAX itself."""
+    def interval(y, tt):
+        ta, tb = tt
+        h = (tb - ta) / steps_per
+
+        def step(i, y):
+            t = ta + i * h
+            k1 = f(t, y, p)
+            k2 = f(t + h / 2, y + h / 2 * k1, p)
+            k3 = f(t + h / 2, y + h / 2 * k2, p)
+            k4 = f(t + h, y + h * k3, p)
+            return y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        y = jax.lax.fori_loop(0, steps_per, step, y)
+        return y, y
+    _, ys = jax.lax.scan(interval, y0, (ts[:-1], ts[1:]))
+    return ys
+
+
+# ------------------------------------------------------------------ values
+@pytest.mark.parametrize("method", ["RK45", "DOP853", "BDF", "Radau", "LSODA"])
+def test_values_match_scipy(method):
+    sol = solve_ivp(damped, (0.0, 3.0), Y0, TE, P, method=method, rtol=1e-8, atol=1e-10)
+    ref = scipy.integrate.solve_ivp(
+        lambda t, y: np.asarray(damped(t, jnp.asarray(y), P)), (0.0, 3.0), np.asarray(Y0),
+        method=method, t_eval=np.asarray(TE), rtol=1e-8, atol=1e-10)
+    assert sol.y.shape == (2, 6) and sol.t.shape == (6,)
+    np.testing.assert_allclose(sol.y, ref.y, rtol=1e-6, atol=1e-8)
+
+
+def test_no_args_and_multidim_state():
+    def f(t, y):
+        return -y * jnp.arange(1.0, 7.0).reshape(2, 3)
+    sol = solve_ivp(f, (0.0, 1.0), jnp.ones((2, 3)), jnp.array([0.0, 1.0]))
+    assert sol.y.shape == (2, 3, 2)
+    np.testing.assert_allclose(sol.y[..., 1], np.exp(-np.arange(1.0, 7.0)).reshape(2, 3),
+                               rtol=1e-5, atol=1e-8)
+
+
+# ------------------------------------------------------------------ gradients
+@pytest.mark.parametrize("method", ["RK45", "BDF", "Radau", "LSODA"])
+def test_adjoint_gradients_vs_finite_differences(method):
+    g_y0, g_p, g_te, g_t0 = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)),
+                                    static_argnums=4)(Y0, P, TE, 0.0, method)
+    # Finite differences of a smooth high-order solve (an adaptive solver's output is
+    # only piecewise smooth in its inputs; LSODA's method switching makes it noisy).
+    ref = "DOP853"
+    tol = dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(g_y0, fd(lambda y: loss(y, P, TE, 0.0, ref), Y0), **tol)
+    np.testing.assert_allclose(g_te, fd(lambda t: loss(Y0, P, t, 0.0, ref), TE), **tol)
+    np.testing.assert_allclose(
+        g_p["k"], fd(lambda k: loss(Y0, {"k": k, "c": P["c"]}, TE, 0.0, ref), P["k"]), **tol)
+    np.testing.assert_allclose(g_t0, fd(lambda t: loss(Y0, P, TE, t, ref), 0.0), **tol)
+
+
+def test_adjoint_matches_pure_jax_rk4():
+    ts = jnp.concatenate([jnp.zeros(1), TE])
+
+    def ref_loss(y0, p):
+        return jnp.sum(jnp.sin(rk4_solve(damped, y0, ts, p).T) * jnp.arange(1.0, 7.0)[None, :])
+
+    ours = jax.grad(lambda y0, p: loss(y0, p, TE, 0.0), argnums=(0, 1))(Y0, P)
+    ref = jax.grad(ref_loss, argnums=(0, 1))(Y0, P)
+    np.testing.assert_allclose(ours[0], ref[0], rtol=1e-7)
+    np.testing.assert_allclose(ours[1]["k"], ref[1]["k"], rtol=1e-7)
+    np.testing.assert_allclose(ours[1]["c"], ref[1]["c"], rtol=1e-7)
+
+
+def test_forward_mode_matches_reverse():
+    f = lambda p: solve_ivp(damped, (0.0, 3.0), Y0, TE, p, rtol=1e-10, atol=1e-12).y  # noqa
+    fwd = jax.jacfwd(f)(P)
+    rev = jax.jacrev(f)(P)
+    np.testing.assert_allclose(fwd["k"], rev["k"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(fwd["c"], rev["c"], rtol=1e-6, atol=1e-9)
+    g = lambda t0, te: solve_ivp(damped, (t0, 3.0), Y0, te, P, rtol=1e-10,  # noqa: E731
+                                 atol=1e-12).y
+    for argnum in (0, 1):
+        np.testing.assert_allclose(jax.jacfwd(g, argnum)(0.0, TE), jax.jacrev(g, argnum)(0.0, TE),
+                                   rtol=1e-6, atol=1e-9)
+
+
+def test_stiff_robertson_bdf_gradient():
+    te = jnp.array([1.0, 10.0, 100.0])
+
+    def L(logk):
+        sol = solve_ivp(robertson, (0.0, 100.0), jnp.array([1.0, 0.0, 0.0]), te, jnp.exp(logk),
+                        method="BDF", rtol=1e-9, atol=1e-12)
+        return jnp.sum(sol.y[0] + 1e4 * sol.y[1])
+
+    g = jax.jit(jax.grad(L))(jnp.log(K))
+    np.testing.assert_allclose(g, fd(L, jnp.log(K), 1e-5), rtol=1e-4, atol=1e-7)
+
+
+def test_matches_diffrax_if_installed():
+    diffrax = pytest.importorskip("diffrax")
+
+    def ref_loss(y0, p):
+        term = diffrax.ODETerm(lambda t, y, p: damped(t, y, p))
+        sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 3.0, 0.01, y0, args=p,
+                                  saveat=diffrax.SaveAt(ts=TE),
+                                  stepsize_controller=diffrax.PIDController(rtol=1e-10,
+                                                                            atol=1e-12))
+        return jnp.sum(jnp.sin(sol.ys.T) * jnp.arange(1.0, 7.0)[None, :])
+
+    ours = jax.grad(lambda y0, p: loss(y0, p, TE, 0.0), argnums=(0, 1))(Y0, P)
+    ref = jax.grad(ref_loss, argnums=(0, 1))(Y0, P)
+    np.testing.assert_allclose(ours[0], ref[0], rtol=1e-6)
+    np.testing.assert_allclose(ours[1]["k"], ref[1]["k"], rtol=1e-6)
+
+
+# ------------------------------------------------------------------ transformations
+def test_vmap_over_params_and_jitted_training_loop():
+    ks = jnp.array([1.0, 2.0, 3.0])
+    f = lambda k: loss(Y0, {"k": k, "c": P["c"]}, TE, 0.0)  # noqa: E731
+    batched = jax.jit(jax.vmap(jax.value_and_grad(f)))(ks)
+    for i, k in enumerate(ks):
+        v, g = jax.value_and_grad(f)(k)
+        np.testing.assert_allclose(batched[0][i], v, rtol=1e-12)
+        np.testing.assert_allclose(batched[1][i], g, rtol=1e-12)
+
+    target = solve_ivp(damped, (0.0, 3.0), Y0, TE, P, rtol=1e-8, atol=1e-10).y
+
+    def mse(p):
+        return jnp.mean((solve_ivp(damped, (0.0, 3.0), Y0, TE, p, rtol=1e-8,
+                                   atol=1e-10).y - target) ** 2)
+
+    @jax.jit
+    def train(p):
+        def step(_, p):
+            return jax.tree_util.tree_map(lambda a, g: a - 0.5 * g, p, jax.grad(mse)(p))
+        return jax.lax.fori_loop(0, 5, step, p)
+
+    p0 = {"k": jnp.array(1.6), "c": jnp.array(0.3)}
+    assert float(mse(train(p0))) < 0.5 * float(mse(p0))
+
+
+# ------------------------------------------------------------------ failure policy
+def blowup(t, y):
+    return y ** 2
+
+
+def test_failure_raises_with_scipy_message():
+    with pytest.raises(Exception, match=r"solve_ivp.*method='RK45'.*step size"):
+        jax.block_until_ready(solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), jnp.array([0.5, 2.0])))
+    with pytest.raises(Exception, match="SolverError"):
+        jax.block_until_ready(jax.jit(lambda y: solve_ivp(blowup, (0.0, 2.0), y,
+                                                          jnp.array([2.0])).y)(jnp.ones(1)))
+
+
+def test_failure_nan_policy():
+    def f(y0):
+        return solve_ivp(blowup, (0.0, 2.0), y0, jnp.array([0.5, 2.0]), on_failure="nan").y
+    assert np.all(np.isnan(f(jnp.ones(1))))
+    assert np.all(np.isnan(jax.grad(lambda y: f(y).sum())(jnp.ones(1))))
+    with pytest.raises(ValueError, match="on_failure"):
+        solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), jnp.array([0.5]), on_failure="ignore")
+    assert issubclass(SolverError, RuntimeError)
+
+
+# ------------------------------------------------------------------ quad
+def gauss(x, p):
+    return p["a"] * jnp.exp(-p["b"] * x ** 2)
+
+
+Q = {"a": jnp.array(1.5), "b": jnp.array(0.7)}
+
+
+def test_quad_value_and_gradients():
+    val = quad(gauss, 0.0, 2.0, Q)
+    ref = scipy.integrate.quad(lambda x: 1.5 * np.exp(-0.7 * x ** 2), 0.0, 2.0)[0]
+    np.testing.assert_allclose(val, ref, rtol=1e-12)
+
+    def L(a, b, p):
+        return quad(gauss, a, b, p) ** 2
+
+    ga, gb, gp = jax.jit(jax.grad(L, argnums=(0, 1, 2)))(0.3, 2.0, Q)
+    np.testing.assert_allclose(ga, fd(lambda a: L(a, 2.0, Q), 0.3), rtol=1e-7)
+    np.testing.assert_allclose(gb, fd(lambda b: L(0.3, b, Q), 2.0), rtol=1e-7)
+    np.testing.assert_allclose(gp["b"], fd(lambda b: L(0.3, 2.0, {"a": Q["a"], "b": b}),
+                                           Q["b"]), rtol=1e-7)
+    # forward mode and an infinite limit (closed form: a/2 sqrt(pi/b))
+    fwd = jax.jacfwd(lambda p: quad(gauss, 0.0, jnp.inf, p))(Q)
+    np.testing.assert_allclose(fwd["b"], -0.25 * 1.5 * np.sqrt(np.pi) * 0.7 ** -1.5, rtol=1e-8)
+    rev = jax.grad(lambda p: quad(gauss, 0.0, jnp.inf, p))(Q)
+    np.testing.assert_allclose(rev["a"], 0.5 * np.sqrt(np.pi / 0.7), rtol=1e-8)
+    # vmap over parameters
+    bs = jnp.array([0.5, 1.0, 2.0])
+    out = jax.vmap(lambda b: quad(gauss, 0.0, jnp.inf, {"a": Q["a"], "b": b}))(bs)
+    np.testing.assert_allclose(out, 0.75 * np.sqrt(np.pi / bs), rtol=1e-8)
+
+
+def test_quad_failure_policy():
+    def wiggle(x):
+        return jnp.sin(200 * x) * jnp.exp(-x)
+    with pytest.raises(Exception, match="quad.*subdivisions"):
+        jax.block_until_ready(quad(wiggle, 0.0, 10.0, limit=2))
+    assert np.isnan(quad(wiggle, 0.0, 10.0, limit=2, on_failure="nan"))
+
+
+# ------------------------------------------------------------------ the example
+def test_fit_ode_example_runs():
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "fit_ode.py"), "--no-plot"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK" in proc.stdout
