@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._compat import (Primitive, ShapedArray, ad, aval_of, batching, cast_to_varying, is_zero,
+from ._compat import (Primitive, ShapedArray, ad, auto_partitioned_devices, aval_of, batching,
+                      cast_to_varying, is_zero,
                       mlir, result_avals, varying_axes, zero_tangent)
 
 __all__ = ["Kernel", "KernelError", "get_include", "kernel", "register_target"]
@@ -422,6 +423,12 @@ for _p in _ROLE:
 
 def _lower(prim: Primitive, platform: str, ctx: Any, *args: Any, spec: _Spec) -> Any:
     target = spec.kernel.target(_ROLE[prim], platform)
+    devices = auto_partitioned_devices(ctx)
+    if devices > 1:  # XLA would gather the operands: say so instead (issue: no silent gather)
+        raise KernelError(
+            f"jaxbridge kernel {target!r} is compiled into a computation partitioned over "
+            f"{devices} devices, where XLA would gather its inputs onto every device. Call it "
+            f"inside jax.shard_map (it then runs once per shard on local data).")
     return jax.ffi.ffi_lowering(target)(ctx, *args, **spec.ffi_attrs())
 
 

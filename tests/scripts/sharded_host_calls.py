@@ -85,6 +85,17 @@ def main() -> None:
     mapped = jax.shard_map(layer, mesh=mesh, in_specs=(P(), P("batch")), out_specs=P("batch"))
     g = jax.jit(jax.grad(lambda w: jnp.sum(mapped(w, x))))(w)
     np.testing.assert_allclose(g, jax.grad(lambda w: jnp.sum(jnp.tanh(w * x)))(w), rtol=1e-12)
+    # Built-in C++ kernels: an error under a plain multi-device jit, per shard in shard_map.
+    from jaxbridge import ops
+    try:
+        jax.jit(ops.softplus)(x)
+    except jb.KernelError as exc:
+        assert "shard_map" in str(exc)
+    else:
+        raise AssertionError("expected an error for a kernel on a mesh")
+    per_shard = jax.shard_map(ops.softplus, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
+    g = jax.jit(jax.grad(lambda x: jnp.sum(per_shard(x))))(x)
+    np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
     print("sharded host calls OK")
 
 
