@@ -20,9 +20,11 @@ STEPS = "12"
 
 
 def run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    # The subprocess imports jaxbridge as the test run does (the installed package, or
+    # whatever PYTHONPATH names): putting the source tree first would hide the built
+    # native extension.
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.update(JAX_PLATFORMS="cpu")
     try:
         return subprocess.run([sys.executable, *args], capture_output=True, text=True,
                               timeout=timeout, env=env, cwd=ROOT)
