@@ -126,7 +126,6 @@ def test_example_extension_builds_with_cmake(tmp_path):
     pybind11 = pytest.importorskip("pybind11")
     build = tmp_path / "build"
     env = dict(os.environ)  # jaxbridge as installed (the source tree lacks the built extensions)
-    env.setdefault("PYTHONPATH", "")
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.run(["cmake", "-S", str(EXAMPLE), "-B", str(build), *gen,
                     f"-DPython_EXECUTABLE={sys.executable}",
@@ -142,7 +141,8 @@ def test_example_extension_builds_with_cmake(tmp_path):
     code = ("import jax, jax.numpy as jnp, jb_cube;"
             "g = jax.grad(lambda x: jb_cube.cube(x, factor=2.0).sum())(jnp.arange(3.0));"
             "print(g.tolist())")
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), env["PYTHONPATH"]])
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(tmp_path / "site"), env.get("PYTHONPATH")) if p)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr
