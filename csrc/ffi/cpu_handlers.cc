@@ -43,8 +43,7 @@ constexpr int64_t kElemGrain = 1 << 14;
 
 ffi::Error SoftplusFwd(JB_POOL_PARAM AnyBuffer x, Result<AnyBuffer> y, double beta) {
   const char* fn = "jaxbridge_softplus_fwd";
-  JAXBRIDGE_RETURN_IF_ERROR(CheckPositive(beta, fn, "beta"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *y, fn, "x", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusFwd(fn, beta, x, *y));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     const T* xp = Ptr<const T>(x);
@@ -61,10 +60,7 @@ ffi::Error SoftplusFwd(JB_POOL_PARAM AnyBuffer x, Result<AnyBuffer> y, double be
 template <typename Pool>
 ffi::Error SoftplusDerivImpl(const char* fn, Pool* pool, AnyBuffer x, AnyBuffer y, AnyBuffer v,
                              Result<AnyBuffer>& out, double beta) {
-  JAXBRIDGE_RETURN_IF_ERROR(CheckPositive(beta, fn, "beta"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, y, fn, "x", "y"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, v, fn, "x", "cotangent/tangent"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *out, fn, "x", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusDeriv(fn, beta, x, y, v, *out));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     const T* xp = Ptr<const T>(x);
@@ -94,8 +90,7 @@ ffi::Error TridiagFwd(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, Any
                       Result<AnyBuffer> x) {
   const char* fn = "jaxbridge_tridiagonal_solve_fwd";
   TridiagDims td;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *x, fn, "d", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagFwd(fn, &td, dl, d, du, b, *x));
   return Guard(fn, [&]() -> ffi::Error {
     JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
       const int64_t chunks = NumChunks(JB_POOL, td.batch, SystemGrain(td.n));
@@ -114,13 +109,7 @@ ffi::Error TridiagAdj(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, Any
                       Result<AnyBuffer> gdu, Result<AnyBuffer> gb) {
   const char* fn = "jaxbridge_tridiagonal_solve_adj";
   TridiagDims td;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, ct, fn, "d", "cotangent"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gdl, fn, "d", "result 0"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gd, fn, "d", "result 1"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gdu, fn, "d", "result 2"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gb, fn, "d", "result 3"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagAdj(fn, &td, dl, d, du, b, x, ct, *gdl, *gd, *gdu, *gb));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
     ParallelFor(JB_POOL, td.batch, SystemGrain(td.n), [&](int64_t, int64_t s, int64_t e) {
       k::TridiagAdjoint<T>(Ptr<const T>(dl), Ptr<const T>(d), Ptr<const T>(du), Ptr<const T>(x),
@@ -136,13 +125,7 @@ ffi::Error TridiagTan(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, Any
                       Result<AnyBuffer> dx) {
   const char* fn = "jaxbridge_tridiagonal_solve_tan";
   TridiagDims td;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdl, fn, "d", "tangent dl"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdd, fn, "d", "tangent d"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdu, fn, "d", "tangent du"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tb, fn, "d", "tangent b"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *dx, fn, "d", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagTan(fn, &td, dl, d, du, b, x, tdl, tdd, tdu, tb, *dx));
   return Guard(fn, [&]() -> ffi::Error {
     JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
       const int64_t chunks = NumChunks(JB_POOL, td.batch, SystemGrain(td.n));
@@ -166,9 +149,7 @@ int64_t RowGrain(const RbfDims& r) {
 ffi::Error RbfFwd(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, Result<AnyBuffer> kout) {
   const char* fn = "jaxbridge_rbf_kernel_fwd";
   RbfDims r;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
-  const size_t nb = x.dimensions().size() - 2;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, x.element_type(), *kout, fn, "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfFwd(fn, &r, x, y, l, *kout));
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     ParallelFor(JB_POOL, r.batch * r.n, RowGrain(r), [&](int64_t, int64_t s, int64_t e) {
       k::RbfForward<T>(Ptr<const T>(x), Ptr<const T>(y), Ptr<const T>(l), Ptr<T>(kout), r.n,
@@ -183,14 +164,8 @@ ffi::Error RbfAdj(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer
                   Result<AnyBuffer> gl) {
   const char* fn = "jaxbridge_rbf_kernel_adj";
   RbfDims r;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
-  const size_t nb = x.dimensions().size() - 2;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfAdj(fn, &r, x, y, l, kmat, ct, *gx, *gy, *gl));
   const auto dt = x.element_type();
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, kmat, fn, "K"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, ct, fn, "cotangent"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *gx, fn, "x", "result 0"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, *gy, fn, "y", "result 1"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(l, *gl, fn, "length_scale", "result 2"));
   return Guard(fn, [&]() -> ffi::Error {
     JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
       std::vector<T> lpart(static_cast<size_t>(r.batch * r.n));
@@ -220,14 +195,8 @@ ffi::Error RbfTan(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer
                   AnyBuffer tx, AnyBuffer ty, AnyBuffer tl, Result<AnyBuffer> dk) {
   const char* fn = "jaxbridge_rbf_kernel_tan";
   RbfDims r;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
-  const size_t nb = x.dimensions().size() - 2;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfTan(fn, &r, x, y, l, kmat, tx, ty, tl, *dk));
   const auto dt = x.element_type();
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, kmat, fn, "K"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, tx, fn, "x", "tangent x"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, ty, fn, "y", "tangent y"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(l, tl, fn, "length_scale", "tangent length_scale"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, *dk, fn, "result"));
   JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
     ParallelFor(JB_POOL, r.batch * r.n, RowGrain(r), [&](int64_t, int64_t s, int64_t e) {
       k::RbfTangent<T>(Ptr<const T>(x), Ptr<const T>(y), Ptr<const T>(l), Ptr<const T>(kmat),

@@ -34,8 +34,7 @@ T* Ptr(Result<AnyBuffer>& b) {
 
 ffi::Error SoftplusFwd(cudaStream_t stream, AnyBuffer x, Result<AnyBuffer> y, double beta) {
   const char* fn = "jaxbridge_softplus_fwd (CUDA)";
-  JAXBRIDGE_RETURN_IF_ERROR(builtin::CheckPositive(beta, fn, "beta"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *y, fn, "x", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusFwd(fn, beta, x, *y));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     JB_CUDA_RETURN(fn, kc::SoftplusForward<T>(stream, Ptr<const T>(x), Ptr<T>(y), n,
@@ -45,10 +44,7 @@ ffi::Error SoftplusFwd(cudaStream_t stream, AnyBuffer x, Result<AnyBuffer> y, do
 
 ffi::Error SoftplusDeriv(const char* fn, cudaStream_t stream, AnyBuffer x, AnyBuffer y,
                          AnyBuffer v, Result<AnyBuffer>& out, double beta) {
-  JAXBRIDGE_RETURN_IF_ERROR(builtin::CheckPositive(beta, fn, "beta"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, y, fn, "x", "y"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, v, fn, "x", "cotangent/tangent"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *out, fn, "x", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusDeriv(fn, beta, x, y, v, *out));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     JB_CUDA_RETURN(fn, kc::SoftplusDerivative<T>(stream, Ptr<const T>(x), Ptr<const T>(v),
@@ -82,8 +78,7 @@ ffi::Error TridiagFwd(cudaStream_t stream, ffi::ScratchAllocator alloc, AnyBuffe
                       AnyBuffer d, AnyBuffer du, AnyBuffer b, Result<AnyBuffer> x) {
   const char* fn = "jaxbridge_tridiagonal_solve_fwd (CUDA)";
   TridiagDims td;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *x, fn, "d", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagFwd(fn, &td, dl, d, du, b, *x));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
     T* scratch;
     JAXBRIDGE_RETURN_IF_ERROR(Scratch(alloc, kc::TridiagScratchElems(td.batch, td.n), &scratch, fn));
@@ -99,13 +94,7 @@ ffi::Error TridiagAdj(cudaStream_t stream, AnyBuffer dl,
                       Result<AnyBuffer> gb) {
   const char* fn = "jaxbridge_tridiagonal_solve_adj (CUDA)";
   TridiagDims td;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, ct, fn, "d", "cotangent"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gdl, fn, "d", "result 0"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gd, fn, "d", "result 1"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gdu, fn, "d", "result 2"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *gb, fn, "d", "result 3"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagAdj(fn, &td, dl, d, du, b, x, ct, *gdl, *gd, *gdu, *gb));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
     // gd doubles as the Thomas scratch (it is overwritten by the finish kernel).
     T* scratch = kc::TridiagScratchElems(td.batch, td.n) ? Ptr<T>(gd) : nullptr;
@@ -127,13 +116,7 @@ ffi::Error TridiagTan(cudaStream_t stream, ffi::ScratchAllocator alloc, AnyBuffe
                       AnyBuffer tdd, AnyBuffer tdu, AnyBuffer tb, Result<AnyBuffer> dx) {
   const char* fn = "jaxbridge_tridiagonal_solve_tan (CUDA)";
   TridiagDims td;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, &td, dl, d, du, b));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdl, fn, "d", "tangent dl"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdd, fn, "d", "tangent d"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdu, fn, "d", "tangent du"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tb, fn, "d", "tangent b"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, *dx, fn, "d", "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagTan(fn, &td, dl, d, du, b, x, tdl, tdd, tdu, tb, *dx));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
     T* scratch;
     JAXBRIDGE_RETURN_IF_ERROR(Scratch(alloc, kc::TridiagScratchElems(td.batch, td.n), &scratch, fn));
@@ -154,9 +137,7 @@ ffi::Error RbfFwd(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l,
                   Result<AnyBuffer> kout) {
   const char* fn = "jaxbridge_rbf_kernel_fwd (CUDA)";
   RbfDims r;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
-  const size_t nb = x.dimensions().size() - 2;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, x.element_type(), *kout, fn, "result"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfFwd(fn, &r, x, y, l, *kout));
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     JB_CUDA_RETURN(fn, kc::RbfForward<T>(stream, Ptr<const T>(x), Ptr<const T>(y),
                                          Ptr<const T>(l), Ptr<T>(kout), r.batch, r.n, r.m,
@@ -169,14 +150,8 @@ ffi::Error RbfAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l, An
                   Result<AnyBuffer> gl) {
   const char* fn = "jaxbridge_rbf_kernel_adj (CUDA)";
   RbfDims r;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
-  const size_t nb = x.dimensions().size() - 2;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfAdj(fn, &r, x, y, l, kmat, ct, *gx, *gy, *gl));
   const auto dt = x.element_type();
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, kmat, fn, "K"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, ct, fn, "cotangent"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, *gx, fn, "x", "result 0"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, *gy, fn, "y", "result 1"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(l, *gl, fn, "length_scale", "result 2"));
   JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
     JB_CUDA_RETURN(fn, kc::RbfAdjoint<T>(stream, Ptr<const T>(x), Ptr<const T>(y),
                                          Ptr<const T>(l), Ptr<const T>(kmat), Ptr<const T>(ct),
@@ -189,14 +164,8 @@ ffi::Error RbfTan(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l, An
                   AnyBuffer tx, AnyBuffer ty, AnyBuffer tl, Result<AnyBuffer> dk) {
   const char* fn = "jaxbridge_rbf_kernel_tan (CUDA)";
   RbfDims r;
-  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, &r, x, y, l));
-  const size_t nb = x.dimensions().size() - 2;
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfTan(fn, &r, x, y, l, kmat, tx, ty, tl, *dk));
   const auto dt = x.element_type();
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, kmat, fn, "K"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, tx, fn, "x", "tangent x"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, ty, fn, "y", "tangent y"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(l, tl, fn, "length_scale", "tangent length_scale"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckShapeIs(x, nb, {r.n, r.m}, dt, *dk, fn, "result"));
   JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
     JB_CUDA_RETURN(fn, kc::RbfTangent<T>(stream, Ptr<const T>(x), Ptr<const T>(y),
                                          Ptr<const T>(l), Ptr<const T>(kmat), Ptr<const T>(tx),

@@ -78,6 +78,97 @@ inline ffi::Error CheckPositive(double v, const char* fn, const char* attr) {
                                      "' must be > 0, received " + std::to_string(v));
 }
 
+// ---- Complete argument checks of each handler, one per role, so the CPU and CUDA
+// handlers of an op cannot drift apart. Results are passed dereferenced (*result).
+using ffi::AnyBuffer;
+
+inline ffi::Error CheckSoftplusFwd(const char* fn, double beta, const AnyBuffer& x,
+                                   const AnyBuffer& y) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckPositive(beta, fn, "beta"));
+  return CheckSameShape(x, y, fn, "x", "result");
+}
+
+// adjoint(x, y, ct) -> gx and tangent(x, y, tx) -> ty share one signature.
+inline ffi::Error CheckSoftplusDeriv(const char* fn, double beta, const AnyBuffer& x,
+                                     const AnyBuffer& y, const AnyBuffer& v,
+                                     const AnyBuffer& out) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckPositive(beta, fn, "beta"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, y, fn, "x", "y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, v, fn, "x", "cotangent/tangent"));
+  return CheckSameShape(x, out, fn, "x", "result");
+}
+
+inline ffi::Error CheckTridiagFwd(const char* fn, TridiagDims* td, const AnyBuffer& dl,
+                                  const AnyBuffer& d, const AnyBuffer& du, const AnyBuffer& b,
+                                  const AnyBuffer& x) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, td, dl, d, du, b));
+  return CheckSameShape(d, x, fn, "d", "result");
+}
+
+inline ffi::Error CheckTridiagAdj(const char* fn, TridiagDims* td, const AnyBuffer& dl,
+                                  const AnyBuffer& d, const AnyBuffer& du, const AnyBuffer& b,
+                                  const AnyBuffer& x, const AnyBuffer& ct, const AnyBuffer& gdl,
+                                  const AnyBuffer& gd, const AnyBuffer& gdu,
+                                  const AnyBuffer& gb) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, td, dl, d, du, b));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, ct, fn, "d", "cotangent"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, gdl, fn, "d", "result 0"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, gd, fn, "d", "result 1"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, gdu, fn, "d", "result 2"));
+  return CheckSameShape(d, gb, fn, "d", "result 3");
+}
+
+inline ffi::Error CheckTridiagTan(const char* fn, TridiagDims* td, const AnyBuffer& dl,
+                                  const AnyBuffer& d, const AnyBuffer& du, const AnyBuffer& b,
+                                  const AnyBuffer& x, const AnyBuffer& tdl, const AnyBuffer& tdd,
+                                  const AnyBuffer& tdu, const AnyBuffer& tb,
+                                  const AnyBuffer& dx) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckTridiag(fn, td, dl, d, du, b));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, x, fn, "d", "x"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdl, fn, "d", "tangent dl"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdd, fn, "d", "tangent d"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tdu, fn, "d", "tangent du"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(d, tb, fn, "d", "tangent b"));
+  return CheckSameShape(d, dx, fn, "d", "result");
+}
+
+// `buf` is a kernel matrix (batch dims of x, n, m) in x's dtype.
+inline ffi::Error CheckRbfMatrix(const char* fn, const RbfDims& r, const AnyBuffer& x,
+                                 const AnyBuffer& buf, const char* arg) {
+  return CheckShapeIs(x, x.dimensions().size() - 2, {r.n, r.m}, x.element_type(), buf, fn, arg);
+}
+
+inline ffi::Error CheckRbfFwd(const char* fn, RbfDims* r, const AnyBuffer& x,
+                              const AnyBuffer& y, const AnyBuffer& l, const AnyBuffer& k) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, r, x, y, l));
+  return CheckRbfMatrix(fn, *r, x, k, "result");
+}
+
+inline ffi::Error CheckRbfAdj(const char* fn, RbfDims* r, const AnyBuffer& x,
+                              const AnyBuffer& y, const AnyBuffer& l, const AnyBuffer& kmat,
+                              const AnyBuffer& ct, const AnyBuffer& gx, const AnyBuffer& gy,
+                              const AnyBuffer& gl) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, r, x, y, l));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfMatrix(fn, *r, x, kmat, "K"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfMatrix(fn, *r, x, ct, "cotangent"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, gx, fn, "x", "result 0"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, gy, fn, "y", "result 1"));
+  return CheckSameShape(l, gl, fn, "length_scale", "result 2");
+}
+
+inline ffi::Error CheckRbfTan(const char* fn, RbfDims* r, const AnyBuffer& x,
+                              const AnyBuffer& y, const AnyBuffer& l, const AnyBuffer& kmat,
+                              const AnyBuffer& tx, const AnyBuffer& ty, const AnyBuffer& tl,
+                              const AnyBuffer& dk) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbf(fn, r, x, y, l));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckRbfMatrix(fn, *r, x, kmat, "K"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, tx, fn, "x", "tangent x"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(y, ty, fn, "y", "tangent y"));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(l, tl, fn, "length_scale", "tangent length_scale"));
+  return CheckRbfMatrix(fn, *r, x, dk, "result");
+}
+
 }  // namespace jaxbridge::builtin
 
 #endif  // JAXBRIDGE_FFI_VALIDATE_H_
