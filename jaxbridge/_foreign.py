@@ -10,8 +10,9 @@ from typing import Any, Literal, TypeVar, overload
 import jax
 import numpy as np
 
-from ._compat import aval_of, cast_to_varying, varying_axes
+from ._compat import aval_of
 from ._hostcall import BACKENDS, ON_MESH
+from ._primitives import join_varying
 from ._rules import foreign_call_p
 from ._spec import CallSpec
 
@@ -142,10 +143,7 @@ class ForeignFunction:
     # ---- calling ----
     def __call__(self, *args: Any, **static: Any) -> Any:
         spec, dyn = self._spec(args, static)
-        axes = frozenset().union(*(varying_axes(aval_of(x)) for x in dyn))
-        if axes:  # inside shard_map: replicated inputs join the varying ones
-            dyn = [cast_to_varying(x, axes) for x in dyn]
-        outs = foreign_call_p.bind(*dyn, spec=spec)
+        outs = foreign_call_p.bind(*join_varying(dyn), spec=spec)
         return jax.tree_util.tree_unflatten(spec.out_tree, list(outs[:spec.n_out]))
 
     def _spec(self, args: tuple, static: dict) -> tuple[CallSpec, list]:

@@ -6,6 +6,7 @@ import platform
 import sys
 
 import jax
+import jaxlib
 import numpy as np
 
 from . import _hostcall
@@ -25,8 +26,7 @@ def info() -> dict[str, object]:
     return {
         "jaxbridge": __version__,
         "jax": jax.__version__,
-        "jaxlib": getattr(jax, "lib", None) and jax.lib.__version__ if hasattr(jax, "lib")
-        else None,
+        "jaxlib": jaxlib.__version__,
         "numpy": np.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._compat import (Primitive, ShapedArray, ad, auto_partitioned_devices, aval_of, batching,
-                      cast_to_varying, is_zero,
-                      mlir, result_avals, varying_axes, zero_tangent)
+                      is_zero, mlir, result_avals, zero_tangent)
+from ._primitives import apply_via_jit, batch_rule, join_varying
 
 __all__ = ["Kernel", "KernelError", "get_include", "kernel", "register_target"]
 
@@ -287,10 +287,7 @@ class Kernel:
                      tuple(ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in structs),
                      tuple(ShapedArray(tuple(o.shape), np.dtype(o.dtype)) for o in out_leaves),
                      frozenset(self.nondiff_argnums))
-        axes = frozenset().union(*(varying_axes(aval_of(a)) for a in arrays))
-        if axes:  # inside shard_map: replicated inputs join the varying ones
-            arrays = [cast_to_varying(a, axes) for a in arrays]
-        outs = kernel_call_p.bind(*arrays, spec=spec)
+        outs = kernel_call_p.bind(*join_varying(list(arrays)), spec=spec)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
 
@@ -403,18 +400,13 @@ kernel_adj_p.def_abstract_eval(
     lambda *avals, spec: result_avals(avals, spec.adj_avals(), "jaxbridge kernel"))
 
 
-@functools.lru_cache(maxsize=512)
-def _jitted(prim: Primitive, spec: _Spec) -> Any:
-    return jax.jit(lambda *args: prim.bind(*args, spec=spec))
-
-
 def _impl(prim: Primitive, *args: Any, spec: _Spec) -> Any:
     role = _ROLE[prim]
     if role != "forward":
         # Fail before compiling, with the clear message (missing tangent/adjoint).
         plat = jax.default_backend()
         spec.kernel.target(role, "cuda" if plat == "gpu" else plat)
-    return _jitted(prim, spec)(*args)
+    return apply_via_jit(prim, *args, spec=spec)
 
 
 for _p in _ROLE:
@@ -500,27 +492,5 @@ ad.primitive_transposes[kernel_adj_p] = _transpose(kernel_tan_p, _Spec.adj_avals
 
 
 # ----------------------------------------------------------------- vmap
-def _batch(prim: Primitive):
-    def rule(args, dims, *, spec: _Spec):
-        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-        if spec.kernel.vmap == "batch":
-            moved = [jnp.broadcast_to(a, (size, *jnp.shape(a))) if d is None
-                     else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-            outs = prim.bind(*moved, spec=spec.batched(size))
-        else:
-            mapped = [d is not None for d in dims]
-            batched = [jnp.moveaxis(a, d, 0) for a, d, m in zip(args, dims, mapped) if m]
-
-            def one(xs):
-                xs = iter(xs)
-                return prim.bind(*[next(xs) if m else a for a, m in zip(args, mapped)],
-                                 spec=spec)
-
-            outs = jax.lax.map(one, batched)
-        return list(outs), [0] * len(outs)
-
-    return rule
-
-
 for _p in _ROLE:
-    batching.primitive_batchers[_p] = _batch(_p)
+    batching.primitive_batchers[_p] = batch_rule(_p, lambda spec: spec.kernel.vmap == "batch")

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from ._compat import (Primitive, ad, aval_of, batching, is_zero, mlir, result_avals,
                       zero_tangent)
 from ._hostcall import lower_host_call
+from ._primitives import apply_via_jit, batch_rule
 from ._spec import CallSpec
 
 foreign_call_p = Primitive("foreign_call")
@@ -74,14 +75,8 @@ foreign_vjp_p.def_abstract_eval(
 
 
 # ---------------------------------------------------------------- eager: via jit
-@functools.lru_cache(maxsize=256)
-def _jitted(prim: Primitive, params: tuple) -> Any:
-    return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
-
-
 for _p in (foreign_call_p, foreign_jvp_p, foreign_vjp_p):
-    _p.def_impl(functools.partial(
-        lambda prim, *args, **params: _jitted(prim, tuple(params.items()))(*args), _p))
+    _p.def_impl(functools.partial(apply_via_jit, _p))
 
 
 # ---------------------------------------------------------------- lowering
@@ -158,8 +153,8 @@ def _rule_jvp(prim: Primitive, kind: str):
         fixed_t, linear_t = _split(spec, tangents)
         if all(is_zero(t) for t in fixed_t):
             # Only the linear operands move: the derivative is the map itself.
-            fixed, _ = _split(spec, primals)
-            linear_t = [_instantiate(t, p) for t, p in zip(linear_t, _split(spec, primals)[1])]
+            fixed, linear = _split(spec, primals)
+            linear_t = [_instantiate(t, p) for t, p in zip(linear_t, linear)]
             return out, prim.bind(*fixed, *linear_t, spec=spec, nz=nz)
         rule = spec.fn.jvp_rule if kind == "jvp" else spec.fn.vjp_rule
         if rule is None or rule.kind != "jax":
@@ -223,27 +218,5 @@ ad.primitive_transposes[foreign_vjp_p] = _foreign_vjp_transpose
 
 
 # ---------------------------------------------------------------- vmap
-def _batch(prim: Primitive):
-    def rule(args, dims, *, spec: CallSpec, **params):
-        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-        if spec.fn.vmap == "vectorized":
-            moved = [jnp.broadcast_to(a, (size, *jnp.shape(a))) if d is None
-                     else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-            outs = prim.bind(*moved, spec=spec.batched(size), **params)
-        else:  # "loop": one call per batch element, in order
-            mapped = [d is not None for d in dims]
-            batched = [jnp.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None]
-
-            def one(xs):
-                xs = iter(xs)
-                full = [next(xs) if m else a for a, m in zip(args, mapped)]
-                return prim.bind(*full, spec=spec, **params)
-
-            outs = jax.lax.map(one, batched)
-        return list(outs), [0] * len(outs)
-
-    return rule
-
-
 for _p in (foreign_call_p, foreign_jvp_p, foreign_vjp_p):
-    batching.primitive_batchers[_p] = _batch(_p)
+    batching.primitive_batchers[_p] = batch_rule(_p, lambda spec: spec.fn.vmap == "vectorized")
