@@ -1,6 +1,7 @@
 """Shared test settings: strict JAX, float64 available, deterministic seeds."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,3 +17,14 @@ def rng():
 def tol(dtype) -> float:
     """Comparison tolerance for values computed in `dtype`."""
     return {np.dtype("float32"): 2e-5, np.dtype("complex64"): 2e-5}.get(np.dtype(dtype), 1e-12)
+
+
+def fd(f, x, eps=1e-6):
+    """Central differences of scalar f along every coordinate of array x (float64)."""
+    x = np.asarray(x, np.float64)
+    out = np.zeros(x.shape)
+    for i in np.ndindex(x.shape):
+        e = np.zeros(x.shape)
+        e[i] = eps
+        out[i] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / (2 * eps)
+    return out

@@ -12,6 +12,7 @@ import scipy.integrate
 
 from jaxbridge.scipy import SolverError
 from jaxbridge.scipy.integrate import quad, solve_ivp
+from conftest import fd
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,16 +42,6 @@ def loss(y0, p, te, t0, method="RK45", **kw):
     sol = solve_ivp(damped, (t0, 3.0), y0, te, p, method=method, rtol=1e-10, atol=1e-12, **kw)
     return jnp.sum(jnp.sin(sol.y) * jnp.arange(1.0, 7.0)[None, :])
 
-
-def fd(f, x, eps=1e-6):
-    """Central differences of scalar f along every coordinate of array x."""
-    x = np.asarray(x, np.float64)
-    out = np.zeros(x.shape)
-    for i in np.ndindex(x.shape):
-        e = np.zeros(x.shape)
-        e[i] = eps
-        out[i] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / (2 * eps)
-    return out
 
 
 def rk4_solve(f, y0, ts, p, steps_per=200):

@@ -7,6 +7,7 @@ import pytest
 import scipy.optimize
 
 from jaxbridge.scipy.optimize import minimize, root
+from conftest import fd
 
 
 def F(x, p):
@@ -23,15 +24,6 @@ def objective(x, q):
 
 Q = {"c": jnp.array([1.0, -2.0]), "w": jnp.array([1.0, 3.0])}
 
-
-def fd(f, x, eps=1e-6):
-    x = np.asarray(x, np.float64)
-    out = np.zeros(x.shape)
-    for i in np.ndindex(x.shape):
-        e = np.zeros(x.shape)
-        e[i] = eps
-        out[i] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / (2 * eps)
-    return out
 
 
 @pytest.mark.parametrize("method", ["hybr", "lm", "krylov"])

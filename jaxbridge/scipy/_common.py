@@ -76,6 +76,12 @@ def f64(x: Any) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ parameter pytrees
+def as_float_array(x: Any) -> jax.Array:
+    """`x` as a JAX array, promoted to the default float dtype if it is not floating."""
+    x = jnp.asarray(x)
+    return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
+
+
 def as_params(args: Any, name: str) -> Any:
     """`args` with every leaf a floating JAX array (the differentiable parameters)."""
     def leaf(x):

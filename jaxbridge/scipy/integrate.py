@@ -37,7 +37,7 @@ import scipy.sparse
 from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
-from ._common import (_NO_ARGS, as_params, call_args, check_policy, f64, failure, fill_zeros,
+from ._common import (_NO_ARGS, as_float_array, as_params, call_args, check_policy, f64, failure, fill_zeros,
                       host_jit, jnp_ravel, np_ravel, np_unravel, on_cpu, static_options)
 
 __all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS"]
@@ -312,9 +312,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, t_eval: Any, args: 
     if method not in METHODS:
         raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS}, "
                          f"got {method!r}")
-    y0 = jnp.asarray(y0)
-    if not jnp.issubdtype(y0.dtype, jnp.floating):
-        y0 = y0.astype(jnp.result_type(float))
+    y0 = as_float_array(y0)
     t_eval = jnp.asarray(t_eval)
     if t_eval.ndim != 1:
         raise ValueError(f"jaxbridge.scipy.{name}: t_eval must be 1-D, got shape {t_eval.shape}")

@@ -29,7 +29,7 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from .. import _foreign
-from ._common import (_NO_ARGS, as_params, call_args, check_policy, f64, failure, fill_zeros,
+from ._common import (_NO_ARGS, as_float_array, as_params, call_args, check_policy, f64, failure, fill_zeros,
                       host_jit, jnp_ravel, np_unravel, on_cpu, static_options)
 
 __all__ = ["root", "minimize", "OptimizeResult"]
@@ -232,9 +232,7 @@ def _call(kind, fun, x0, args, method, jac, tol, options, linear_solver, on_fail
     if linear_solver not in LINEAR_SOLVERS:
         raise ValueError(f"jaxbridge.scipy.{name}: linear_solver must be one of "
                          f"{LINEAR_SOLVERS}, got {linear_solver!r}")
-    x0 = jnp.asarray(x0)
-    if not jnp.issubdtype(x0.dtype, jnp.floating):
-        x0 = x0.astype(jnp.result_type(float))
+    x0 = as_float_array(x0)
     has_args = args is not None
     params = as_params(args, name) if has_args else _NO_ARGS()
     return _solve(x0, params, kind=kind, fun=fun, has_args=has_args, method=method, jac=jac,

@@ -28,7 +28,7 @@ import scipy.sparse
 import scipy.sparse.linalg
 
 from ... import _foreign
-from .._common import check_policy, failure
+from .._common import as_float_array, check_policy, failure
 
 __all__ = ["spsolve", "FACTOR_CACHE_SIZE", "factor_cache_info"]
 
@@ -175,9 +175,7 @@ def spsolve(A: Any, b: Any, *, permc_spec: str = "COLAMD",
       adjoint solve and the tangent solve (see the module docstring for the cache).
     """
     check_policy(on_failure, "sparse.linalg.spsolve")
-    b = jnp.asarray(b)
-    if not jnp.issubdtype(b.dtype, jnp.floating):
-        b = b.astype(jnp.result_type(float))
+    b = as_float_array(b)
     if b.ndim not in (1, 2):
         raise ValueError(f"jaxbridge.scipy.sparse.linalg.spsolve: b must be 1-D or 2-D, got "
                          f"shape {b.shape}")
