@@ -91,11 +91,17 @@ def robertson_bench():
     ref = np.array([(scipy_loss(logk.at[i].add(eps)) - scipy_loss(logk.at[i].add(-eps)))
                     / (2 * eps) for i in range(3)])
 
-    for rtol, atol in ((1e-6, 1e-10), (1e-8, 1e-12)):
+    for method, sensitivity, rtol, atol in (
+            ("BDF", "forward", 1e-6, 1e-10), ("BDF", "forward", 1e-8, 1e-12),
+            ("BDF", "adjoint", 1e-6, 1e-10), ("BDF", "adjoint", 1e-8, 1e-12),
+            ("LSODA", "forward", 1e-6, 1e-10), ("LSODA", "forward", 1e-7, 1e-11),
+            ("LSODA", "forward", 1e-8, 1e-12), ("LSODA", "adjoint", 1e-8, 1e-12)):
         f = jax.jit(jax.value_and_grad(lambda lk: loss_of(solve_ivp(
-            robertson, (0.0, 100.0), y0, te, lk, method="BDF", rtol=rtol, atol=atol).y.T)))
+            robertson, (0.0, 100.0), y0, te, lk, method=method, rtol=rtol, atol=atol,
+            sensitivity=sensitivity).y.T)))
         s, (_, g) = bench(f, logk)
-        row("Robertson", f"jaxbridge solve_ivp BDF rtol={rtol:g}", s, rel_err(g, ref))
+        row("Robertson", f"jaxbridge solve_ivp {method} {sensitivity} rtol={rtol:g}", s,
+            rel_err(g, ref))
 
     if diffrax is None:
         row("Robertson", "diffrax (not installed)", None, "skipped")

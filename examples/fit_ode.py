@@ -3,9 +3,11 @@
 Robertson's chemical kinetics (rates spanning 9 orders of magnitude, the classic
 stiff test problem) is solved by `scipy.integrate.solve_ivp(method="BDF")` through
 `jaxbridge.scipy.integrate.solve_ivp`: the right-hand side is written in JAX, its
-Jacobian (for BDF) and the adjoint's vector-Jacobian products come from JAX, and the
-gradient w.r.t. the three (log) rate constants comes from the continuous adjoint
-method. We check that gradient against central finite differences, then fit the
+Jacobian (for BDF) and the sensitivity equations' Jacobian-vector products come from
+JAX, and the gradient w.r.t. the three (log) rate constants comes from forward
+sensitivities (what `sensitivity="auto"` picks for 3 states and 3 parameters; pass
+`sensitivity="adjoint"` for the continuous adjoint, the choice for large systems).
+We check that gradient against central finite differences, then fit the
 rates to noisy synthetic data with Adam, the whole step under `jax.jit`.
 
 Writes fit_ode.png (data vs fit, loss curve) when matplotlib is installed (skip with

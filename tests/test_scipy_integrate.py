@@ -1,5 +1,6 @@
 """jaxbridge.scipy.integrate: solve_ivp (adjoint / forward sensitivities) and quad."""
 
+import functools
 import pathlib
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 import scipy.integrate
 
 from jaxbridge.scipy import SolverError
-from jaxbridge.scipy.integrate import quad, solve_ivp
+from jaxbridge.scipy.integrate import _sensitivity_choice, quad, solve_ivp
 from conftest import fd
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -84,10 +85,12 @@ def test_no_args_and_multidim_state():
 
 
 # ------------------------------------------------------------------ gradients
+@pytest.mark.parametrize("sensitivity", ["adjoint", "forward"])
 @pytest.mark.parametrize("method", ["RK45", "BDF", "Radau", "LSODA"])
-def test_adjoint_gradients_vs_finite_differences(method):
-    g_y0, g_p, g_te, g_t0 = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)),
-                                    static_argnums=4)(Y0, P, TE, 0.0, method)
+def test_gradients_vs_finite_differences(method, sensitivity):
+    g_y0, g_p, g_te, g_t0 = jax.jit(
+        jax.grad(functools.partial(loss, method=method, sensitivity=sensitivity),
+                 argnums=(0, 1, 2, 3)))(Y0, P, TE, 0.0)
     # Finite differences of a smooth high-order solve (an adaptive solver's output is
     # only piecewise smooth in its inputs; LSODA's method switching makes it noisy).
     ref = "DOP853"
@@ -99,13 +102,15 @@ def test_adjoint_gradients_vs_finite_differences(method):
     np.testing.assert_allclose(g_t0, fd(lambda t: loss(Y0, P, TE, t, ref), 0.0), **tol)
 
 
-def test_adjoint_matches_pure_jax_rk4():
+@pytest.mark.parametrize("sensitivity", ["adjoint", "forward"])
+def test_gradients_match_pure_jax_rk4(sensitivity):
     ts = jnp.concatenate([jnp.zeros(1), TE])
 
     def ref_loss(y0, p):
         return jnp.sum(jnp.sin(rk4_solve(damped, y0, ts, p).T) * jnp.arange(1.0, 7.0)[None, :])
 
-    ours = jax.grad(lambda y0, p: loss(y0, p, TE, 0.0), argnums=(0, 1))(Y0, P)
+    ours = jax.grad(lambda y0, p: loss(y0, p, TE, 0.0, sensitivity=sensitivity),
+                    argnums=(0, 1))(Y0, P)
     ref = jax.grad(ref_loss, argnums=(0, 1))(Y0, P)
     np.testing.assert_allclose(ours[0], ref[0], rtol=1e-7)
     np.testing.assert_allclose(ours[1]["k"], ref[1]["k"], rtol=1e-7)
@@ -125,16 +130,50 @@ def test_forward_mode_matches_reverse():
                                    rtol=1e-6, atol=1e-9)
 
 
-def test_stiff_robertson_bdf_gradient():
+@pytest.mark.parametrize("method,sensitivity", [("BDF", "adjoint"), ("BDF", "forward"),
+                                                ("LSODA", "forward")])
+def test_stiff_robertson_gradient(method, sensitivity):
     te = jnp.array([1.0, 10.0, 100.0])
 
-    def L(logk):
+    def L(logk, method=method, rtol=1e-9):
         sol = solve_ivp(robertson, (0.0, 100.0), jnp.array([1.0, 0.0, 0.0]), te, jnp.exp(logk),
-                        method="BDF", rtol=1e-9, atol=1e-12)
+                        method=method, rtol=rtol, atol=1e-12, sensitivity=sensitivity)
         return jnp.sum(sol.y[0] + 1e4 * sol.y[1])
 
     g = jax.jit(jax.grad(L))(jnp.log(K))
-    np.testing.assert_allclose(g, fd(L, jnp.log(K), 1e-5), rtol=1e-4, atol=1e-7)
+    ref = fd(lambda lk: L(lk, "Radau", 1e-11), jnp.log(K), 1e-5)
+    np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-7)
+
+
+def test_sensitivity_choice_and_bad_value():
+    # "auto": forward sensitivities while the augmented system n (1 + n + P) is small.
+    assert _sensitivity_choice("auto", 3, 3) == "forward"
+    assert _sensitivity_choice("auto", 20, 0) == "adjoint"
+    assert _sensitivity_choice("adjoint", 1, 0) == "adjoint"
+    with pytest.raises(ValueError, match=r"solve_ivp: sensitivity must be one of .*'backward'"):
+        solve_ivp(damped, (0.0, 3.0), Y0, TE, P, sensitivity="backward")
+
+
+def test_forward_sensitivity_vjp_of_multidim_state_and_pytree_params():
+    """Both reverse-mode strategies agree on a (2, 2) state and a nested-dict parameter."""
+    def f(t, y, p):
+        return -p["rates"]["a"] * y + p["b"] * jnp.sin(t)
+
+    p = {"rates": {"a": jnp.array([[1.0, 2.0], [0.5, 3.0]])}, "b": jnp.array(0.2)}
+    te = jnp.array([0.0, 0.4, 1.0])
+
+    def L(y0, p, sensitivity):
+        ys = solve_ivp(f, (0.0, 1.0), y0, te, p, rtol=1e-10, atol=1e-12,
+                       sensitivity=sensitivity).y
+        return jnp.sum(ys ** 2 * jnp.arange(1.0, 4.0)[None, None, :])
+
+    fwd = jax.grad(L, argnums=(0, 1))(jnp.ones((2, 2)), p, "forward")
+    adj = jax.grad(L, argnums=(0, 1))(jnp.ones((2, 2)), p, "adjoint")
+    for a, b in zip(jax.tree_util.tree_leaves(fwd), jax.tree_util.tree_leaves(adj)):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(
+        fwd[1]["b"], fd(lambda b: L(jnp.ones((2, 2)), {"rates": p["rates"], "b": b}, "forward"),
+                        p["b"]), rtol=1e-6)
 
 
 def test_matches_diffrax_if_installed():
