@@ -145,6 +145,16 @@ def test_stiff_robertson_gradient(method, sensitivity):
     np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("sensitivity", ["adjoint", "forward"])
+def test_no_evaluation_times_gives_zero_gradient(sensitivity):
+    def L(y0, p):
+        return jnp.sum(solve_ivp(damped, (0.0, 3.0), y0, jnp.zeros(0), p,
+                                 sensitivity=sensitivity).y)
+    g_y0, g_p = jax.grad(L, argnums=(0, 1))(Y0, P)
+    np.testing.assert_array_equal(g_y0, 0.0)
+    np.testing.assert_array_equal(g_p["k"], 0.0)
+
+
 def test_sensitivity_choice_and_bad_value():
     # "auto": forward sensitivities while the augmented system n (1 + n + P) is small.
     assert _sensitivity_choice("auto", 3, 3) == "forward"

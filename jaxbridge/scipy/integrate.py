@@ -197,9 +197,11 @@ def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint
     t0, y0, t_eval, params = primals
     t0, t_eval = float(t0), f64(t_eval)
     T = t_eval.shape[0]
-    if T == 0 or not np.all(np.isfinite(ys)):  # failed forward solve ("nan" policy)
-        nan = lambda x: np.full(np.shape(x), np.nan, np.asarray(x).dtype)  # noqa: E731
-        return (nan(t0), nan(y0), nan(t_eval), jax.tree_util.tree_map(nan, params))
+    if T == 0:  # no outputs, nothing to differentiate
+        return tuple(jax.tree_util.tree_map(lambda x: np.zeros_like(np.asarray(x)), p)
+                     for p in primals)
+    if not np.all(np.isfinite(ys)):  # failed forward solve ("nan" policy)
+        return _ivp_vjp_nan(primals)
     implicit = method in IMPLICIT_METHODS
     with on_cpu():
         ode = _Ode(fun, has_args, y0.shape, jac, params)
