@@ -300,6 +300,38 @@ class CallSpec:
         ct_leaves = [next(cts) if d else None for d in self.diff_out]
         ct = jax.tree_util.tree_unflatten(self.out_tree, ct_leaves)
         value = self._rule_call(self.fn.vjp_rule.fun, primals, out, ct, res)
+        return self._cotangent_leaves(value, ins, nz, host)
+
+    def fill_cotangent(self, nz: tuple) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        """The native-protocol VJP rule (write into `outs`), with a fast path for the
+        common case: plain array arguments, one array output, and a rule that returns
+        NumPy arrays of the declared shapes and dtypes (anything else is checked)."""
+        fast = self._plain_args and self.res_tree is None and self.n_out == 1 \
+            and self.out_tree.num_nodes == 1 and self.diff_out[0] and not self.num_batch_dims
+        rule, kwargs, n_in = self.fn.vjp_rule.fun, self._kwargs, len(self.in_avals)
+        live = tuple(i for i, z in enumerate(nz) if z)
+
+        def fill(ins, outs):
+            if not fast:
+                leaves = self.run_cotangent(ins, nz)
+            else:
+                value = rule(tuple(ins[:n_in]), ins[n_in], ins[n_in + 1], **kwargs)
+                if type(value) is tuple and len(value) == n_in:
+                    picked = [value[i] for i in live]
+                    if all(type(v) is np.ndarray and v.dtype == o.dtype and v.shape == o.shape
+                           for v, o in zip(picked, outs)):
+                        for o, v in zip(outs, picked):
+                            o[...] = v
+                        return
+                leaves = self._cotangent_leaves(value, ins, nz, True)
+            for o, v in zip(outs, leaves):
+                o[...] = v
+
+        return fill
+
+    def _cotangent_leaves(self, value: Any, ins: Sequence[Any], nz: tuple,
+                          host: bool) -> list[Any]:
+        """Check a VJP rule's result; flatten it to the cotangents marked in `nz`."""
         if not isinstance(value, (tuple, list)) or len(value) != self.n_args:
             got = f"{type(value).__name__} of length {len(value)}" if isinstance(
                 value, (tuple, list)) else type(value).__name__
@@ -372,6 +404,7 @@ class CallSpec:
                 run = lambda ins: self.run_cotangent(ins, nz)  # noqa: E731
                 avals = tuple(a for a, z in zip(self.in_avals, nz) if z)
                 what = "vjp rule"
+                fill = self.fill_cotangent(nz)
             target = HostCallable(run, avals, self.name, what, fill)
             self._callables[key] = target
         return target

@@ -74,6 +74,7 @@ def test_wrong_results_are_reported_not_cast(backend, result, pattern):
         (lambda p, o, ct: (ct, ct), r"one cotangent \(or None\) per positional argument \(1\)"),
         (lambda p, o, ct: ct, r"must return a tuple"),
         (lambda p, o, ct: (np.ones(5),), r"cotangent 0 .*shape \[5\].*declared float64\[3\]"),
+        (lambda p, o, ct: (ct.astype(np.float32),), r"cotangent 0 .*dtype float32.*astype"),
     ],
 )
 def test_wrong_cotangents_are_reported(rule, pattern):
