@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.special
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
@@ -107,6 +108,145 @@ def test_rbf_scalar_length_scale_broadcasts(rng):
     x, y, _ = rbf_args(rng, (3,), 2, 4, 2, np.float64)
     np.testing.assert_allclose(ops.rbf_kernel(x, y, 0.7),
                                np_rbf(x, y, np.full(3, 0.7)), rtol=1e-12)
+
+
+# ----------------------------------------------------------------- vectorized CPU paths
+# The CPU kernels are compiled per instruction set (baseline, AVX2, AVX-512) and
+# picked at run time; `cpu_isa` runs a test under each one this CPU has.
+def _isas():
+    from jaxbridge import _kernels
+    best = _kernels._cpu_isa()
+    return ["baseline", "avx2", "avx512"][: ["baseline", "avx2", "avx512"].index(best) + 1]
+
+
+@pytest.fixture(params=_isas())
+def cpu_isa(request):
+    from jaxbridge import _kernels
+    best = _kernels._cpu_isa()
+    assert _kernels._set_cpu_isa_limit(request.param) == request.param
+    yield request.param
+    _kernels._set_cpu_isa_limit(best)
+
+
+def np_rbf_derivatives(x, y, l, ct, tx, ty, tl):
+    """float64 (gx, gy, gl) = ct-weighted adjoint and dK = tangent of rbf_kernel."""
+    x, y, l, ct, tx, ty, tl = (np.asarray(a, np.float64) for a in (x, y, l, ct, tx, ty, tl))
+    diff = x[..., :, None, :] - y[..., None, :, :]
+    d2 = (diff**2).sum(-1)
+    lb = l[..., None, None]
+    k = np.exp(-d2 / (2 * lb**2))
+    g = ct * k
+    gx = -(g[..., None] * diff).sum(-2) / lb**2
+    gy = (g[..., None] * diff).sum(-3) / lb**2
+    gl = (g * d2).sum((-1, -2)) / l**3
+    tdiff = tx[..., :, None, :] - ty[..., None, :, :]
+    dk = k * (-(diff * tdiff).sum(-1) / lb**2 + d2 * tl[..., None, None] / lb**3)
+    return gx, gy, gl, dk
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softplus_special_values(cpu_isa, dtype):
+    big = {np.float32: 1e4, np.float64: 1e6}[dtype]
+    x = np.array([-np.inf, -big, -800, -100, -20, -1e-3, -0.0, 0.0, 1e-3, 20, 100, big, np.inf,
+                  np.nan], dtype)
+    y = np.asarray(ops.softplus(x))
+    g = np.asarray(jax.grad(lambda x: ops.softplus(x).sum())(x))
+    with np.errstate(invalid="ignore"):  # the NumPy reference at inf - inf
+        ref = np_softplus(x)
+    assert np.isnan(y[-1]) and np.isnan(g[-1])
+    y, g, ref, xs = y[:-1], g[:-1], ref[:-1], x[:-1]
+    assert y[0] == 0 and y[-1] == np.inf and g[0] == 0 and g[-1] == 1
+    assert np.all(np.isfinite(y[1:-1])) and np.all(np.isfinite(g))
+    assert np.all(y[xs >= 100] == xs[xs >= 100])  # exactly x once exp(-x) is below an ulp
+    # softplus(-100) = 3.7e-44 is subnormal in float32, flushed to 0 under XLA (which runs
+    # with flush-to-zero); values down to the smallest normal number are accurate.
+    assert np.all(y >= 0) and 0 <= y[3] < 1e-40 and y[4] > 0
+    tiny = np.finfo(dtype).tiny
+    np.testing.assert_allclose(y, ref, rtol=4 * np.finfo(dtype).eps, atol=tiny)
+    sig = scipy.special.expit(xs.astype(np.float64))
+    np.testing.assert_allclose(g, sig, rtol=8 * np.finfo(dtype).eps, atol=tiny)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softplus_accuracy_over_range(cpu_isa, dtype):
+    # Every lane position and tail length: 7919 (prime) points, dense over the range.
+    lo = {np.float32: -110.0, np.float64: -760.0}[dtype]
+    x = np.linspace(lo, 40.0, 7919).astype(dtype)
+    for beta in (1.0, 0.3):
+        y = np.asarray(jax.jit(lambda x, b=beta: ops.softplus(x, beta=b))(x))
+        g = np.asarray(jax.grad(lambda x, b=beta: ops.softplus(x, beta=b).sum())(x))
+        # The kernel rounds z = beta x to dtype first (as any dtype implementation does);
+        # compare with the exact function of that z.
+        z = (np.asarray(beta, dtype) * x).astype(np.float64)
+        tiny = np.finfo(dtype).tiny  # subnormal results are flushed to 0 under XLA
+        np.testing.assert_allclose(y, np_softplus(z) / beta, rtol=6 * np.finfo(dtype).eps,
+                                   atol=4 * tiny / beta)
+        np.testing.assert_allclose(g, scipy.special.expit(z), rtol=8 * np.finfo(dtype).eps,
+                                   atol=4 * tiny)
+
+
+@pytest.mark.parametrize("n", [1, 3, 15, 16, 17, 33, 65, 1031, 100_003])
+def test_softplus_sizes(rng, n):
+    # Not multiples of the vector width; the largest spans several parallel chunks.
+    for dtype in FLOATS:
+        x = np.asarray(rng.normal(size=n) * 8, dtype)
+        np.testing.assert_allclose(ops.softplus(x), np_softplus(x), rtol=6 * np.finfo(dtype).eps,
+                                   atol=1e-30)
+
+
+RBF_SHAPES = [  # (batch, n, m, dim): row tiles / panel widths (32 f32, 16 f64) not filled,
+    ((), 1, 1, 1),  # both distance forms (dim <= 8 direct, larger via |x|^2+|y|^2-2x.y)
+    ((), 17, 33, 3),
+    ((2,), 9, 70, 8),
+    ((), 70, 45, 9),
+    ((3,), 5, 17, 64),
+    ((), 130, 100, 64),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("batch,n,m,dim", RBF_SHAPES)
+def test_rbf_kernel_all_modes_vs_numpy(cpu_isa, rng, dtype, batch, n, m, dim):
+    x, y, l = rbf_args(rng, batch, n, m, dim, dtype)
+    l = l * np.asarray(np.sqrt(dim), dtype)  # keep K away from 0 at dim 64
+    ct, tx, ty, tl = (np.asarray(rng.normal(size=s), dtype)
+                      for s in ((*batch, n, m), x.shape, y.shape, l.shape))
+    tol = {np.float32: 2e-5, np.float64: 1e-12}[dtype]
+    k = ops.rbf_kernel(x, y, l)
+    np.testing.assert_allclose(k, np_rbf(x, y, l), rtol=tol, atol=tol)
+    gx, gy, gl = jax.grad(lambda *a: (ops.rbf_kernel(*a) * ct).sum(), argnums=(0, 1, 2))(x, y, l)
+    dk = jax.jvp(ops.rbf_kernel, (x, y, l), (tx, ty, tl))[1]
+    want = np_rbf_derivatives(x, y, l, ct, tx, ty, tl)
+    for got, ref in zip((gx, gy, gl, dk), want):
+        scale = np.abs(ref).max() + 1e-30
+        np.testing.assert_allclose(np.asarray(got, np.float64) / scale, ref / scale,
+                                   atol=20 * tol)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dim", [3, 64])
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+def test_rbf_kernel_close_points(rng, dtype, dim, offset):
+    # Identical and nearly identical points, also far from the origin: the
+    # |x|^2 + |y|^2 - 2 x.y form (dim > 8) must not lose K to cancellation (it works on
+    # data centred at the mean of y), K stays in [0, 1] and K(x, x) = 1.
+    x = offset + rng.normal(size=(20, dim))
+    y = np.concatenate([x[:5], x[5:10] + 1e-3 * rng.normal(size=(5, dim)),
+                        offset + rng.normal(size=(7, dim))])
+    x, y = np.asarray(x, dtype), np.asarray(y, dtype)
+    l = np.asarray(0.5 * np.sqrt(dim), dtype)
+    k = np.asarray(ops.rbf_kernel(x, y, l))
+    ref = np_rbf(x, y, l)
+    assert np.all((k >= 0) & (k <= 1))
+    tol = {np.float32: 1e-5, np.float64: 1e-13}[dtype]
+    np.testing.assert_allclose(np.diag(k[:5, :5]), 1.0, atol=tol)
+    np.testing.assert_allclose(k, ref, atol=tol)
+    gx, gy, gl = jax.grad(lambda *a: ops.rbf_kernel(*a).sum(), argnums=(0, 1, 2))(x, y, l)
+    want = np_rbf_derivatives(x, y, l, np.ones_like(ref), x, y, l)
+    for got, w in zip((gx, gy, gl), want[:3]):
+        scale = np.abs(w).max()
+        np.testing.assert_allclose(np.asarray(got, np.float64) / scale, w / scale,
+                                   atol=100 * tol)
 
 
 # ----------------------------------------------------------------- gradients (float64 FD)

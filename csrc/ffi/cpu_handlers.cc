@@ -3,7 +3,9 @@
 // jaxbridge/_kernel.py): forward(primals) -> outputs; adjoint(primals, outputs,
 // cotangents) -> input cotangents; tangent(primals, outputs, tangents) -> output
 // tangents. Static parameters arrive as FFI attributes.
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cpu_handlers.h"
@@ -142,20 +144,45 @@ ffi::Error TridiagTan(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, Any
 }
 
 // ---------------------------------------------------------------- RBF kernel matrix
-int64_t RowGrain(const RbfDims& r) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(r.m * std::max<int64_t>(r.dim, 1), 1));
+// The kernels (csrc/kernels/cpu_kernels.h) pack y into scratch and split the rows
+// over the pool themselves; PoolFor adapts ParallelFor to their `pf` argument.
+template <typename Pool>
+struct PoolFor {
+  Pool* pool;
+  template <typename Body>
+  void operator()(int64_t count, int64_t grain, Body&& body) const {
+    ParallelFor(pool, count, grain, body);
+  }
+};
+
+template <typename Pool>
+PoolFor<Pool> MakePoolFor(Pool* pool) {
+  return {pool};
+}
+
+// Scratch the kernels overwrite before reading: no zero fill (std::vector would
+// write megabytes of zeros per call).
+template <typename T>
+std::unique_ptr<T[]> Scratch(int64_t n) {
+  return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+}
+
+template <typename Pool>
+int64_t Threads(Pool* pool) {
+  return pool ? std::max<int64_t>(1, static_cast<int64_t>(pool->num_threads())) : 1;
 }
 
 ffi::Error RbfFwd(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, Result<AnyBuffer> kout) {
   const char* fn = "jaxbridge_rbf_kernel_fwd";
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfFwd(fn, &r, x, y, l, *kout));
-  JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
-    ParallelFor(JB_POOL, r.batch * r.n, RowGrain(r), [&](int64_t, int64_t s, int64_t e) {
-      k::RbfForward<T>(Ptr<const T>(x), Ptr<const T>(y), Ptr<const T>(l), Ptr<T>(kout), r.n,
-                       r.m, r.dim, s, e);
+  return Guard(fn, [&]() -> ffi::Error {
+    JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
+      auto scratch = Scratch<T>(k::RbfForwardScratch<T>(r.batch, r.n, r.m, r.dim));
+      k::RbfForward<T>(MakePoolFor(JB_POOL), Ptr<const T>(x), Ptr<const T>(y), Ptr<const T>(l),
+                       Ptr<T>(kout), r.batch, r.n, r.m, r.dim, scratch.get());
+      return ffi::Error::Success();
     });
-    return ffi::Error::Success();
   });
 }
 
@@ -168,24 +195,13 @@ ffi::Error RbfAdj(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer
   const auto dt = x.element_type();
   return Guard(fn, [&]() -> ffi::Error {
     JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
-      std::vector<T> lpart(static_cast<size_t>(r.batch * r.n));
-      const T* xp = Ptr<const T>(x);
-      const T* yp = Ptr<const T>(y);
-      const T* lp = Ptr<const T>(l);
-      const T* kp = Ptr<const T>(kmat);
-      const T* cp = Ptr<const T>(ct);
-      ParallelFor(JB_POOL, r.batch * r.n, RowGrain(r), [&](int64_t, int64_t s, int64_t e) {
-        k::RbfAdjointX<T>(xp, yp, lp, kp, cp, Ptr<T>(gx), lpart.data(), r.n, r.m, r.dim, s, e);
-      });
-      ParallelFor(JB_POOL, r.batch * r.m, RowGrain(r), [&](int64_t, int64_t s, int64_t e) {
-        k::RbfAdjointY<T>(xp, yp, lp, kp, cp, Ptr<T>(gy), r.n, r.m, r.dim, s, e);
-      });
-      T* glp = Ptr<T>(gl);
-      for (int64_t b = 0; b < r.batch; ++b) {
-        T s = T(0);
-        for (int64_t i = 0; i < r.n; ++i) s += lpart[b * r.n + i];
-        glp[b] = s / (lp[b] * lp[b] * lp[b]);
-      }
+      const auto plan = k::RbfAdjointPlanFor<T>(r.batch, r.n, r.m, r.dim, Threads(JB_POOL));
+      auto scratch = Scratch<T>(plan.scratch);
+      auto lsums = Scratch<double>(plan.lsums);
+      k::RbfAdjoint<T>(MakePoolFor(JB_POOL), plan, Ptr<const T>(x), Ptr<const T>(y),
+                       Ptr<const T>(l), Ptr<const T>(kmat), Ptr<const T>(ct), Ptr<T>(gx),
+                       Ptr<T>(gy), Ptr<T>(gl), r.batch, r.n, r.m, r.dim, scratch.get(),
+                       lsums.get());
       return ffi::Error::Success();
     });
   });
@@ -197,13 +213,14 @@ ffi::Error RbfTan(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfTan(fn, &r, x, y, l, kmat, tx, ty, tl, *dk));
   const auto dt = x.element_type();
-  JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
-    ParallelFor(JB_POOL, r.batch * r.n, RowGrain(r), [&](int64_t, int64_t s, int64_t e) {
-      k::RbfTangent<T>(Ptr<const T>(x), Ptr<const T>(y), Ptr<const T>(l), Ptr<const T>(kmat),
-                       Ptr<const T>(tx), Ptr<const T>(ty), Ptr<const T>(tl), Ptr<T>(dk), r.n,
-                       r.m, r.dim, s, e);
+  return Guard(fn, [&]() -> ffi::Error {
+    JAXBRIDGE_DISPATCH_FLOAT(dt, fn, T, {
+      auto scratch = Scratch<T>(k::RbfTangentScratch<T>(r.batch, r.n, r.m, r.dim));
+      k::RbfTangent<T>(MakePoolFor(JB_POOL), Ptr<const T>(x), Ptr<const T>(y), Ptr<const T>(l),
+                       Ptr<const T>(kmat), Ptr<const T>(tx), Ptr<const T>(ty), Ptr<const T>(tl),
+                       Ptr<T>(dk), r.batch, r.n, r.m, r.dim, scratch.get());
+      return ffi::Error::Success();
     });
-    return ffi::Error::Success();
   });
 }
 

@@ -2,12 +2,16 @@
 //   registrations() -> {"cpu": {target: capsule}, "CUDA": {...}}   (CUDA when built)
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "cpu_handlers.h"
+#include "kernels/cpu_isa.h"
 #ifdef JAXBRIDGE_WITH_CUDA
 #include "cuda_handlers.h"
 #endif
 
 namespace py = pybind11;
+namespace jk = ::jaxbridge::kernels;
 
 namespace {
 template <typename T>
@@ -49,6 +53,27 @@ PYBIND11_MODULE(_kernels, m) {
         return out;
       },
       "FFI handler capsules by platform: {platform: {target_name: capsule}}.");
+  // CPU instruction-set dispatch of the kernels (csrc/kernels/cpu_isa.h), for tests
+  // and benchmarks: run the baseline / AVX2 code paths on an AVX-512 machine.
+  m.def(
+      "_cpu_isa", []() { return std::string(jk::IsaName(jk::ActiveIsa())); },
+      "Instruction set the CPU kernels use now: 'baseline', 'avx2' or 'avx512'.");
+  m.def(
+      "_set_cpu_isa_limit",
+      [](const std::string& name) {
+        if (name == "baseline") {
+          jk::SetIsaLimit(jk::Isa::kBaseline);
+        } else if (name == "avx2") {
+          jk::SetIsaLimit(jk::Isa::kAvx2);
+        } else if (name == "avx512") {
+          jk::SetIsaLimit(jk::Isa::kAvx512);
+        } else {
+          throw py::value_error("expected 'baseline', 'avx2' or 'avx512', got '" + name + "'");
+        }
+        return std::string(jk::IsaName(jk::ActiveIsa()));
+      },
+      "Caps the CPU kernels' instruction set (never above what the CPU has); returns the "
+      "one now in use. Process-wide: for tests and benchmarks only.");
 #ifdef JAXBRIDGE_WITH_CUDA
   m.attr("with_cuda") = true;
 #else
