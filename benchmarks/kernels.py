@@ -22,6 +22,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import time
 
 import jax
@@ -139,10 +140,18 @@ def bench_overhead(quick: bool) -> None:
             ("grad step (jit)", grad_step(bridged), grad_step(hand), 1),
         ]
         for label, fb, fh, per in cases:
-            tb, th = timeit(fb, x) / per, timeit(fh, x) / per
-            rows.append([label, f"{n:,}", fmt_t(tb), fmt_t(th), f"{tb / th:.3f}x"])
+            same = _stablehlo(fb, x) == _stablehlo(fh, x)
+            tb, _, th = compare(fb, {"hand": fh}, x, rounds=5)
+            tb, th = tb / per, th / per
+            rows.append([label, f"{n:,}", fmt_t(tb), fmt_t(th), f"{tb / th:.3f}x",
+                         "yes" if same else "NO"])
     table("(a) jb.kernel vs hand-written ffi_call + custom_vjp (softplus, float32)",
-          ["what", "elements", "jaxbridge", "hand-written", "ratio"], rows)
+          ["what", "elements", "jaxbridge", "hand-written", "ratio", "same StableHLO"], rows)
+
+
+def _stablehlo(f, *args) -> str:
+    """The lowered program without names and locations (which differ harmlessly)."""
+    return re.sub(r"@\w+|loc\(.*?\)|#loc\d*", "", f.lower(*args).as_text())
 
 
 # ----------------------------------------------------------------- (b) kernels vs jnp
