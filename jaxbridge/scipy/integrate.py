@@ -193,7 +193,8 @@ def _ivp(t0, y0, t_eval, params, *, fun, has_args, method, rtol, atol, jac, adjo
 @_ivp.defvjp
 def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint_rtol,
              adjoint_atol, sensitivity, on_failure, options):
-    """Continuous adjoint with checkpoints at the evaluation times (see module doc)."""
+    """Reverse mode: forward sensitivities, or the continuous adjoint with checkpoints
+    at the evaluation times (`sensitivity`; see the module docstring)."""
     t0, y0, t_eval, params = primals
     t0, t_eval = float(t0), f64(t_eval)
     T = t_eval.shape[0]
@@ -202,7 +203,6 @@ def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint
                      for p in primals)
     if not np.all(np.isfinite(ys)):  # failed forward solve ("nan" policy)
         return _ivp_vjp_nan(primals)
-    implicit = method in IMPLICIT_METHODS
     with on_cpu():
         ode = _Ode(fun, has_args, y0.shape, jac, params)
         n, P = ode.n, ode.P
@@ -223,6 +223,7 @@ def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint
             g = np.einsum("ti,tik->k", G, S)
             a, mu = g[:n], g[n:]
             return _ivp_cotangents(primals, ode, t0, y0, a, t_bar, mu)
+        implicit = method in IMPLICIT_METHODS
         a, mu = np.zeros(n), np.zeros(P)
         # The parameter-gradient quadrature mu is left out of the step-size control
         # (as CVODES does by default): it is a pure quadrature of a and y, so the steps
