@@ -27,6 +27,7 @@ __all__ = [
     "is_zero",
     "add_keepalive",
     "lowering_platforms",
+    "ffi_lowering_aliased",
     "JAX_VERSION",
 ]
 
@@ -64,6 +65,18 @@ def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms a lowering rule is being asked to lower for."""
     platforms = getattr(ctx.module_context, "platforms", None)
     return tuple(platforms) if platforms else ()
+
+
+def ffi_lowering_aliased(target: str, aliases: Sequence[tuple[int, int]]) -> Any:
+    """`jax.ffi.ffi_lowering` with results written into operand buffers.
+
+    `ffi_lowering` forwards extra keywords to the custom-call builder, whose keyword
+    for aliasing is `operand_output_aliases` (what `jax.ffi.ffi_call` passes for its
+    `input_output_aliases`).
+    """
+    if not aliases:
+        return jax.ffi.ffi_lowering(target)
+    return jax.ffi.ffi_lowering(target, operand_output_aliases=dict(aliases))
 
 
 def auto_partitioned_devices(ctx: Any) -> int:

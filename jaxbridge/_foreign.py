@@ -112,10 +112,14 @@ class ForeignFunction:
         `kind="jax"` traces it, so it can be differentiated again.
 
         Example:
+            >>> import jax, jax.numpy as jnp, numpy as np, jaxbridge as jb
+            >>> f = jb.foreign(lambda x: x)(np.sin)
             >>> @f.defvjp
             ... def f_vjp(primals, out, ct):
             ...     (x,) = primals
             ...     return (np.cos(x) * ct,)
+            >>> print(f"{float(jax.grad(f)(jnp.float32(0.0))):.3f}")
+            1.000
         """
         return self._set_rule("vjp", rule, kind)
 
@@ -133,10 +137,15 @@ class ForeignFunction:
         tangents. `kind` as in :meth:`defvjp`.
 
         Example:
+            >>> import jax, jax.numpy as jnp, numpy as np, jaxbridge as jb
+            >>> f = jb.foreign(lambda x: x)(np.sin)
             >>> @f.defjvp
             ... def f_jvp(primals, out, tangents):
             ...     (x,), (dx,) = primals, tangents
             ...     return np.cos(x) * dx
+            >>> _, dy = jax.jvp(f, (jnp.float32(0.0),), (jnp.float32(2.0),))
+            >>> print(f"{float(dy):.3f}")
+            2.000
         """
         return self._set_rule("jvp", rule, kind)
 
@@ -260,7 +269,7 @@ def foreign(result: Any, *, residuals: Any = None,
         ...     a, _ = primals
         ...     lam = scipy.linalg.solve(a.T, ct)
         ...     return (-np.outer(lam, x), lam)
-        >>> a, b = jnp.eye(2) * 2.0, jnp.ones(2)
+        >>> a, b = jnp.eye(2, dtype=jnp.float32) * 2.0, jnp.ones(2, dtype=jnp.float32)
         >>> jax.grad(lambda b: solve(a, b).sum())(b)
         Array([0.5, 0.5], dtype=float32)
     """
@@ -281,9 +290,12 @@ def custom_gradient(result: Any, **options: Any) -> Callable[[Callable[..., Any]
     backward costs one extra forward call. Options as in :func:`foreign`.
 
     Example:
+        >>> import jax, jax.numpy as jnp, numpy as np, jaxbridge as jb
         >>> @jb.custom_gradient(lambda x: x)
         ... def clipped_log(x):
         ...     return np.log(x), lambda ct: np.clip(ct / x, -10, 10)
+        >>> print(float(jax.grad(clipped_log)(jnp.float32(0.01))))
+        10.0
     """
     def wrap(fun: Callable[..., Any]) -> ForeignFunction:
         @functools.wraps(fun)

@@ -8,7 +8,11 @@ A kernel is up to three FFI targets with fixed calling conventions:
 
 where cotangents/tangents exist only for floating-point outputs/inputs (integer
 inputs get no cotangent and their tangents are not passed). Static keyword
-arguments become FFI attributes of all three calls.
+arguments become FFI attributes of all three calls. With ``pass_outputs=False`` the
+adjoint and tangent take no ``*outputs``: a reverse pass whose primal value is unused
+(``jax.grad``) then never runs the forward kernel at all. ``aliases`` lets a kernel
+write a result into an operand's buffer (``jax.ffi.ffi_call``'s
+``input_output_aliases``), e.g. an elementwise adjoint overwriting its cotangent.
 
 Design (the same as `_rules.py` for host functions): the forward primitive's JVP
 emits a *linear* tangent primitive; its transpose is the adjoint primitive, whose
@@ -37,12 +41,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._compat import (Primitive, ShapedArray, ad, auto_partitioned_devices, aval_of, batching,
-                      is_zero, mlir, result_avals, zero_tangent)
+                      ffi_lowering_aliased, is_zero, mlir, result_avals, zero_tangent)
 from ._primitives import apply_via_jit, batch_rule, join_varying
 
 __all__ = ["Kernel", "KernelError", "get_include", "kernel", "register_target"]
 
 PLATFORMS = {"cpu": "cpu", "cuda": "CUDA", "rocm": "ROCM"}
+ROLES = ("forward", "adjoint", "tangent")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _RESERVED_PREFIX = "jaxbridge_"
 
@@ -57,8 +62,8 @@ def get_include() -> str:
 
     Use it together with ``jax.ffi.include_dir()`` (the XLA FFI headers):
 
-        >>> import jaxbridge as jb
-        >>>         >>> os.path.exists(os.path.join(jb.get_include(), "jaxbridge", "ffi_helpers.h"))
+        >>> import os, jaxbridge as jb
+        >>> os.path.exists(os.path.join(jb.get_include(), "jaxbridge", "ffi_helpers.h"))
         True
     """
     here = Path(__file__).resolve().parent
@@ -187,7 +192,8 @@ class Kernel:
 
     def __init__(self, name: str, forward: dict, adjoint: dict, tangent: dict, result: Any,
                  vmap: str, dtypes: tuple | None, arg_names: tuple | None,
-                 attrs: dict, check: Callable | None, nondiff_argnums: tuple):
+                 attrs: dict, check: Callable | None, nondiff_argnums: tuple,
+                 pass_outputs: bool = True, aliases: dict | None = None):
         self.name = name
         self.forward, self.adjoint, self.tangent = forward, adjoint, tangent
         self.result = result
@@ -197,6 +203,8 @@ class Kernel:
         self.attrs = attrs
         self.check = check
         self.nondiff_argnums = nondiff_argnums
+        self.pass_outputs = pass_outputs
+        self.aliases = aliases or {}
         self.__name__ = name
         self.__doc__ = f"jaxbridge kernel {name!r} (FFI targets: {self.targets()})"
 
@@ -287,6 +295,7 @@ class Kernel:
                      tuple(ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in structs),
                      tuple(ShapedArray(tuple(o.shape), np.dtype(o.dtype)) for o in out_leaves),
                      frozenset(self.nondiff_argnums))
+        spec.check_aliases(fn)
         outs = kernel_call_p.bind(*join_varying(list(arrays)), spec=spec)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -297,6 +306,7 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
            dtypes: Sequence[Any] | None = ("float32", "float64"),
            attrs: Mapping[str, Any] | None = None, check: Callable | None = None,
            nondiff_argnums: Sequence[int] = (), namespace: str | None = None,
+           pass_outputs: bool = True, aliases: Mapping[str, Mapping[int, int]] | None = None,
            _builtin: bool = False) -> Kernel:
     """Turn XLA FFI targets into one differentiable JAX function.
 
@@ -319,6 +329,24 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
       nondiff_argnums: positional arguments that are never differentiated (integer
         index arrays, say); they get no cotangent and are exempt from ``dtypes``.
       namespace: namespace for targets registered from capsules.
+      pass_outputs: whether the adjoint and tangent kernels take the forward's
+        outputs (default). ``False``: they are called as ``adjoint(*primals,
+        *cotangents)`` and ``tangent(*primals, *tangents)``, so ``jax.grad`` does not
+        run the forward kernel when only the gradient is used.
+      aliases: ``{role: {operand index: result index}}`` with role ``"forward"``,
+        ``"adjoint"`` or ``"tangent"`` and indices into that kernel's operands and
+        results (the calling conventions above): the result is written into the
+        operand's buffer, as ``jax.ffi.ffi_call``'s ``input_output_aliases`` (XLA
+        copies the operand first when it is still needed elsewhere). The two must
+        have the same shape and dtype, and the kernel must be correct in place.
+
+    Example (the built-in softplus: an elementwise adjoint needs only ``x`` and
+    overwrites the cotangent with the input cotangent)::
+
+        softplus = jaxbridge.kernel(
+            "jaxbridge_softplus_fwd", "jaxbridge_softplus_adj", "jaxbridge_softplus_tan",
+            result=lambda x, **_: x, vmap="batch", attrs={"beta": 1.0},
+            pass_outputs=False, aliases={"adjoint": {1: 0}, "tangent": {1: 0}})
     """
     if vmap not in ("batch", "loop"):
         raise KernelError(f"jaxbridge.kernel: vmap must be 'batch' or 'loop', got {vmap!r}")
@@ -334,7 +362,32 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
     dts = None if dtypes is None else tuple(np.dtype(d) for d in dtypes)
     return Kernel(name, fwd, adj, tan, result, vmap, dts,
                   None if arg_names is None else tuple(arg_names), dict(attrs or {}), check,
-                  tuple(nondiff_argnums))
+                  tuple(nondiff_argnums), bool(pass_outputs), _check_aliases_arg(name, aliases))
+
+
+def _check_aliases_arg(name: str, aliases: Any) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Normalize ``aliases`` to {role: ((operand, result), ...)}; shapes are checked per call."""
+    fn = f"jaxbridge.kernel {name!r}: argument 'aliases'"
+    if aliases is None:
+        return {}
+    if not isinstance(aliases, Mapping):
+        raise KernelError(f"{fn}: expected a dict {{role: {{operand index: result index}}}}, "
+                          f"received {type(aliases).__name__}")
+    out = {}
+    for role, pairs in aliases.items():
+        if role not in ROLES:
+            raise KernelError(f"{fn}: unknown role {role!r}; expected one of {list(ROLES)}")
+        if not isinstance(pairs, Mapping) or not all(
+                isinstance(k, (int, np.integer)) and isinstance(v, (int, np.integer))
+                and not isinstance(k, bool) and not isinstance(v, bool) and k >= 0 and v >= 0
+                for k, v in pairs.items()):
+            raise KernelError(f"{fn}: {role!r} must map operand indices to result indices "
+                              f"(non-negative ints), received {pairs!r}")
+        if len(set(pairs.values())) != len(pairs):
+            raise KernelError(f"{fn}: {role!r}: two operands aliased to the same result "
+                              f"({dict(pairs)})")
+        out[role] = tuple(sorted((int(k), int(v)) for k, v in pairs.items()))
+    return out
 
 
 # ----------------------------------------------------------------- primitives
@@ -372,7 +425,34 @@ class _Spec:
 
     @property
     def n_fixed(self) -> int:
-        return len(self.in_avals) + len(self.out_avals)
+        """Operands the tangent/adjoint kernels take before the (co)tangents."""
+        return len(self.in_avals) + (len(self.out_avals) if self.kernel.pass_outputs else 0)
+
+    def role_avals(self, role: str) -> tuple[list, list]:
+        """(operand avals, result avals) of the kernel playing `role`."""
+        fixed = list(self.in_avals) + (list(self.out_avals) if self.kernel.pass_outputs else [])
+        if role == "forward":
+            return list(self.in_avals), list(self.out_avals)
+        if role == "adjoint":
+            return fixed + self.tan_avals(), self.adj_avals()
+        return fixed + self.adj_avals(), self.tan_avals()
+
+    def check_aliases(self, fn: str) -> None:
+        """Raise unless every declared alias pairs an operand and a result of one type."""
+        for role, pairs in self.kernel.aliases.items():
+            operands, results = self.role_avals(role)
+            for o, r in pairs:
+                if o >= len(operands) or r >= len(results):
+                    raise KernelError(
+                        f"{fn}: aliases[{role!r}] maps operand {o} to result {r}, but the "
+                        f"{role} kernel has {len(operands)} operands and {len(results)} "
+                        "results here")
+                a, b = operands[o], results[r]
+                if (a.shape, a.dtype) != (b.shape, b.dtype):
+                    raise KernelError(
+                        f"{fn}: aliases[{role!r}] maps operand {o} ({a.dtype.name}"
+                        f"{list(a.shape)}) to result {r} ({b.dtype.name}{list(b.shape)}); "
+                        "aliased buffers need the same shape and dtype")
 
     def tan_avals(self) -> list:
         return [a for a, d in zip(self.out_avals, self.diff_out) if d]
@@ -421,7 +501,8 @@ def _lower(prim: Primitive, platform: str, ctx: Any, *args: Any, spec: _Spec) ->
             f"jaxbridge kernel {target!r} is compiled into a computation partitioned over "
             f"{devices} devices, where XLA would gather its inputs onto every device. Call it "
             f"inside jax.shard_map (it then runs once per shard on local data).")
-    return jax.ffi.ffi_lowering(target)(ctx, *args, **spec.ffi_attrs())
+    aliases = spec.kernel.aliases.get(_ROLE[prim], ())
+    return ffi_lowering_aliased(target, aliases)(ctx, *args, **spec.ffi_attrs())
 
 
 for _p in _ROLE:
@@ -442,7 +523,8 @@ def _call_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, spec: _Spec):
         return outs, zeros
     tans = [_zeros_like_aval(a) if is_zero(t) else t
             for t, a, d in zip(tangents, spec.in_avals, spec.diff_in) if d]
-    out_t = iter(kernel_tan_p.bind(*primals, *outs, *tans, spec=spec))
+    fixed = (*primals, *outs) if spec.kernel.pass_outputs else primals
+    out_t = iter(kernel_tan_p.bind(*fixed, *tans, spec=spec))
     return outs, [next(out_t) if d else z for d, z in zip(spec.diff_out, zeros)]
 
 

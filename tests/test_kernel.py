@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def softplus_kernel(**kw):
+    # The built-in softplus derivatives take (x, v): no forward output.
+    kw.setdefault("pass_outputs", False)
     kw.setdefault("adjoint", "jaxbridge_softplus_adj")
     kw.setdefault("result", lambda x, **_: x)
     kw.setdefault("attrs", {"beta": 1.0})
@@ -56,7 +58,7 @@ def test_capsule_targets_are_namespaced():
     regs = ops._kernels.registrations()["cpu"]
     k = kernel(regs["jaxbridge_softplus_fwd"], regs["jaxbridge_softplus_adj"],
                name="mysoftplus", namespace="tests.ns", result=lambda x, **_: x,
-               attrs={"beta": 1.0})
+               attrs={"beta": 1.0}, pass_outputs=False)
     assert k.targets() == ["tests.ns.mysoftplus_adjoint", "tests.ns.mysoftplus_forward"]
     x = jnp.linspace(-3, 3, 5)
     np.testing.assert_allclose(jax.grad(lambda x: k(x).sum())(x), jax.nn.sigmoid(x), rtol=1e-12)
@@ -76,7 +78,7 @@ def test_missing_tangent_is_a_clear_error():
 
 def test_missing_adjoint_is_a_clear_error():
     k = kernel("jaxbridge_softplus_fwd", tangent="jaxbridge_softplus_tan", name="sp_no_adj",
-               result=lambda x, **_: x, attrs={"beta": 1.0})
+               result=lambda x, **_: x, attrs={"beta": 1.0}, pass_outputs=False)
     x = jnp.ones(3)
     jax.jvp(k, (x,), (x,))
     with pytest.raises(KernelError, match=r"kernel 'sp_no_adj' needs an adjoint kernel"):
@@ -166,3 +168,91 @@ def test_asan_driver():
 
 def test_registry_is_process_wide():
     assert _kernel.is_registered("jaxbridge_softplus_fwd", "cpu")
+
+
+# ----------------------------------------------------------------- pass_outputs / aliases
+def _hlo(f, *args):
+    return jax.jit(f).lower(*args).compile().as_text()
+
+
+def test_grad_without_outputs_drops_the_forward_kernel():
+    x = jnp.linspace(-3, 3, 7)
+    k = softplus_kernel(name="sp_noout")
+    hlo = _hlo(jax.grad(lambda x: k(x).sum()), x)
+    assert "jaxbridge_softplus_adj" in hlo and "jaxbridge_softplus_fwd" not in hlo
+    # value_and_grad still needs the forward, and gets the right value.
+    v, g = jax.value_and_grad(lambda x: k(x).sum())(x)
+    np.testing.assert_allclose(v, jnp.logaddexp(0, x).sum(), rtol=1e-12)
+    np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
+
+
+def test_wrong_pass_outputs_is_caught_by_the_handler():
+    # XLA FFI's arity check turns a calling-convention mismatch into an error.
+    k = softplus_kernel(name="sp_wrong_convention", pass_outputs=True)
+    with pytest.raises(Exception, match="Wrong number of arguments: expected 2 but got 3"):
+        jax.grad(lambda x: k(x).sum())(jnp.ones(3)).block_until_ready()
+
+
+def test_builtin_softplus_adjoint_runs_in_place():
+    x = jnp.linspace(-3, 3, 7)
+    hlo = _hlo(jax.grad(lambda x: ops.softplus(x).sum()), x)
+    assert "output_to_operand_aliasing" in hlo
+
+
+def test_aliased_cotangent_and_tangent_are_not_clobbered():
+    # XLA must copy an aliased operand that is still live: the caller's cotangent,
+    # a jit parameter returned again, or one used by a second adjoint.
+    rng = np.random.default_rng(0)
+    x, ct = rng.normal(size=(2, 33))
+    ct_before = ct.copy()
+    want = ct * jax.nn.sigmoid(x)
+    _, vjp = jax.vjp(ops.softplus, x)
+    np.testing.assert_allclose(vjp(ct)[0], want, rtol=1e-12)
+    gx, ct_back = jax.jit(lambda x, c: (jax.vjp(ops.softplus, x)[1](c)[0], c))(x, ct)
+    np.testing.assert_allclose(gx, want, rtol=1e-12)
+    np.testing.assert_array_equal(ct_back, ct_before)
+
+    def two_uses(x, c):
+        g1 = jax.vjp(ops.softplus, x)[1](c)[0]
+        g2 = jax.vjp(lambda x: ops.softplus(x, beta=2.0), x)[1](c)[0]
+        return g1, g2, c * 1.0
+
+    g1, g2, c = jax.jit(two_uses)(x, ct)
+    np.testing.assert_allclose(g1, want, rtol=1e-12)
+    np.testing.assert_allclose(g2, ct * jax.nn.sigmoid(2 * x), rtol=1e-12)
+    np.testing.assert_array_equal(c, ct_before)
+    tx = jnp.asarray(ct)
+    _, ty = jax.jit(lambda x, t: jax.jvp(ops.softplus, (x,), (t,)))(x, tx)
+    np.testing.assert_allclose(ty, want, rtol=1e-12)
+    np.testing.assert_array_equal(tx, ct_before)
+    # under vmap="batch" the aliased buffers gain the same batch axis
+    gb = jax.vmap(lambda x, c: jax.vjp(ops.softplus, x)[1](c)[0])(x.reshape(3, 11),
+                                                                   ct.reshape(3, 11))
+    np.testing.assert_allclose(gb.reshape(-1), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("aliases, match", [
+    ([1, 0], "expected a dict"),
+    ({"backward": {1: 0}}, "unknown role 'backward'"),
+    ({"adjoint": {1: -1}}, "non-negative ints"),
+    ({"adjoint": {True: 0}}, "non-negative ints"),
+    ({"adjoint": [(1, 0)]}, "must map operand indices"),
+    ({"adjoint": {0: 0, 1: 0}}, "same result"),
+])
+def test_bad_aliases_argument(aliases, match):
+    with pytest.raises(KernelError, match=match):
+        softplus_kernel(name="sp_bad_alias", aliases=aliases)
+
+
+def test_aliases_checked_against_each_call():
+    k = softplus_kernel(name="sp_alias_range", aliases={"adjoint": {5: 0}})
+    with pytest.raises(KernelError, match=r"aliases\['adjoint'\] maps operand 5 to result 0, "
+                                          r"but the adjoint kernel has 2 operands"):
+        k(jnp.ones(3))
+    rbf = kernel("jaxbridge_rbf_kernel_fwd", "jaxbridge_rbf_kernel_adj", name="rbf_alias",
+                 result=lambda x, y, l: jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]),
+                                                             x.dtype),
+                 aliases={"adjoint": {4: 0}})  # ct (n, m) -> gx (n, d)
+    with pytest.raises(KernelError, match=r"operand 4 \(float64\[2, 4\]\) to result 0 "
+                                          r"\(float64\[2, 3\]\).*same shape and dtype"):
+        rbf(jnp.ones((2, 3)), jnp.zeros((4, 3)), jnp.float64(1.0))

@@ -57,12 +57,13 @@ ffi::Error SoftplusFwd(JB_POOL_PARAM AnyBuffer x, Result<AnyBuffer> y, double be
   });
 }
 
-// adjoint(x, y, ct) -> gx   and   tangent(x, y, tx) -> ty  (the same diagonal map)
+// adjoint(x, ct) -> gx   and   tangent(x, tx) -> ty  (the same diagonal map). Both
+// may run in place (out aliasing v): each element is read before it is written.
 
 template <typename Pool>
-ffi::Error SoftplusDerivImpl(const char* fn, Pool* pool, AnyBuffer x, AnyBuffer y, AnyBuffer v,
+ffi::Error SoftplusDerivImpl(const char* fn, Pool* pool, AnyBuffer x, AnyBuffer v,
                              Result<AnyBuffer>& out, double beta) {
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusDeriv(fn, beta, x, y, v, *out));
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusDeriv(fn, beta, x, v, *out));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     const T* xp = Ptr<const T>(x);
@@ -75,14 +76,14 @@ ffi::Error SoftplusDerivImpl(const char* fn, Pool* pool, AnyBuffer x, AnyBuffer 
   });
 }
 
-ffi::Error SoftplusAdj(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer ct,
-                       Result<AnyBuffer> gx, double beta) {
-  return SoftplusDerivImpl("jaxbridge_softplus_adj", JB_POOL, x, y, ct, gx, beta);
+ffi::Error SoftplusAdj(JB_POOL_PARAM AnyBuffer x, AnyBuffer ct, Result<AnyBuffer> gx,
+                       double beta) {
+  return SoftplusDerivImpl("jaxbridge_softplus_adj", JB_POOL, x, ct, gx, beta);
 }
 
-ffi::Error SoftplusTan(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer tx,
-                       Result<AnyBuffer> ty, double beta) {
-  return SoftplusDerivImpl("jaxbridge_softplus_tan", JB_POOL, x, y, tx, ty, beta);
+ffi::Error SoftplusTan(JB_POOL_PARAM AnyBuffer x, AnyBuffer tx, Result<AnyBuffer> ty,
+                       double beta) {
+  return SoftplusDerivImpl("jaxbridge_softplus_tan", JB_POOL, x, tx, ty, beta);
 }
 
 // ---------------------------------------------------------------- tridiagonal
@@ -236,16 +237,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusFwdCpu, jb::SoftplusFwd,
                                   .Ret<AnyBuffer>()
                                   .Attr<double>("beta"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusAdjCpu, jb::SoftplusAdj,
-                              Ffi::Bind() JB_POOL_CTX.Arg<AnyBuffer>()
-                                  .Arg<AnyBuffer>()
-                                  .Arg<AnyBuffer>()
-                                  .Ret<AnyBuffer>()
+                              Ffi::Bind() JB_POOL_CTX.Arg<AnyBuffer>()  // x
+                                  .Arg<AnyBuffer>()                     // cotangent
+                                  .Ret<AnyBuffer>()                     // grad x
                                   .Attr<double>("beta"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusTanCpu, jb::SoftplusTan,
-                              Ffi::Bind() JB_POOL_CTX.Arg<AnyBuffer>()
-                                  .Arg<AnyBuffer>()
-                                  .Arg<AnyBuffer>()
-                                  .Ret<AnyBuffer>()
+                              Ffi::Bind() JB_POOL_CTX.Arg<AnyBuffer>()  // x
+                                  .Arg<AnyBuffer>()                     // tangent of x
+                                  .Ret<AnyBuffer>()                     // tangent of y
                                   .Attr<double>("beta"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeTridiagFwdCpu, jb::TridiagFwd,

@@ -42,9 +42,10 @@ ffi::Error SoftplusFwd(cudaStream_t stream, AnyBuffer x, Result<AnyBuffer> y, do
   });
 }
 
-ffi::Error SoftplusDeriv(const char* fn, cudaStream_t stream, AnyBuffer x, AnyBuffer y,
-                         AnyBuffer v, Result<AnyBuffer>& out, double beta) {
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusDeriv(fn, beta, x, y, v, *out));
+// adjoint(x, ct) -> gx and tangent(x, tx) -> ty; in place (out aliasing v) is safe.
+ffi::Error SoftplusDeriv(const char* fn, cudaStream_t stream, AnyBuffer x, AnyBuffer v,
+                         Result<AnyBuffer>& out, double beta) {
+  JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusDeriv(fn, beta, x, v, *out));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
     JB_CUDA_RETURN(fn, kc::SoftplusDerivative<T>(stream, Ptr<const T>(x), Ptr<const T>(v),
@@ -52,13 +53,13 @@ ffi::Error SoftplusDeriv(const char* fn, cudaStream_t stream, AnyBuffer x, AnyBu
   });
 }
 
-ffi::Error SoftplusAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer ct,
-                       Result<AnyBuffer> gx, double beta) {
-  return SoftplusDeriv("jaxbridge_softplus_adj (CUDA)", stream, x, y, ct, gx, beta);
+ffi::Error SoftplusAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer ct, Result<AnyBuffer> gx,
+                       double beta) {
+  return SoftplusDeriv("jaxbridge_softplus_adj (CUDA)", stream, x, ct, gx, beta);
 }
-ffi::Error SoftplusTan(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer tx,
-                       Result<AnyBuffer> ty, double beta) {
-  return SoftplusDeriv("jaxbridge_softplus_tan (CUDA)", stream, x, y, tx, ty, beta);
+ffi::Error SoftplusTan(cudaStream_t stream, AnyBuffer x, AnyBuffer tx, Result<AnyBuffer> ty,
+                       double beta) {
+  return SoftplusDeriv("jaxbridge_softplus_tan (CUDA)", stream, x, tx, ty, beta);
 }
 
 template <typename T>
@@ -188,10 +189,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusFwdCuda, jb::SoftplusFwd,
                               Ffi::Bind().Ctx<jaxbridge::CudaStream>().Arg<AnyBuffer>()
                                   .Ret<AnyBuffer>().Attr<double>("beta"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusAdjCuda, jb::SoftplusAdj,
-                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS2  // x, ct
                                   .Ret<AnyBuffer>().Attr<double>("beta"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeSoftplusTanCuda, jb::SoftplusTan,
-                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS3
+                              Ffi::Bind().Ctx<jaxbridge::CudaStream>() JB_ARGS2  // x, tx
                                   .Ret<AnyBuffer>().Attr<double>("beta"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeTridiagFwdCuda, jb::TridiagFwd,
                               Ffi::Bind().Ctx<jaxbridge::CudaStream>()

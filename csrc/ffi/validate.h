@@ -88,12 +88,11 @@ inline ffi::Error CheckSoftplusFwd(const char* fn, double beta, const AnyBuffer&
   return CheckSameShape(x, y, fn, "x", "result");
 }
 
-// adjoint(x, y, ct) -> gx and tangent(x, y, tx) -> ty share one signature.
+// adjoint(x, ct) -> gx and tangent(x, tx) -> ty share one signature (the forward
+// output is not needed: the kernel is registered with pass_outputs=False).
 inline ffi::Error CheckSoftplusDeriv(const char* fn, double beta, const AnyBuffer& x,
-                                     const AnyBuffer& y, const AnyBuffer& v,
-                                     const AnyBuffer& out) {
+                                     const AnyBuffer& v, const AnyBuffer& out) {
   JAXBRIDGE_RETURN_IF_ERROR(CheckPositive(beta, fn, "beta"));
-  JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, y, fn, "x", "y"));
   JAXBRIDGE_RETURN_IF_ERROR(CheckSameShape(x, v, fn, "x", "cotangent/tangent"));
   return CheckSameShape(x, out, fn, "x", "result");
 }
