@@ -1,4 +1,4 @@
-"""Benchmarks of jaxbridge's kernel bridge and built-in kernels (CPU).
+"""Benchmarks of jaxbridge's kernel bridge and built-in kernels (CPU or GPU).
 
     PYTHONPATH=. python benchmarks/kernels.py [--quick] [--only kernels]
         [--kernel softplus rbf_kernel] [--dtype float32|float64|both]
@@ -8,8 +8,10 @@
     per call inside a jitted fori_loop, per jitted dispatch, and per grad step.
 (b) each built-in kernel vs its best jnp equivalent (and
     `jax.lax.linalg.tridiagonal_solve`) at small to large sizes, forward, grad and
-    (rbf) jvp, with the fraction of host memory bandwidth (measured with a large
-    NumPy copy) the kernel's minimal traffic reaches.
+    (rbf) jvp, with the fraction of memory bandwidth the kernel's minimal traffic
+    reaches (measured with a large NumPy copy on CPU, a jitted `2 * x` over 1 GiB on
+    GPU). Everything runs on JAX's default backend: on a GPU machine, the CUDA
+    kernels, at larger sizes.
 Ratios are jaxbridge / reference (lower is better for jaxbridge). In (b) the two
 sides are timed in alternating rounds and each keeps its best round, so that load
 from other processes on the machine hits both alike. JAXBRIDGE_CPU_ISA=baseline|avx2
@@ -68,6 +70,10 @@ def compare(fb, frefs: dict, *args, rounds: int = 3) -> tuple[float, str, float]
     return min(tb), best, min(tr[best])
 
 
+ON_GPU = jax.default_backend() == "gpu"
+PLATFORM = f"GPU, {jax.devices()[0].device_kind}" if ON_GPU else "CPU"
+
+
 def host_bandwidth() -> float:
     """Bytes/s of a large NumPy copy (read + write counted)."""
     a = np.ones(1 << 25)  # 256 MiB
@@ -75,6 +81,14 @@ def host_bandwidth() -> float:
     np.copyto(b, a)
     best = min(_t(lambda: np.copyto(b, a)) for _ in range(5))
     return 2 * a.nbytes / best
+
+
+def device_bandwidth() -> float:
+    """Bytes/s of a jitted elementwise `2 * x` over 1 GiB of float32 on the default
+    device (read + write counted): the ceiling a bandwidth-bound kernel can reach."""
+    x = jnp.ones(1 << 28, jnp.float32)
+    double = jax.jit(lambda a: 2 * a)
+    return 2 * x.nbytes / min(timeit(double, x, min_time=0.2, repeats=5) for _ in range(3))
 
 
 def _t(f) -> float:
@@ -144,7 +158,7 @@ def bench_overhead(quick: bool) -> None:
             tb, th = tb / per, th / per
             rows.append([label, f"{n:,}", fmt_t(tb), fmt_t(th), f"{tb / th:.3f}x",
                          "yes" if same else "NO"])
-    table("(a) jb.kernel vs hand-written ffi_call + custom_vjp (softplus, float32)",
+    table(f"(a) jb.kernel vs hand-written ffi_call + custom_vjp (softplus, float32, {PLATFORM})",
           ["what", "elements", "jaxbridge", "hand-written", "ratio", "same StableHLO"], rows)
 
 
@@ -173,9 +187,9 @@ def bench_kernels(quick: bool, bw: float, kernels: list[str], dtypes: list) -> N
             rows += bench_tridiag(quick, bw, dt)
         if "rbf_kernel" in kernels:
             rows += bench_rbf(quick, bw, dt)
-        table(f"(b) built-in kernels vs best jnp/lax equivalent (CPU, {np.dtype(dt).name}; "
-              "ratio = jaxbridge / reference; BW = fraction of host copy bandwidth reached by "
-              "the kernel's minimal traffic)",
+        table(f"(b) built-in kernels vs best jnp/lax equivalent ({PLATFORM}, "
+              f"{np.dtype(dt).name}; ratio = jaxbridge / reference; BW = fraction of measured "
+              "copy bandwidth reached by the kernel's minimal traffic)",
               ["kernel", "size", "jaxbridge", "reference", "reference is", "ratio", "BW"], rows)
 
 
@@ -183,8 +197,10 @@ def bench_softplus(quick: bool, bw: float, dt) -> list:
     rng = np.random.default_rng(0)
     rows = []
     # softplus: read n + write n
-    for n in ([1000, 1_000_000] if quick else [1000, 100_000, 1_000_000, 10_000_000]):
+    sizes = [1000, 100_000, 1_000_000, 10_000_000] + ([100_000_000] if ON_GPU else [])
+    for n in (sizes[::3] if quick else sizes):
         x = jnp.asarray(rng.normal(size=n) * 5, dt)
+        ct = jnp.asarray(rng.normal(size=n), dt)
         f_jb, f_ref = jax.jit(ops.softplus), jax.jit(jax.nn.softplus)
         g_jb = jax.jit(jax.grad(lambda x: ops.softplus(x).sum()))
         g_ref = jax.jit(jax.grad(lambda x: jax.nn.softplus(x).sum()))
@@ -195,6 +211,13 @@ def bench_softplus(quick: bool, bw: float, dt) -> list:
         tb, _, tr = compare(g_jb, {"ref": g_ref}, x)
         rows.append(["softplus grad", f"n={n:,}", fmt_t(tb), fmt_t(tr), "jax.nn.softplus",
                      f"{tb / tr:.2f}x", "-"])
+        # vjp with a cotangent passed in (a jit argument: XLA copies it before our
+        # adjoint overwrites it); minimal traffic: read x and ct, write the result.
+        v_jb = jax.jit(lambda x, c: jax.vjp(ops.softplus, x)[1](c)[0])
+        v_ref = jax.jit(lambda x, c: jax.vjp(jax.nn.softplus, x)[1](c)[0])
+        tb, _, tr = compare(v_jb, {"ref": v_ref}, x, ct)
+        rows.append(["softplus vjp(ct)", f"n={n:,}", fmt_t(tb), fmt_t(tr), "jax.nn.softplus",
+                     f"{tb / tr:.2f}x", f"{3 * x.nbytes / tb / bw:.0%}"])
     return rows
 
 
@@ -204,6 +227,8 @@ def bench_tridiag(quick: bool, bw: float, dt) -> list:
     # tridiagonal: read 4 n + write n per system
     sizes = [(1, 1000), (1000, 1000)] if quick else [(1, 1000), (100, 100), (1000, 1000),
                                                      (10, 100_000)]
+    if ON_GPU:
+        sizes += [(100_000, 64), (10_000, 1000)]
     for batch, n in sizes:
         dl, du, b = (jnp.asarray(rng.normal(size=(batch, n)), dt) for _ in range(3))
         d = jnp.asarray(4 + rng.random((batch, n)), dt)
@@ -226,8 +251,11 @@ def bench_rbf(quick: bool, bw: float, dt) -> list:
     rng = np.random.default_rng(0)
     rows = []
     # RBF: write n*m (+ read inputs)
-    for n, m, dim in ([(100, 100, 3), (2000, 2000, 3)] if quick else
-                      [(100, 100, 3), (1000, 1000, 3), (2000, 2000, 3), (1000, 1000, 64)]):
+    sizes = ([(100, 100, 3), (2000, 2000, 3)] if quick else
+             [(100, 100, 3), (1000, 1000, 3), (2000, 2000, 3), (1000, 1000, 64)])
+    if ON_GPU:
+        sizes += [(8000, 8000, 3), (4000, 4000, 64)]
+    for n, m, dim in sizes:
         x = jnp.asarray(rng.normal(size=(n, dim)), dt)
         y = jnp.asarray(rng.normal(size=(m, dim)), dt)
         l = jnp.asarray(1.3, dt)
@@ -256,7 +284,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
     args = p.parse_args()
     dtypes = [np.float32, np.float64] if args.dtype == "both" else [np.dtype(args.dtype).type]
-    bw = host_bandwidth()
+    bw = device_bandwidth() if ON_GPU else host_bandwidth()
     try:
         from jaxbridge import _kernels
         isa = _kernels._cpu_isa()
@@ -265,7 +293,8 @@ def main() -> None:
     print(f"# jaxbridge kernel benchmarks — {datetime.date.today()}")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
           f"visible; python {platform.python_version()}, jax {jax.__version__}, numpy "
-          f"{np.__version__}; host copy bandwidth {bw / 1e9:.1f} GB/s; C++ kernels' ISA: {isa}")
+          f"{np.__version__}; running on {PLATFORM}; copy bandwidth {bw / 1e9:.1f} GB/s; "
+          f"C++ kernels' ISA (CPU): {isa}")
     if args.only in (None, "overhead"):
         bench_overhead(args.quick)
     if args.only in (None, "kernels"):

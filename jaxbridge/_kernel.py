@@ -346,7 +346,7 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         softplus = jaxbridge.kernel(
             "jaxbridge_softplus_fwd", "jaxbridge_softplus_adj", "jaxbridge_softplus_tan",
             result=lambda x, **_: x, vmap="batch", attrs={"beta": 1.0},
-            pass_outputs=False, aliases={"adjoint": {1: 0}, "tangent": {1: 0}})
+            pass_outputs=False, aliases={"adjoint": {1: 0}})
     """
     if vmap not in ("batch", "loop"):
         raise KernelError(f"jaxbridge.kernel: vmap must be 'batch' or 'loop', got {vmap!r}")

@@ -28,3 +28,26 @@ def fd(f, x, eps=1e-6):
         e[i] = eps
         out[i] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / (2 * eps)
     return out
+
+
+def gpu_devices() -> list:
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+@pytest.fixture
+def gpu():
+    """The first GPU; tests that take it are skipped cleanly where there is none.
+
+    JAXBRIDGE_GPU_TESTS_ON_CPU=1 hands them the CPU device instead: a self-check of
+    the GPU tests' own logic on a machine without a GPU (it proves nothing about CUDA).
+    """
+    import os
+    if os.environ.get("JAXBRIDGE_GPU_TESTS_ON_CPU") == "1":
+        return jax.devices("cpu")[0]
+    devices = gpu_devices()
+    if not devices:
+        pytest.skip("needs a CUDA GPU")
+    return devices[0]

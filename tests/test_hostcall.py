@@ -194,3 +194,73 @@ def test_many_closures_traced_repeatedly_do_not_leak_callables():
     jax.clear_caches()
     gc.collect()
     assert _hostcall.num_registered() <= baseline + 5
+
+
+# ----------------------------------------------------------------- GPU
+# Host calls from GPU programs: the CUDA handler stages operands through pinned host
+# memory on XLA's stream (csrc/callback/hostcall.cc); pure_callback is the fallback.
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_host_call_values_grad_and_vmap(gpu, backend):
+    import os
+    if backend == "native" and os.environ.get("JAXBRIDGE_GPU_TESTS_ON_CPU") != "1":
+        assert "cuda" in _hostcall.native_platforms(), "built without the CUDA host-call handler"
+
+    @jb.foreign(lambda x, k: (x, jax.ShapeDtypeStruct(k.shape, k.dtype)), backend=backend)
+    def sin_and_count(x, k):
+        return np.sin(x), k + 1
+
+    @sin_and_count.defvjp
+    def _(primals, out, ct):
+        return (np.cos(primals[0]) * ct[0], None)
+
+    rng = np.random.default_rng(0)
+    for shape in [(0,), (1,), (3, 5), (1 << 20,)]:  # the last one regrows the staging block
+        x = jax.device_put(rng.normal(size=shape), gpu)
+        k = jax.device_put(np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape), gpu)
+        y, k1 = jax.jit(sin_and_count)(x, k)
+        assert y.devices() == {gpu}
+        np.testing.assert_allclose(y, np.sin(np.asarray(x)), rtol=1e-15)
+        np.testing.assert_array_equal(k1, np.asarray(k) + 1)
+        g = jax.jit(jax.grad(lambda x: sin_and_count(x, k)[0].sum()))(x)
+        np.testing.assert_allclose(g, np.cos(np.asarray(x)), rtol=1e-15)
+    xs = jax.device_put(rng.normal(size=(4, 3)), gpu)
+    ks = jax.device_put(np.zeros((4, 3), np.int32), gpu)
+    np.testing.assert_allclose(jax.vmap(sin_and_count)(xs, ks)[0], np.sin(np.asarray(xs)))
+
+
+@pytest.mark.gpu
+def test_gpu_host_calls_in_a_scan_see_the_previous_step(gpu):
+    # Each call must wait for the kernel before it (stream order) and its result
+    # must be on the device before the next kernel reads it.
+    @jb.foreign(identity_spec)
+    def host_step(x):
+        return np.sqrt(x + 1.0)
+
+    def step(c, _):
+        c = host_step(c * 2.0)
+        return c, c.sum()
+
+    x0 = jax.device_put(np.linspace(0, 1, 4096), gpu)
+    out, sums = jax.jit(lambda x: jax.lax.scan(step, x, None, length=50))(x0)
+    ref, ref_sums = np.asarray(x0), []
+    for _ in range(50):
+        ref = np.sqrt(ref * 2.0 + 1.0)
+        ref_sums.append(ref.sum())
+    np.testing.assert_allclose(out, ref, rtol=1e-14)
+    np.testing.assert_allclose(sums, ref_sums, rtol=1e-13)
+
+
+@pytest.mark.gpu
+def test_gpu_host_call_exception_keeps_its_identity(gpu):
+    @jb.foreign(identity_spec)
+    def exploding_on_gpu(x):
+        raise KeyError("missing on the GPU path")
+
+    with pytest.raises(Exception) as info:
+        jax.block_until_ready(jax.jit(exploding_on_gpu)(jax.device_put(np.ones(3), gpu)))
+    text = str(info.value)
+    assert "KeyError" in text and "missing on the GPU path" in text
+    assert "'exploding_on_gpu'" in text
+    x = jax.device_put(np.ones(3), gpu)
+    np.testing.assert_allclose(jax.jit(lambda x: x + 1)(x), 2.0)  # the device still works

@@ -221,10 +221,13 @@ def test_aliased_cotangent_and_tangent_are_not_clobbered():
     np.testing.assert_allclose(g1, want, rtol=1e-12)
     np.testing.assert_allclose(g2, ct * jax.nn.sigmoid(2 * x), rtol=1e-12)
     np.testing.assert_array_equal(c, ct_before)
+    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name="sp_tan_alias",
+                        aliases={"tangent": {1: 0}})
     tx = jnp.asarray(ct)
-    _, ty = jax.jit(lambda x, t: jax.jvp(ops.softplus, (x,), (t,)))(x, tx)
+    _, ty = jax.jit(lambda x, t: jax.jvp(k, (x,), (t,)))(x, tx)
     np.testing.assert_allclose(ty, want, rtol=1e-12)
     np.testing.assert_array_equal(tx, ct_before)
+    assert "output_to_operand_aliasing" in _hlo(lambda x, t: jax.jvp(k, (x,), (t,))[1], x, tx)
     # under vmap="batch" the aliased buffers gain the same batch axis
     gb = jax.vmap(lambda x, c: jax.vjp(ops.softplus, x)[1](c)[0])(x.reshape(3, 11),
                                                                    ct.reshape(3, 11))

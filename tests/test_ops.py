@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
+import jaxbridge as jb
+
 from conftest import tol
 
 ops = pytest.importorskip("jaxbridge.ops")
@@ -16,13 +18,6 @@ if not ops.available():  # pragma: no cover
     pytest.skip(f"jaxbridge._kernels not built: {ops.IMPORT_ERROR}", allow_module_level=True)
 
 FLOATS = [np.float32, np.float64]
-
-
-def has_gpu() -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
 
 
 # ----------------------------------------------------------------- references
@@ -430,22 +425,92 @@ def test_property_rbf(batch, n, m, dim, dtype, seed):
 
 
 # ----------------------------------------------------------------- GPU
+# The CUDA kernels against the C++ CPU kernels (and NumPy), for values, adjoints,
+# tangents and vmap, at sizes that take each GPU code path: PCR (n <= 1024, one block
+# per system) and Thomas (one thread per system) for tridiagonal_solve, grid-stride
+# loops past the launch cap for softplus.
+def _on(dev, args):
+    return [jax.device_put(a, dev) for a in args]
+
+
+def _gpu_cases(rng, dtype):
+    yield "softplus", ops.softplus, (np.asarray(rng.normal(size=(3, 333)) * 20, dtype),)
+    for shape in [(5, 7), (3, 1024), (2, 1500), (1, 1)]:
+        yield f"tridiag{shape}", ops.tridiagonal_solve, tridiag_args(rng, shape, dtype)
+    yield "rbf(2,5,4,3)", ops.rbf_kernel, rbf_args(rng, (2,), 5, 4, 3, dtype)
+    yield "rbf(300,200,7)", ops.rbf_kernel, rbf_args(rng, (), 300, 200, 7, dtype)
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("n", [7, 1024, 1500])
-def test_gpu_matches_cpu(rng, n):
-    gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
-    args = tridiag_args(rng, (3, n), np.float64)
-    put = lambda dev: [jax.device_put(a, dev) for a in args]  # noqa: E731
-    np.testing.assert_allclose(ops.tridiagonal_solve(*put(gpu)), ops.tridiagonal_solve(*put(cpu)),
-                               rtol=1e-9)
-    gg = jax.grad(lambda *a: ops.tridiagonal_solve(*a).sum(), argnums=(0, 1, 2, 3))
-    for a, b in zip(gg(*put(gpu)), gg(*put(cpu))):
-        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-12)
-    x, y, l = rbf_args(rng, (2,), 5, 4, 3, np.float64)
-    fr = jax.grad(lambda x, y, l: (ops.rbf_kernel(x, y, l) ** 2).sum(), argnums=(0, 1, 2))
-    for a, b in zip(fr(*(jax.device_put(v, gpu) for v in (x, y, l))),
-                    fr(*(jax.device_put(v, cpu) for v in (x, y, l)))):
-        np.testing.assert_allclose(a, b, rtol=1e-10)
-    s = rng.normal(size=100) * 50
-    np.testing.assert_allclose(ops.softplus(jax.device_put(s, gpu)), np_softplus(s), rtol=1e-12)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("mode", ["value", "vjp", "jvp", "vmap"])
+def test_gpu_matches_cpu(gpu, rng, dtype, mode):
+    cpu = jax.devices("cpu")[0]
+    rtol = 50 * tol(dtype)
+    for name, op, args in _gpu_cases(rng, dtype):
+        if mode == "value":
+            fn, extra = jax.jit(op), ()
+        elif mode == "vjp":
+            out = np.asarray(jax.eval_shape(op, *args).shape)
+            extra = (np.asarray(rng.normal(size=tuple(out)), dtype),)
+            fn = jax.jit(lambda *a: jax.vjp(op, *a[:-1])[1](a[-1]))
+        elif mode == "jvp":
+            extra = tuple(np.asarray(rng.normal(size=np.shape(a)), dtype) for a in args)
+            k = len(args)
+            fn = jax.jit(lambda *a: jax.jvp(op, a[:k], a[k:])[1])
+        else:  # a batch of two through vmap: one call with a batch axis
+            args = tuple(np.stack([a, a if a.ndim == 0 else np.flip(a, -1)]) for a in args)
+            fn, extra = jax.jit(jax.vmap(op)), ()
+        got = jax.tree.leaves(fn(*_on(gpu, (*args, *extra))))
+        want = jax.tree.leaves(fn(*_on(cpu, (*args, *extra))))
+        assert all(g.devices() == {gpu} for g in got), name
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * np.abs(w).max(),
+                                       err_msg=f"{name} {mode}")
+
+
+@pytest.mark.gpu
+def test_gpu_softplus_extremes_and_grid_stride(gpu):
+    x = jax.device_put(np.array([-1e4, -100, -20, 0, 20, 100, 1e4, np.inf, -np.inf],
+                                np.float32), gpu)
+    y = ops.softplus(x)
+    np.testing.assert_allclose(y[:7], np_softplus(np.asarray(x[:7])), rtol=1e-6, atol=1e-30)
+    assert y[7] == np.inf and y[8] == 0
+    g = jax.grad(lambda x: ops.softplus(x).sum())(x[:7])
+    assert np.all(np.isfinite(g)) and g[0] == 0 and g[-1] == 1
+    # more elements than one launch covers (65535 * 16 blocks of 256 threads)
+    n = 65535 * 16 * 256 + 12345
+    big = jax.device_put(jnp.linspace(-30, 30, n, dtype=jnp.float32), gpu)
+    err = jax.jit(lambda v: jnp.max(jnp.abs(ops.softplus(v) - jax.nn.softplus(v))))(big)
+    assert float(err) < 1e-5
+    gerr = jax.jit(lambda v: jnp.max(jnp.abs(
+        jax.grad(lambda u: ops.softplus(u).sum())(v) - jax.nn.sigmoid(v))))(big)
+    assert float(gerr) < 1e-6
+
+
+@pytest.mark.gpu
+def test_gpu_aliased_cotangent_is_not_clobbered(gpu, rng):
+    x, ct = (jax.device_put(a, gpu) for a in rng.normal(size=(2, 1000)))
+    before = np.asarray(ct)
+    gx, back = jax.jit(lambda x, c: (jax.vjp(ops.softplus, x)[1](c)[0], c))(x, ct)
+    np.testing.assert_allclose(gx, before * jax.nn.sigmoid(np.asarray(x)), rtol=1e-12)
+    np.testing.assert_array_equal(back, before)
+    np.testing.assert_array_equal(ct, before)
+
+
+@pytest.mark.gpu
+def test_gpu_handlers_reject_bad_shapes_and_take_empty_inputs(gpu):
+    k = jb.kernel("jaxbridge_tridiagonal_solve_fwd", name="tri_unchecked_gpu",
+                  result=lambda dl, d, du, b: b, platforms=ops._register())
+    bad = _on(gpu, (np.ones(4), np.ones(4), np.ones(3), np.ones(4)))
+    with pytest.raises(Exception, match=r"jaxbridge_tridiagonal_solve_fwd.*argument 'du'"):
+        k(*bad).block_until_ready()
+    for op, args in [(ops.softplus, (np.zeros((0, 3)),)),
+                     (ops.tridiagonal_solve, tridiag_args(np.random.default_rng(0), (0, 4),
+                                                          np.float64)),
+                     (ops.rbf_kernel, rbf_args(np.random.default_rng(0), (), 0, 3, 2,
+                                               np.float64))]:
+        out = op(*_on(gpu, args))
+        assert out.size == 0
+        assert all(g.size == 0 or np.all(np.isfinite(g)) for g in jax.tree.leaves(
+            jax.grad(lambda *a: op(*a).sum(), argnums=tuple(range(len(args))))(*_on(gpu, args))))

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Everything that needs a CUDA GPU, in as few device calls as possible.
+#
+#   bash benchmarks/gpu_session.sh [PHASE ...]      (default: build gpu-tests bench)
+#
+# Phases:
+#   build        pip install --no-build-isolation --no-deps .  (CUDA kernels compiled)
+#   gpu-tests    pytest -m gpu: CUDA kernels vs CPU kernels (values, vjp, jvp, vmap),
+#                host calls from GPU programs, bad input and empty input on the GPU
+#   tests        the whole test suite with the GPU as JAX's default device
+#   bench        benchmarks/kernels.py and benchmarks/hostcall.py --quick on the GPU
+#   sanitize     gpu-tests under compute-sanitizer memcheck (slow)
+#
+# Logs go to $OUT (the device tool's output folder) or a temporary folder; the
+# summary lines are printed last. The tests run from outside the source tree so
+# that they import the installed package (with its compiled modules).
+set -uo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:-$(mktemp -d)}"
+PY="${PYTHON:-python3}"
+PHASES=("$@")
+[ ${#PHASES[@]} -eq 0 ] && PHASES=(build gpu-tests bench)
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+run_pytest() {  # run_pytest LOG ARGS...
+  local log="$1"; shift
+  (cd /tmp && "$PY" -m pytest -p no:cacheprovider --rootdir="$REPO" -c "$REPO/pyproject.toml" \
+      "$REPO/tests" -q -rs "$@") > "$OUT/$log" 2>&1
+  local rc=$?
+  note "$log: exit $rc: $(tail -1 "$OUT/$log")"
+  return $rc
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PY" -c "import jax, sys; print('python', sys.version.split()[0], 'jax', jax.__version__, jax.devices())"
+} > "$OUT/env.txt" 2>&1
+note "env: $(tr '\n' ' ' < "$OUT/env.txt")"
+
+for phase in "${PHASES[@]}"; do
+  case "$phase" in
+    build)
+      (cd "$REPO" && "$PY" -m pip install -v --no-build-isolation --no-deps .) > "$OUT/build.log" 2>&1
+      rc=$?
+      note "build: exit $rc; $(grep -o 'CUDA support: [A-Z]*' "$OUT/build.log" | head -1)"
+      (cd /tmp && "$PY" -c "import jaxbridge as jb, jaxbridge.ops as o; from jaxbridge import _native; \
+print('native with_cuda', _native.with_cuda, 'kernel platforms', o._register(), \
+'host-call platforms', sorted(jb._hostcall.native_platforms()))") >> "$SUMMARY" 2>&1
+      [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+      ;;
+    gpu-tests) run_pytest gpu_tests.log -m gpu ;;
+    tests) run_pytest tests.log -x --timeout=900 ;;
+    bench)
+      (cd /tmp && "$PY" "$REPO/benchmarks/kernels.py" --dtype both) > "$OUT/kernels.md" 2>&1
+      note "kernels.py: exit $?"
+      (cd /tmp && "$PY" "$REPO/benchmarks/hostcall.py" --quick) > "$OUT/hostcall.md" 2>&1
+      note "hostcall.py: exit $?"
+      ;;
+    sanitize)
+      (cd /tmp && compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" -m pytest \
+          -p no:cacheprovider --rootdir="$REPO" -c "$REPO/pyproject.toml" "$REPO/tests" -q \
+          -m gpu -k "gpu_matches_cpu or extremes or bad_shapes") > "$OUT/sanitize.log" 2>&1
+      note "sanitize: exit $? $(grep -c 'Invalid' "$OUT/sanitize.log") invalid accesses"
+      ;;
+    *) note "unknown phase $phase"; exit 2 ;;
+  esac
+done
+
+echo "---- summary ($OUT)"
+cat "$SUMMARY"
