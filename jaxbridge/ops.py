@@ -17,7 +17,9 @@ what was received. The C++ handlers check again and return an XLA FFI error.
 from __future__ import annotations
 
 import functools
+import os
 import threading
+import warnings
 from typing import Any
 
 import jax
@@ -47,10 +49,22 @@ def available() -> bool:
     return _kernels is not None
 
 
+_ISA_VALUES = ("baseline", "avx2", "avx512")
+
+
+def _check_isa_env() -> None:
+    value = os.environ.get("JAXBRIDGE_CPU_ISA", "")
+    if value and value.lower() not in _ISA_VALUES:
+        warnings.warn(f"jaxbridge.ops: JAXBRIDGE_CPU_ISA={value!r} is not one of "
+                      f"{', '.join(_ISA_VALUES)}; the CPU kernels use the best instruction "
+                      "set the CPU supports", RuntimeWarning, stacklevel=3)
+
+
 def _register() -> tuple[str, ...]:
     global _platforms
     with _lock:
         if _platforms is None:
+            _check_isa_env()
             if _kernels is None:
                 raise ImportError("jaxbridge.ops: the compiled kernels (jaxbridge._kernels) are "
                                   f"not available: {IMPORT_ERROR}")

@@ -514,3 +514,28 @@ def test_gpu_handlers_reject_bad_shapes_and_take_empty_inputs(gpu):
         assert out.size == 0
         assert all(g.size == 0 or np.all(np.isfinite(g)) for g in jax.tree.leaves(
             jax.grad(lambda *a: op(*a).sum(), argnums=tuple(range(len(args))))(*_on(gpu, args))))
+
+
+def test_cpu_isa_environment_variable():
+    # Read once per process: check it in fresh interpreters.
+    import os
+    import subprocess
+    import sys
+    code = ("import warnings, jax.numpy as jnp; warnings.simplefilter('always'); "
+            "from jaxbridge import ops, _kernels\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    ops.softplus(jnp.ones(3)).block_until_ready()\n"
+            "print(_kernels._cpu_isa(), '|'.join(str(x.message) for x in w))")
+
+    def run(value):
+        env = dict(os.environ, JAXBRIDGE_CPU_ISA=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        isa, _, warned = out.stdout.strip().partition(" ")
+        return isa, warned
+
+    from jaxbridge import _kernels
+    assert run("BASELINE") == ("baseline", "")  # case-insensitive
+    isa, warned = run("avx9")
+    assert isa == _kernels._cpu_isa() and "JAXBRIDGE_CPU_ISA='avx9' is not one of" in warned

@@ -79,12 +79,23 @@ inline Isa DetectedIsa() {
 #endif
 }
 
+namespace isa_detail {
+inline bool EqualsIgnoreCase(const char* a, const char* lower) {
+  for (; *a != '\0' && *lower != '\0'; ++a, ++lower) {
+    const char c = (*a >= 'A' && *a <= 'Z') ? static_cast<char>(*a - 'A' + 'a') : *a;
+    if (c != *lower) return false;
+  }
+  return *a == *lower;
+}
+}  // namespace isa_detail
+
 inline std::atomic<int>& IsaLimitStorage() {
   static std::atomic<int> limit{[] {
     const char* env = std::getenv("JAXBRIDGE_CPU_ISA");
     if (env == nullptr || *env == '\0') return static_cast<int>(Isa::kAvx512);
-    if (std::strcmp(env, "baseline") == 0) return static_cast<int>(Isa::kBaseline);
-    if (std::strcmp(env, "avx2") == 0) return static_cast<int>(Isa::kAvx2);
+    // Case-insensitive; anything else means no cap (jaxbridge.ops warns about it).
+    if (isa_detail::EqualsIgnoreCase(env, "baseline")) return static_cast<int>(Isa::kBaseline);
+    if (isa_detail::EqualsIgnoreCase(env, "avx2")) return static_cast<int>(Isa::kAvx2);
     return static_cast<int>(Isa::kAvx512);
   }()};
   return limit;
