@@ -52,6 +52,52 @@ def test_load_and_differentiate(cube_lib, cache):
     np.testing.assert_allclose(jax.vmap(cube)(jnp.stack([x, x])), jnp.stack([x**3] * 2))
 
 
+SQUARE_IN_PLACE = """
+#include "jaxbridge/ffi_helpers.h"
+namespace ffi = xla::ffi;
+// y = x^2; its derivative needs only x and may overwrite v: out[i] = 2 x[i] v[i].
+ffi::Error Fwd(ffi::Buffer<ffi::F64> x, ffi::ResultBuffer<ffi::F64> y) {
+  JAXBRIDGE_RETURN_IF_ERROR(jaxbridge::CheckSameShape(x, *y, "square", "x", "result"));
+  for (size_t i = 0; i < x.element_count(); ++i) y->typed_data()[i] = x.typed_data()[i] * x.typed_data()[i];
+  return ffi::Error::Success();
+}
+ffi::Error Deriv(ffi::Buffer<ffi::F64> x, ffi::Buffer<ffi::F64> v, ffi::ResultBuffer<ffi::F64> out) {
+  JAXBRIDGE_RETURN_IF_ERROR(jaxbridge::CheckSameShape(x, v, "square_deriv", "x", "v"));
+  JAXBRIDGE_RETURN_IF_ERROR(jaxbridge::CheckSameShape(x, *out, "square_deriv", "x", "result"));
+  for (size_t i = 0; i < x.element_count(); ++i)
+    out->typed_data()[i] = 2 * x.typed_data()[i] * v.typed_data()[i];
+  return ffi::Error::Success();
+}
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SquareForward, Fwd, ffi::Ffi::Bind()
+    .Arg<ffi::Buffer<ffi::F64>>().Ret<ffi::Buffer<ffi::F64>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SquareDerivative, Deriv, ffi::Ffi::Bind()
+    .Arg<ffi::Buffer<ffi::F64>>().Arg<ffi::Buffer<ffi::F64>>().Ret<ffi::Buffer<ffi::F64>>());
+"""
+
+
+def test_user_kernel_without_outputs_in_place(cache):
+    lib = cpp.load("square_in_place", source=SQUARE_IN_PLACE)
+    square = lib.kernel(forward="SquareForward", adjoint="SquareDerivative",
+                        tangent="SquareDerivative", result=lambda x: x, dtypes=["float64"],
+                        vmap="batch", pass_outputs=False,
+                        aliases={"adjoint": {1: 0}, "tangent": {1: 0}})
+    x = jnp.linspace(-2.0, 2.0, 5)
+    ct = jnp.arange(5.0)
+    np.testing.assert_allclose(square(x), x**2)
+    grad = jax.jit(jax.grad(lambda x: (square(x) * ct).sum()))
+    np.testing.assert_allclose(grad(x), 2 * x * ct)
+    hlo = grad.lower(x).compile().as_text()
+    assert square.target("adjoint", "cpu") in hlo
+    assert square.target("forward", "cpu") not in hlo  # no outputs needed: XLA dropped it
+    np.testing.assert_allclose(jax.jacfwd(square)(x), np.diag(2 * x))
+    np.testing.assert_allclose(jax.jacrev(square)(x), np.diag(2 * x))
+    np.testing.assert_allclose(jax.vmap(jax.grad(lambda x: square(x).sum()))(jnp.stack([x, -x])),
+                               jnp.stack([2 * x, -2 * x]))
+    gx, back = jax.jit(lambda x, c: (jax.vjp(square, x)[1](c)[0], c))(x, ct)
+    np.testing.assert_allclose(gx, 2 * x * ct)
+    np.testing.assert_array_equal(back, np.arange(5.0))
+
+
 def test_cache_dir_is_private_and_reused(cube_lib, cache):
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     assert cube_lib.path.parent.parent == cache
