@@ -516,8 +516,9 @@ def test_gpu_handlers_reject_bad_shapes_and_take_empty_inputs(gpu):
             jax.grad(lambda *a: op(*a).sum(), argnums=tuple(range(len(args))))(*_on(gpu, args))))
 
 
-def test_cpu_isa_environment_variable():
-    # Read once per process: check it in fresh interpreters.
+def test_cpu_isa_environment_variable(tmp_path):
+    # Read once per process: check it in fresh interpreters (run outside the source
+    # tree, which would shadow the installed package and its compiled modules).
     import os
     import subprocess
     import sys
@@ -530,7 +531,7 @@ def test_cpu_isa_environment_variable():
     def run(value):
         env = dict(os.environ, JAXBRIDGE_CPU_ISA=value)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, timeout=120)
+                             text=True, timeout=120, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
         isa, _, warned = out.stdout.strip().partition(" ")
         return isa, warned
