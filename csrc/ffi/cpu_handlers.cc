@@ -31,15 +31,6 @@ using ffi::Result;
 #define JB_POOL (static_cast<::jaxbridge::ThreadPool*>(nullptr))
 #endif
 
-template <typename T>
-T* Ptr(AnyBuffer b) {
-  return static_cast<T*>(b.untyped_data());
-}
-template <typename T>
-T* Ptr(Result<AnyBuffer>& b) {
-  return static_cast<T*>(b->untyped_data());
-}
-
 // ---------------------------------------------------------------- softplus
 constexpr int64_t kElemGrain = 1 << 14;
 

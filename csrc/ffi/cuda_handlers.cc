@@ -16,15 +16,6 @@ namespace kc = ::jaxbridge::kernels::cuda;
 using ffi::AnyBuffer;
 using ffi::Result;
 
-template <typename T>
-T* Ptr(AnyBuffer b) {
-  return static_cast<T*>(b.untyped_data());
-}
-template <typename T>
-T* Ptr(Result<AnyBuffer>& b) {
-  return static_cast<T*>(b->untyped_data());
-}
-
 #define JB_CUDA_RETURN(fn, expr) \
   do {                           \
     cudaError_t _s = (expr);     \

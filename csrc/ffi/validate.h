@@ -11,6 +11,16 @@
 
 namespace jaxbridge::builtin {
 
+// Typed data pointers of the handlers' buffers (CPU and CUDA alike).
+template <typename T>
+T* Ptr(ffi::AnyBuffer b) {
+  return static_cast<T*>(b.untyped_data());
+}
+template <typename T>
+T* Ptr(ffi::Result<ffi::AnyBuffer>& b) {
+  return static_cast<T*>(b->untyped_data());
+}
+
 struct TridiagDims {
   int64_t batch = 0, n = 0;
 };
