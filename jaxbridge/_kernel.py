@@ -423,19 +423,21 @@ class _Spec:
         return _Spec(self.kernel, self.attrs, tuple(map(pre, self.in_avals)),
                      tuple(map(pre, self.out_avals)), self.nondiff)
 
+    def fixed_avals(self) -> list:
+        """Operands the tangent/adjoint kernels take before the (co)tangents."""
+        return list(self.in_avals) + (list(self.out_avals) if self.kernel.pass_outputs else [])
+
     @property
     def n_fixed(self) -> int:
-        """Operands the tangent/adjoint kernels take before the (co)tangents."""
-        return len(self.in_avals) + (len(self.out_avals) if self.kernel.pass_outputs else 0)
+        return len(self.fixed_avals())
 
     def role_avals(self, role: str) -> tuple[list, list]:
         """(operand avals, result avals) of the kernel playing `role`."""
-        fixed = list(self.in_avals) + (list(self.out_avals) if self.kernel.pass_outputs else [])
         if role == "forward":
             return list(self.in_avals), list(self.out_avals)
         if role == "adjoint":
-            return fixed + self.tan_avals(), self.adj_avals()
-        return fixed + self.adj_avals(), self.tan_avals()
+            return self.fixed_avals() + self.tan_avals(), self.adj_avals()
+        return self.fixed_avals() + self.adj_avals(), self.tan_avals()
 
     def check_aliases(self, fn: str) -> None:
         """Raise unless every declared alias pairs an operand and a result of one type."""
