@@ -44,13 +44,7 @@ _registered_platforms: set[str] = set()
 _register_lock = threading.Lock()
 
 
-class ForeignCallError(RuntimeError):
-    """An error raised by, or detected in the results of, a host function.
-
-    Under `jit` the error crosses XLA and reaches the caller as JAX's runtime
-    error whose message starts with this text: the original exception's type
-    name, its message and the name of the wrapped function.
-    """
+from .errors import ForeignCallError  # noqa: E402
 
 
 def _register_native_targets() -> set[str]:

@@ -52,8 +52,7 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _RESERVED_PREFIX = "jaxbridge_"
 
 
-class KernelError(TypeError):
-    """A kernel call cannot be built: missing kernel, bad target, bad arguments."""
+from .errors import KernelError  # noqa: E402
 
 
 # ----------------------------------------------------------------- include dirs

@@ -37,8 +37,7 @@ for _p in (foreign_call_p, foreign_jvp_p, foreign_vjp_p):
     _p.multiple_results = True
 
 
-class MissingRuleError(TypeError):
-    """A transformation needs a derivative rule that the foreign function lacks."""
+from .errors import MissingRuleError  # noqa: E402
 
 
 def _missing(spec: CallSpec, mode: str, rule: str, fix: str) -> MissingRuleError:

@@ -47,8 +47,7 @@ _lock = threading.Lock()
 _loaded: dict[str, Library] = {}
 
 
-class CompileError(RuntimeError):
-    """The compiler rejected the sources; the message holds its output."""
+from .errors import CompileError  # noqa: E402
 
 
 def cache_dir() -> Path:

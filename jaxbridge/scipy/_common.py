@@ -20,12 +20,7 @@ import numpy as np
 ON_FAILURE = ("raise", "nan")
 
 
-class SolverError(RuntimeError):
-    """A SciPy solver reported failure and the call asked for `on_failure="raise"`.
-
-    Under `jit` it reaches the caller as JAX's runtime error, whose message carries
-    this text (solver name and SciPy's own message).
-    """
+from ..errors import SolverError  # noqa: E402  (re-exported: jaxbridge.scipy.SolverError)
 
 
 def check_policy(on_failure: str, name: str) -> None:

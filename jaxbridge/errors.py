@@ -1,0 +1,143 @@
+"""Every exception jaxbridge raises, under one base class.
+
+`JaxbridgeError` is the base of all of them, so ``except jaxbridge.errors.JaxbridgeError``
+catches anything jaxbridge itself reports (and nothing your own code raises: an
+exception raised *by* a wrapped function or rule reaches you as itself, unchanged).
+Each class also derives from the built-in exception a Python programmer would expect
+(`TypeError` for a wrong type or a missing rule, `ValueError` for a bad value, ...),
+so existing ``except`` clauses keep working.
+
+The same condition raises the same class everywhere: a host function and a C++
+kernel that would make XLA gather sharded inputs both raise `ShardingError`; a
+result of the wrong shape from a function, a tangent rule or an adjoint rule is a
+`ResultMismatchError` whose attributes say what was declared and what came, so
+tools (like `jaxbridge.testing`) need not parse messages.
+
+Example:
+    >>> import jax.numpy as jnp, numpy as np, jaxbridge as jb
+    >>> from jaxbridge.errors import ResultMismatchError
+    >>> f = jb.foreign(lambda x: x)(lambda x: np.ones(4))
+    >>> try:
+    ...     f(jnp.ones(3))
+    ... except ResultMismatchError as err:
+    ...     print(err.problem, err.declared, err.received)
+    shape float32[3] float64[4]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "JaxbridgeError",
+    "ForeignCallError",
+    "ResultMismatchError",
+    "KeptViewError",
+    "MissingRuleError",
+    "KernelError",
+    "ShardingError",
+    "BackendError",
+    "CompileError",
+    "UnsafeCacheError",
+    "SolverError",
+    "RuleCheckError",
+    "describe",
+]
+
+
+class JaxbridgeError(Exception):
+    """Base class of every exception raised by jaxbridge itself."""
+
+
+class ForeignCallError(JaxbridgeError, RuntimeError):
+    """A host (NumPy/SciPy) function or rule was called, and what happened is wrong:
+    it returned something that is not what was declared, or kept a buffer it was lent.
+
+    Exceptions raised *inside* your function are not wrapped in this class: they
+    reach the caller as themselves.
+    """
+
+
+class ResultMismatchError(ForeignCallError, TypeError):
+    """A function, tangent rule or adjoint rule returned a value whose structure,
+    shape or dtype differs from what was declared. Nothing is ever silently cast.
+
+    Attributes:
+      function: the name of the foreign function.
+      what: which value, e.g. ``"output"``, ``"output['a']"``, ``"cotangent 1"``.
+      problem: ``"structure"``, ``"shape"``, ``"dtype"``, ``"none"`` (None where an
+        array was required) or ``"count"`` (wrong number of cotangents).
+      declared, received: short descriptions, e.g. ``"float32[3]"``.
+    """
+
+    def __init__(self, message: str, *, function: str = "", what: str = "",
+                 problem: str = "", declared: str = "", received: str = ""):
+        super().__init__(message)
+        self.function, self.what, self.problem = function, what, problem
+        self.declared, self.received = declared, received
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_mismatch, (str(self), self.function, self.what, self.problem,
+                                    self.declared, self.received))
+
+
+def _rebuild_mismatch(message: str, function: str, what: str, problem: str, declared: str,
+                      received: str) -> ResultMismatchError:
+    return ResultMismatchError(message, function=function, what=what, problem=problem,
+                               declared=declared, received=received)
+
+
+class KeptViewError(ForeignCallError):
+    """A host function kept (stored, or returned inside another object) one of the
+    zero-copy views of XLA's buffers it was lent; those are valid only during the call.
+    Copy what you keep (``np.array(x)``)."""
+
+
+class MissingRuleError(JaxbridgeError, TypeError):
+    """A transformation needs a derivative rule (or kernel) that was not given."""
+
+
+class KernelError(JaxbridgeError, TypeError):
+    """A C++/CUDA kernel cannot be built or called as asked: a bad target, argument,
+    attribute or result specification."""
+
+
+class ShardingError(JaxbridgeError, ValueError):
+    """A host function or kernel is compiled into a computation partitioned over
+    several devices in a way that would make XLA gather its inputs onto every device."""
+
+
+class BackendError(JaxbridgeError, RuntimeError):
+    """The requested host-call backend (e.g. ``backend="native"``) is not available."""
+
+
+class CompileError(JaxbridgeError, RuntimeError):
+    """The compiler or the dynamic loader rejected a `jaxbridge.cpp.load` library; the
+    message holds their own output."""
+
+
+class UnsafeCacheError(JaxbridgeError, PermissionError):
+    """The `jaxbridge.cpp` build cache (or an entry in it) is not private to the
+    current user, so loading code from it could run someone else's code."""
+
+
+class SolverError(JaxbridgeError, RuntimeError):
+    """A SciPy solver reported failure and the call asked for ``on_failure="raise"``."""
+
+
+class RuleCheckError(JaxbridgeError, AssertionError):
+    """`jaxbridge.testing.check_rules` found a wrong derivative rule."""
+
+
+def describe(aval: Any) -> str:
+    """``dtype[shape]`` of anything with ``.shape``/``.dtype``, e.g. ``"float32[2, 3]"``.
+
+    Example:
+        >>> import numpy as np
+        >>> describe(np.zeros((2, 3), np.float32))
+        'float32[2, 3]'
+    """
+    shape = ", ".join(str(int(d)) for d in aval.shape)
+    return f"{np.dtype(aval.dtype).name}[{shape}]"
