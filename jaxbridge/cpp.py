@@ -12,18 +12,42 @@ The sources are compiled into a shared library with the XLA FFI headers
 
 Caching: the library is keyed by a SHA-256 over the sources, flags, compiler
 identity, JAX version and jaxbridge headers, and stored under
-``$JAXBRIDGE_CACHE_DIR`` (default ``~/.cache/jaxbridge``), a directory created with
-0700 permissions. Builds happen in a private temporary directory and are moved in
-with an atomic rename, next to a checksum file; an entry whose checksum does not
-match, or which fails to load, is rebuilt, never loaded.
+``$JAXBRIDGE_CACHE_DIR`` (default ``~/.cache/jaxbridge``) as
+``<name>-<key>/lib<name>.so`` next to ``lib<name>.so.sha256``. Loading a library
+runs its code, so the cache is trusted only as far as nobody else can write it:
+
+* The cache directory, each entry directory and each file in it must be owned by
+  the current (effective) user or by root, and must not be writable by group or
+  others; otherwise `load` raises `jaxbridge.errors.UnsafeCacheError` naming the path
+  and the fix, and loads nothing. Root counts as trusted so that a read-only cache
+  built into a container image (as root, then ``chmod -R a+rX``) serves every user.
+  jaxbridge creates a missing cache directory with mode 0700 (files 0644) and never
+  changes the mode of an existing one.
+* Symbolic links are never followed: not at the cache path itself (set
+  ``JAXBRIDGE_CACHE_DIR`` to the real directory instead) nor inside the cache.
+  Everything after the cache directory is opened relative to its open descriptor,
+  so the directories above it need no checks: whoever can rename them can only make
+  jaxbridge open another directory, which must pass the same rules.
+* A library is opened once, without following links; its owner and mode are
+  checked on the open file, its bytes are hashed and compared with the checksum
+  file, and that same open file is what the dynamic loader maps (through
+  ``/proc/<pid>/fd``; elsewhere a private copy of the verified bytes). The checksum
+  catches corruption; ownership is what keeps out other users' code.
+* Builds happen in a private temporary directory; a library is published only after
+  it has loaded, as a complete entry moved in with one atomic rename. A missing,
+  corrupted or unloadable entry is rebuilt, never loaded. A cache that cannot be
+  written (read-only, or root's) still serves what it holds; a miss there is built
+  in a temporary directory and loaded uncached, with a `RuntimeWarning`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import re
+import secrets
 import shlex
 import shutil
 import stat
@@ -31,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,29 +63,309 @@ from typing import Any
 import jax
 
 from ._kernel import Kernel, KernelError, get_include, kernel
+from .errors import CompileError, UnsafeCacheError
 
-__all__ = ["CompileError", "Library", "load", "cache_dir"]
+__all__ = ["CompileError", "UnsafeCacheError", "Library", "load", "cache_dir"]
 
 _SYMBOL_RE = re.compile(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 _lock = threading.Lock()
 _loaded: dict[str, Library] = {}
+# Descriptors of dlopen-ed "/proc/<pid>/fd/N" paths, open for the life of the process:
+# the loader remembers a library by that name, so the number must never be reused.
+_pinned_fds: list[int] = []
+
+# getattr: this module is imported on every platform; load() refuses non-POSIX ones.
+# (os.open's descriptors are close-on-exec already: PEP 446.)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+_FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW  # a FIFO cannot block us
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+_FIX = ("or set JAXBRIDGE_CACHE_DIR to a directory of your own (jaxbridge creates a "
+        "missing one with mode 0700)")
 
 
-from .errors import CompileError  # noqa: E402
+# ----------------------------------------------------------------- the trusted cache
+def _cache_path() -> Path:
+    return Path(os.environ.get("JAXBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "jaxbridge")
+
+
+def _check_owner(st: os.stat_result, path: Path | str, what: str) -> None:
+    me = os.geteuid()  # the owner of what this process creates
+    if st.st_uid not in (me, 0):
+        raise UnsafeCacheError(
+            f"jaxbridge.cpp.load: refusing {what} {path}: expected it to be owned by you "
+            f"(uid {me}) or root, found uid {st.st_uid}, who could have put code there. "
+            f"Remove it if you do not trust it, {_FIX}")
+
+
+def _check_trusted(st: os.stat_result, path: Path | str, what: str) -> None:
+    """Raise UnsafeCacheError unless `st` is owned by us or root and not group/other-writable."""
+    _check_owner(st, path, what)
+    if st.st_mode & 0o022:
+        if st.st_mode & stat.S_ISVTX:  # shared, like /tmp: chmod-ing it would lock others out
+            fix = "Do not chmod a shared directory; set JAXBRIDGE_CACHE_DIR to one of your own"
+        else:
+            fix = (f"If you trust its contents run `chmod go-w {shlex.quote(str(path))}`; "
+                   f"otherwise remove it, {_FIX}")
+        raise UnsafeCacheError(
+            f"jaxbridge.cpp.load: refusing {what} {path}: expected no write permission for "
+            f"group or others, found mode {stat.filemode(st.st_mode)} "
+            f"({stat.S_IMODE(st.st_mode):04o}). {fix}")
+
+
+def _open_root() -> tuple[Path, int]:
+    """Create (0700) or open the cache directory without following a link; check it."""
+    root = _cache_path()
+    try:
+        os.mkdir(root, 0o700)
+    except FileNotFoundError:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            raise
+        st = os.lstat(root)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeCacheError(
+                f"jaxbridge.cpp.load: refusing cache directory {root}: expected a directory, "
+                f"found a symbolic link (to {os.path.realpath(root)}), which jaxbridge does "
+                "not follow since anyone who can write its parent could have planted it. "
+                "If you made the link, set JAXBRIDGE_CACHE_DIR to its target") from None
+        raise UnsafeCacheError(
+            f"jaxbridge.cpp.load: refusing cache directory {root}: expected a directory, "
+            f"found a non-directory ({stat.filemode(st.st_mode)}). Remove it, {_FIX}") from None
+    try:
+        _check_trusted(os.fstat(fd), root, "cache directory")
+    except BaseException:
+        os.close(fd)
+        raise
+    return root, fd
 
 
 def cache_dir() -> Path:
-    """The per-user build cache (created 0700 if missing; refused if not ours)."""
-    root = Path(os.environ.get("JAXBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "jaxbridge")
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = root.stat()
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"jaxbridge.cpp: cache directory {root} is owned by another "
-                              "user; set JAXBRIDGE_CACHE_DIR to a private directory")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(root, 0o700)
+    """The build cache of `load`: ``$JAXBRIDGE_CACHE_DIR``, default ``~/.cache/jaxbridge``.
+
+    A missing directory is created with mode 0700; an existing one is used as it is,
+    never chmod-ed, and only if it is owned by the current user or root and not
+    writable by group or others, and is not a symbolic link.
+
+    Raises:
+      UnsafeCacheError: the directory fails those rules; the message says how to fix it.
+
+    Example:
+        >>> import jaxbridge.cpp
+        >>> jaxbridge.cpp.cache_dir()  # doctest: +SKIP
+        PosixPath('/home/me/.cache/jaxbridge')
+    """
+    root, fd = _open_root()
+    os.close(fd)
     return root
+
+
+def _open_entry(dir_fd: int, name: str, path: Path, what: str, is_dir: bool) -> int | None:
+    """Open ``dir_fd/name`` without following a link, or None where it is missing or is
+    not the kind expected (a stale entry, to rebuild). Raises UnsafeCacheError where it
+    is not trusted: owned by someone else, or writable by group/others."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    _check_owner(st, path, what)  # a link's owner too; its mode means nothing
+    if not (stat.S_ISDIR if is_dir else stat.S_ISREG)(st.st_mode):
+        return None
+    try:
+        fd = os.open(name, _DIR_FLAGS if is_dir else _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:  # replaced since the stat
+        return None
+    try:
+        st = os.fstat(fd)  # what was opened is what is checked (and read)
+        _check_trusted(st, path, what)
+        if (stat.S_ISDIR if is_dir else stat.S_ISREG)(st.st_mode):
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_digest(fd: int) -> str | None:
+    try:
+        text = os.read(fd, 256).decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    return text if _DIGEST_RE.match(text) else None
+
+
+def _load_cached(root: Path, root_fd: int, entry: str, so_name: str, name: str,
+                 symbols: list[str], *, use: bool) -> Library | None:
+    """The cached library, verified, or None where there is none or it is stale.
+
+    Untrusted entries raise UnsafeCacheError even with ``use=False`` (``rebuild=True``)."""
+    entry_fd = _open_entry(root_fd, entry, root / entry, "cache entry", is_dir=True)
+    if entry_fd is None:
+        return None
+    so_path = root / entry / so_name
+    try:
+        sum_fd = _open_entry(entry_fd, so_name + ".sha256", Path(f"{so_path}.sha256"),
+                             "cache checksum", is_dir=False)
+        digest = None
+        if sum_fd is not None:
+            digest = _read_digest(sum_fd)
+            os.close(sum_fd)
+        so_fd = _open_entry(entry_fd, so_name, so_path, "cached library", is_dir=False)
+    finally:
+        os.close(entry_fd)
+    if so_fd is None:
+        return None
+    data = _read_fd(so_fd)
+    if not use or digest is None or _sha256(data) != digest:
+        os.close(so_fd)
+        return None
+    try:
+        return _dlopen(name, so_fd, data, str(so_path), symbols, so_path)
+    except CompileError:  # e.g. a library it links against has changed: rebuild it
+        return None
+
+
+def _dlopen(name: str, fd: int, data: bytes, shown: str, symbols: list[str],
+            path: Path | None) -> Library:
+    """Load the file open as `fd`, whose bytes `data` the caller has verified; takes `fd`.
+
+    The loader maps that very file (``/proc/<pid>/fd/N``), so nothing can be swapped in
+    between the check and the load; without /proc it maps a private copy of `data`.
+    """
+    proc = _fd_path(fd)
+    if proc is not None:
+        return _ctypes_load(name, proc, fd, shown, symbols, path)
+    os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="jaxbridge-load-") as tmp:  # mode 0700
+        copy = os.path.join(tmp, os.path.basename(shown))
+        with open(copy, "wb") as f:
+            f.write(data)
+        return _ctypes_load(name, copy, None, shown, symbols, path)
+
+
+def _fd_path(fd: int) -> str | None:
+    """A path that opens the file behind `fd` (Linux), or None where there is none.
+
+    With the pid rather than ``self``, a debugger attached to this process finds it too."""
+    path = f"/proc/{os.getpid()}/fd/{fd}"
+    return path if os.path.exists(path) else None
+
+
+def _ctypes_load(name: str, where: str, fd: int | None, shown: str, symbols: list[str],
+                 path: Path | None) -> Library:
+    try:
+        cdll = ctypes.CDLL(where, mode=getattr(os, "RTLD_LOCAL", 0))
+    except OSError as e:
+        if fd is not None:
+            os.close(fd)
+        msg = _loader_message(e, where, shown)
+        hint = ""
+        if "undefined symbol" in msg or "symbol not found" in msg:
+            hint = ("\nAn undefined symbol is a function or variable that is declared but not "
+                    "defined in the sources, or one from a library missing from "
+                    "extra_ldflags (e.g. extra_ldflags=['-lfoo']).")
+        raise CompileError(f"jaxbridge.cpp.load({name!r}): the dynamic loader rejected "
+                           f"{shown}: {msg}{hint}") from e
+    if fd is not None:
+        _pinned_fds.append(fd)
+    handlers = {}
+    for sym in symbols:
+        try:
+            handlers[sym] = jax.ffi.pycapsule(getattr(cdll, sym))
+        except AttributeError as e:
+            raise CompileError(
+                f"jaxbridge.cpp.load({name!r}): {shown} does not export the handler symbol "
+                f"{sym!r} (the loader says: {_loader_message(e, where, shown)}). Handler names "
+                "come from XLA_FFI_DEFINE_HANDLER_SYMBOL(Name, ...) in the sources and from "
+                "functions=; check the spelling and that the definition is not excluded by "
+                "#if or written with C++ (rather than extern \"C\") linkage") from e
+    return Library(name, path, handlers, cdll)
+
+
+def _loader_message(err: BaseException, where: str, shown: str) -> str:
+    """The dynamic loader's own message, without the path it was given (we name `shown`)."""
+    msg = str(err)
+    return msg[len(where) + 2:] if msg.startswith(where + ": ") else msg.replace(where, shown)
+
+
+def _remove(dir_fd: int, name: str) -> None:
+    """Best-effort removal of ``dir_fd/name`` (a file, link or tree), never following links."""
+    try:
+        if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def _publish(root: Path, root_fd: int, entry: str, files: dict[str, bytes], name: str) -> bool:
+    """Write `files` into a private staging directory and rename it to `entry` in one step,
+    so that readers see the old entry, no entry, or the complete new one."""
+    staging = f".tmp-{entry}-{secrets.token_hex(6)}"
+    try:
+        os.mkdir(staging, 0o700, dir_fd=root_fd)
+        staging_fd = os.open(staging, _DIR_FLAGS, dir_fd=root_fd)
+        try:
+            for fname, data in files.items():
+                with os.fdopen(os.open(fname, _NEW_FILE_FLAGS, 0o644, dir_fd=staging_fd),
+                               "wb") as f:
+                    f.write(data)
+        finally:
+            os.close(staging_fd)
+        if not _rename(root_fd, staging, entry):
+            # An old, stale entry is in the way: move it aside first (readers then find
+            # none and build it themselves). Never someone else's: that was refused above.
+            trash = f".trash-{entry}-{secrets.token_hex(6)}"
+            try:
+                _check_owner(os.stat(entry, dir_fd=root_fd, follow_symlinks=False),
+                             root / entry, "cache entry")
+                os.rename(entry, trash, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+            except FileNotFoundError:
+                pass
+            _rename(root_fd, staging, entry)  # False: another process published it first
+            _remove(root_fd, trash)
+        return True
+    except UnsafeCacheError:
+        raise
+    except OSError as e:  # a read-only or someone else's (root's) cache, a full disk
+        warnings.warn(f"jaxbridge.cpp.load({name!r}): could not write the cache {root} "
+                      f"({e.strerror or e}); the library was built and loaded from a temporary "
+                      "directory and will be rebuilt next time. Set JAXBRIDGE_CACHE_DIR to a "
+                      "writable directory to cache it.", RuntimeWarning, stacklevel=4)
+        return False
+    finally:
+        _remove(root_fd, staging)
+
+
+def _rename(dir_fd: int, src: str, dst: str) -> bool:
+    """Rename, or False where `dst` is in the way (and is not an empty directory)."""
+    try:
+        os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            return False
+        raise
 
 
 def _compiler(cuda: bool) -> list[str]:
@@ -89,14 +394,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _headers_digest() -> str:
     h = hashlib.sha256()
     inc = Path(get_include()) / "jaxbridge"
@@ -107,13 +404,21 @@ def _headers_digest() -> str:
 
 
 class Library:
-    """A loaded shared library of FFI handlers (see `load`)."""
+    """A loaded shared library of FFI handlers (see `load`).
 
-    def __init__(self, name: str, path: Path, handlers: dict[str, Any], cdll: Any):
+    Attributes:
+      name: the library name given to `load`.
+      path: the cache file it was loaded from (or published to, when it was just
+        built); None when the cache could not be written and it was loaded uncached.
+      handlers: ``{symbol: PyCapsule}`` for every handler symbol.
+    """
+
+    def __init__(self, name: str, path: Path | None, handlers: dict[str, Any], cdll: Any):
         self.name, self.path, self.handlers, self._cdll = name, path, handlers, cdll
 
     def __repr__(self) -> str:
-        return f"Library({self.name!r}, handlers={sorted(self.handlers)}, path='{self.path}')"
+        path = None if self.path is None else str(self.path)
+        return f"Library({self.name!r}, handlers={sorted(self.handlers)}, path={path!r})"
 
     def _capsules(self, spec: Any, role: str) -> Any:
         if spec is None:
@@ -165,6 +470,8 @@ def _collect_sources(name: str, sources: Any, source: str | None, cuda: bool
     return items
 
 
+
+
 def load(name: str, sources: Any = None, *, source: str | None = None, cuda: bool = False,
          extra_cflags: Sequence[str] = (), extra_cuda_cflags: Sequence[str] = (),
          extra_ldflags: Sequence[str] = (), extra_include_dirs: Sequence[str] = (),
@@ -181,11 +488,28 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
       extra_cflags / extra_cuda_cflags / extra_ldflags / extra_include_dirs: passed on.
       functions: handler symbols to export in addition to the ones found by scanning
         the sources for ``XLA_FFI_DEFINE_HANDLER_SYMBOL``.
-      rebuild: ignore the cache.
+      rebuild: compile again even if the cache holds the library.
+      verbose: print the compiler command line to stderr.
+
+    The cache (see `cache_dir`) is used only if it, and every entry read from it, is
+    owned by the current user or root and not writable by group or others; links in
+    it are never followed, and a library is loaded only if its bytes match its
+    checksum (details in the module docstring).
 
     Raises:
-      CompileError: with the compiler's output.
+      CompileError: the compiler failed (with its output), or the dynamic loader
+        rejected the library or found no handler symbol (with the loader's message).
+      UnsafeCacheError: the cache directory or an entry in it could have been written
+        by someone else (the message names the path and the fix).
+
+    Example:
+        >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
+        >>> cube = lib.kernel(forward="CubeForward", adjoint="CubeAdjoint",
+        ...                   result=lambda x, **_: x)  # doctest: +SKIP
     """
+    if os.name != "posix":
+        raise CompileError("jaxbridge.cpp.load: run-time compilation needs a POSIX system "
+                           f"(Linux, macOS); this is {sys.platform!r}")
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(f"jaxbridge.cpp.load: invalid library name {name!r}")
     srcs = _collect_sources(name, sources, source, cuda)
@@ -218,50 +542,43 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
     with _lock:
         if not rebuild and key in _loaded:
             return _loaded[key]
-        root = cache_dir()
-        entry = root / f"{name}-{key[:20]}"
-        entry.mkdir(exist_ok=True, mode=0o700)
-        so_path = entry / f"lib{name}.so"
-        sum_path = entry / f"lib{name}.so.sha256"
-        lib = None
-        if not rebuild and so_path.is_file() and sum_path.is_file():
-            try:
-                ok = sum_path.read_text().strip() == _file_sha(so_path)
-            except OSError:
-                ok = False
-            if ok:
-                lib = _try_load(name, so_path, symbols)
-        if lib is None:
-            _build(name, srcs, cmd, flags, includes, list(extra_ldflags), entry, so_path,
-                   sum_path, verbose)
-            lib = _try_load(name, so_path, symbols)
+        entry, so_name = f"{name}-{key[:20]}", f"lib{name}.so"
+        try:
+            root, root_fd = _open_root()
+        except UnsafeCacheError:
+            raise
+        except OSError as e:  # e.g. a read-only home directory: still build, uncached
+            warnings.warn(f"jaxbridge.cpp.load({name!r}): cannot use the cache {_cache_path()} "
+                          f"({e.strerror or e}); building uncached. Set JAXBRIDGE_CACHE_DIR to "
+                          "a writable directory to cache builds.", RuntimeWarning, stacklevel=2)
+            root, root_fd = None, None
+        try:
+            lib = None
+            if root_fd is not None:
+                lib = _load_cached(root, root_fd, entry, so_name, name, symbols, use=not rebuild)
             if lib is None:
-                raise CompileError(f"jaxbridge.cpp.load: built {so_path} but could not load it "
-                                   f"or find its handlers {symbols}")
+                lib = _build_and_load(name, srcs, cmd, flags, includes, list(extra_ldflags),
+                                      so_name, symbols, verbose, root, root_fd, entry)
+        finally:
+            if root_fd is not None:
+                os.close(root_fd)
         _loaded[key] = lib
         return lib
 
 
-def _try_load(name: str, path: Path, symbols: list[str]) -> Library | None:
-    try:
-        cdll = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LOCAL", 0))
-        handlers = {s: jax.ffi.pycapsule(getattr(cdll, s)) for s in symbols}
-    except (OSError, AttributeError):
-        return None
-    return Library(name, path, handlers, cdll)
-
-
-def _build(name: str, srcs: list, cmd: list, flags: list, includes: list, ldflags: list,
-           entry: Path, so_path: Path, sum_path: Path, verbose: bool) -> None:
-    with tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=entry) as tmp:
-        tmpd = Path(tmp)
+def _build_and_load(name: str, srcs: list, cmd: list, flags: list, includes: list,
+                    ldflags: list, so_name: str, symbols: list[str], verbose: bool,
+                    root: Path | None, root_fd: int | None, entry: str) -> Library:
+    """Compile in a private temporary directory, load, then publish to the cache."""
+    with tempfile.TemporaryDirectory(prefix=f"jaxbridge-build-{name}-") as tmp:  # mode 0700
         files = []
         for fname, data in srcs:
-            p = tmpd / fname
-            p.write_bytes(data)
-            files.append(str(p))
-        out = tmpd / so_path.name
-        argv = [*cmd, *flags, *(f"-I{d}" for d in includes), *files, "-o", str(out), *ldflags]
+            p = os.path.join(tmp, fname)
+            with open(p, "wb") as f:
+                f.write(data)
+            files.append(p)
+        out = os.path.join(tmp, so_name)
+        argv = [*cmd, *flags, *(f"-I{d}" for d in includes), *files, "-o", out, *ldflags]
         if verbose:
             print("jaxbridge.cpp:", shlex.join(argv), file=sys.stderr)
         try:
@@ -272,8 +589,12 @@ def _build(name: str, srcs: list, cmd: list, flags: list, includes: list, ldflag
             raise CompileError(f"jaxbridge.cpp.load({name!r}): compilation failed "
                                f"(exit {proc.returncode}):\n$ {shlex.join(argv)}\n"
                                f"{proc.stdout}{proc.stderr}")
-        digest = _file_sha(out)
-        tmp_sum = tmpd / "sum"
-        tmp_sum.write_text(digest + "\n")
-        os.replace(out, so_path)  # atomic on POSIX
-        os.replace(tmp_sum, sum_path)
+        fd = os.open(out, _FILE_FLAGS)
+        data = _read_fd(fd)
+        # Loaded before it is published: a library the loader rejects is never cached.
+        lib = _dlopen(name, fd, data, f"{so_name} (just built from your sources)", symbols,
+                      None)
+        if root_fd is not None and _publish(root, root_fd, entry, {
+                so_name: data, f"{so_name}.sha256": f"{_sha256(data)}\n".encode()}, name):
+            lib.path = root / entry / so_name
+        return lib
