@@ -147,18 +147,44 @@ def softplus(x: Any, *, beta: float = 1.0) -> jax.Array:
 
     Computed as ``(max(z, 0) + log1p(exp(-|z|))) / beta`` with ``z = beta x``, so it
     is finite for every finite ``x`` (|x| up to 1e4 and beyond in float32); the
-    derivative is ``sigmoid(beta x)``. ``beta`` is static (an FFI attribute).
+    derivative is ``sigmoid(beta x)``. ``beta`` is static (an FFI attribute): a
+    positive, finite Python number such that ``beta`` and ``1 / beta`` are normal
+    numbers of ``x``'s dtype (the kernel computes in that dtype, and flushes subnormals
+    to zero): about ``[1.2e-38, 8.5e37]`` for float32, ``[2.2e-308, 4.5e307]`` for
+    float64. Anything else raises `KernelError` at trace time.
 
     >>> import jax.numpy as jnp
     >>> from jaxbridge import ops
     >>> float(ops.softplus(jnp.float32(0.0)))  # doctest: +ELLIPSIS
     0.693...
+    >>> float(ops.softplus(jnp.float32(0.0), beta=2.0))  # doctest: +ELLIPSIS
+    0.346...
     """
     x = _as_array("softplus", "x", x)
-    if not isinstance(beta, (int, float, np.integer, np.floating)) or not beta > 0:
-        raise KernelError(f"jaxbridge.ops.softplus: argument 'beta': expected a positive "
-                          f"Python number (static), received {beta!r}")
-    return _softplus_kernel()(x, beta=float(beta))
+    return _softplus_kernel()(x, beta=_softplus_beta(beta, np.dtype(x.dtype)))
+
+
+def _softplus_beta(beta: Any, dtype: np.dtype) -> float:
+    where = "jaxbridge.ops.softplus: argument 'beta': expected a positive, finite"
+    if isinstance(beta, (bool, np.bool_)) or not isinstance(
+            beta, (int, float, np.integer, np.floating)):
+        raise KernelError(f"{where} Python number (static: it becomes an FFI attribute), "
+                          f"received {type(beta).__name__} {beta!r}. For a traced beta use "
+                          "softplus(beta * x) / beta")
+    try:
+        value = float(beta)
+    except OverflowError:  # an int past float's range, e.g. 10**400
+        value = float("inf")
+    if not (np.isfinite(value) and value > 0):
+        raise KernelError(f"{where} number, received {beta!r}")
+    # The CPU kernel multiplies by 1/beta in x's dtype, with subnormals flushed to zero:
+    # a beta past these bounds gives 0 * inf = NaN (beta=1e39 in float32 did).
+    lo = float(np.finfo(dtype).tiny)
+    if not lo <= value <= 1 / lo:
+        raise KernelError(f"{where} number in [{lo:.3g}, {1 / lo:.3g}] for x of dtype "
+                          f"{dtype.name} (beta and 1/beta must be normal {dtype.name} numbers), "
+                          f"received {beta!r}")
+    return value
 
 
 def tridiagonal_solve(dl: Any, d: Any, du: Any, b: Any) -> jax.Array:

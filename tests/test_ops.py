@@ -387,6 +387,45 @@ def test_bad_shape_and_rank_messages():
         ops.softplus(np.ones(2), beta=-1.0)
 
 
+BAD_BETAS = [  # (beta, dtype of x, what the message says)
+    (float("inf"), np.float64, r"number, received inf"),  # issue #13: NaNs
+    (-float("inf"), np.float32, r"number, received -inf"),
+    (float("nan"), np.float64, r"number, received nan"),
+    (0.0, np.float32, r"number, received 0.0"),
+    (-2, np.float64, r"number, received -2"),
+    (10**400, np.float64, r"number, received 1000"),  # overflows float()
+    # Finite, but beta or 1/beta is not a normal number of x's dtype: NaN or 0 * inf.
+    (1e39, np.float32, r"number in \[1.18e-38, 8.51e\+37\] for x of dtype float32 \(beta "
+                       r"and 1/beta must be normal float32 numbers\), received 1e\+39"),
+    (1e-40, np.float32, r"number in \[1.18e-38, 8.51e\+37\] .* received 1e-40"),
+    (5e-324, np.float64, r"number in \[2.23e-308, 4.49e\+307\] .* received 5e-324"),
+    (True, np.float64, r"Python number \(static: .*received bool True"),
+    ("2", np.float32, r"Python number \(static: .*received str '2'.*softplus\(beta \* x\)"),
+    (jnp.float32(2.0), np.float32, r"Python number \(static: .*received ArrayImpl"),
+]
+
+
+@pytest.mark.parametrize("beta, dtype, message", BAD_BETAS,
+                         ids=[f"{b!r:.12}-{np.dtype(d).name}" for b, d, _ in BAD_BETAS])
+def test_softplus_bad_beta_is_an_error_not_nan(beta, dtype, message):
+    x = jnp.zeros(3, dtype)
+    match = r"jaxbridge.ops.softplus: argument 'beta': expected a positive, finite " + message
+    with pytest.raises(jb.KernelError, match=match):
+        ops.softplus(x, beta=beta)
+    with pytest.raises(jb.KernelError, match=match):  # at trace time: nothing runs
+        jax.jit(lambda x: ops.softplus(x, beta=beta)).trace(x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softplus_extreme_valid_beta_is_finite(dtype):
+    # The ends of the accepted range still give finite values and gradients.
+    lo = float(np.finfo(dtype).tiny)
+    x = jnp.asarray([-1.0, 0.0, 1.0], dtype)
+    for beta in (lo, 1 / lo, 3, np.float32(0.5)):
+        y, g = jax.value_and_grad(lambda x: ops.softplus(x, beta=beta).sum())(x)
+        assert np.isfinite(np.asarray(y)) and np.isfinite(np.asarray(g)).all(), beta
+
+
 def test_bad_input_raises_under_jit_at_trace_time():
     f = jax.jit(lambda a: ops.tridiagonal_solve(a, a, a[:2], a))
     with pytest.raises(TypeError, match="tridiagonal_solve"):
