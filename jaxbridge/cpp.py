@@ -227,15 +227,21 @@ def _load_cached(root: Path, root_fd: int, entry: str, so_name: str, name: str,
                              "cache checksum", is_dir=False)
         digest = None
         if sum_fd is not None:
-            digest = _read_digest(sum_fd)
-            os.close(sum_fd)
+            try:
+                digest = _read_digest(sum_fd)
+            finally:
+                os.close(sum_fd)
         so_fd = _open_entry(entry_fd, so_name, so_path, "cached library", is_dir=False)
     finally:
         os.close(entry_fd)
     if so_fd is None:
         return None
-    data = _read_fd(so_fd)
-    if not use or digest is None or _sha256(data) != digest:
+    try:
+        data = _read_fd(so_fd) if use and digest is not None else b""
+    except BaseException:
+        os.close(so_fd)
+        raise
+    if not data or _sha256(data) != digest:
         os.close(so_fd)
         return None
     try:
