@@ -1,3 +1,7 @@
+"""``python -m jaxbridge``: what this installation can do, and a one-line verdict."""
+
+import sys
+
 from ._info import main
 
-main()
+sys.exit(main())

@@ -1,4 +1,4 @@
-"""`jaxbridge.info()`: what this installation can do."""
+"""`jaxbridge.info()` and ``python -m jaxbridge``: what this installation can do."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import jax
 import jaxlib
 import numpy as np
 
-from . import _hostcall
+from ._core import extensions
+from ._foreign import hostcall
 
 __version__ = "0.1.0"
 
@@ -22,31 +23,44 @@ def info() -> dict[str, object]:
         >>> jaxbridge.info()["native"]
         True
     """
-    native = _hostcall._native
+    native = extensions.load("_native")
     return {
         "jaxbridge": __version__,
+        "location": str(extensions._PACKAGE_DIR),
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "numpy": np.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "native": native is not None,
-        "native_error": _hostcall.NATIVE_IMPORT_ERROR,
-        "native_platforms": sorted(_hostcall.native_platforms()),
+        "native_error": extensions.missing_reason("_native"),
+        "native_platforms": sorted(hostcall.native_platforms()),
         "cuda_built": bool(native is not None and native.with_cuda),
-        "kernels": _kernels_available(),
+        "kernels": extensions.load("_kernels") is not None,
+        "kernels_error": extensions.missing_reason("_kernels"),
         "jax_backend": jax.default_backend(),
-        "host_call_default": _hostcall.default_backend(),
+        "host_call_default": hostcall.default_backend(),
     }
 
 
-def _kernels_available() -> bool:
-    from . import ops  # late import: ops imports the kernel extension
+def verdict(report: dict[str, object]) -> tuple[bool, str]:
+    """(ok, one line) summing up `info()`."""
+    if not report["native"] or not report["kernels"]:
+        missing = [n for n in ("native", "kernels") if not report[n]]
+        reason = report["native_error"] or report["kernels_error"]
+        return False, (f"NOT OK: compiled extension(s) missing ({', '.join(missing)}): "
+                       f"{reason}")
+    gpu = " and CUDA" if report["cuda_built"] else ""
+    return True, (f"OK: jaxbridge {report['jaxbridge']} with native host calls and built-in "
+                  f"kernels for CPU{gpu} (JAX {report['jax']}, backend {report['jax_backend']})")
 
-    return bool(ops.available())
 
-
-def main() -> None:
-    """Print :func:`info` (``python -m jaxbridge``)."""
-    for key, value in info().items():
-        print(f"{key:>18}: {value}")
+def main() -> int:
+    """Print :func:`info` and a one-line verdict (``python -m jaxbridge``)."""
+    report = info()
+    for key, value in report.items():
+        if value is not None:
+            print(f"{key:>18}: {value}")
+    ok, line = verdict(report)
+    print(line)
+    return 0 if ok else 1

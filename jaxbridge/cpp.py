@@ -62,7 +62,8 @@ from typing import Any
 
 import jax
 
-from ._kernel import Kernel, KernelError, get_include, kernel
+from ._kernel import Kernel, get_include, kernel
+from .errors import KernelError
 from .errors import CompileError, UnsafeCacheError
 
 __all__ = ["CompileError", "UnsafeCacheError", "Library", "load", "cache_dir"]

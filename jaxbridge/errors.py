@@ -16,16 +16,20 @@ tools (like `jaxbridge.testing`) need not parse messages.
 Example:
     >>> import jax.numpy as jnp, numpy as np, jaxbridge as jb
     >>> from jaxbridge.errors import ResultMismatchError
-    >>> f = jb.foreign(lambda x: x)(lambda x: np.ones(4))
+    >>> f = jb.foreign(lambda x: x)(lambda x: np.ones(4, np.float32))
     >>> try:
-    ...     f(jnp.ones(3))
+    ...     f(jnp.ones(3, jnp.float32))
     ... except ResultMismatchError as err:
     ...     print(err.problem, err.declared, err.received)
-    shape float32[3] float64[4]
+    shape float32[3] float32[4]
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
+import re
+import threading
 from typing import Any
 
 import numpy as np
@@ -44,6 +48,7 @@ __all__ = [
     "SolverError",
     "RuleCheckError",
     "describe",
+    "original_exception",
 ]
 
 
@@ -128,7 +133,16 @@ class SolverError(JaxbridgeError, RuntimeError):
 
 
 class RuleCheckError(JaxbridgeError, AssertionError):
-    """`jaxbridge.testing.check_rules` found a wrong derivative rule."""
+    """`jaxbridge.testing.check_rules` found a wrong derivative rule.
+
+    Attributes:
+      report: the full `jaxbridge.testing.RuleReport` (``str(err.report)`` is a table of
+        every check), or None when raised without one.
+    """
+
+    def __init__(self, message: str = "", *, report: Any = None):
+        super().__init__(message)
+        self.report = report
 
 
 def describe(aval: Any) -> str:
@@ -141,3 +155,47 @@ def describe(aval: Any) -> str:
     """
     shape = ", ".join(str(int(d)) for d in aval.shape)
     return f"{np.dtype(aval.dtype).name}[{shape}]"
+
+
+# ---- failures that crossed XLA as a status (see jaxbridge/_foreign/hostcall.py) ----
+# An exception raised on one of XLA's worker threads cannot be re-raised as itself; it
+# reaches the caller inside JAX's runtime error, whose message names a token. The last
+# few such exceptions are kept here so that `original_exception` can hand them back.
+_RECENT_FAILURES_KEPT = 32
+_recent_failures: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+_failure_ids = itertools.count(1)
+_failures_lock = threading.Lock()
+_TOKEN = re.compile(r"\[jaxbridge failure #(\d+)")
+
+
+def remember_failure(exc: BaseException) -> int:
+    """Keep `exc` (bounded: the most recent few) and return its token."""
+    with _failures_lock:
+        token = next(_failure_ids)
+        _recent_failures[token] = exc
+        while len(_recent_failures) > _RECENT_FAILURES_KEPT:
+            _recent_failures.popitem(last=False)
+    return token
+
+
+def original_exception(err: BaseException) -> BaseException | None:
+    """The exception a host function raised, from the JAX runtime error that carried it.
+
+    Exceptions raised on the thread that called JAX reach you as themselves. Only a
+    failure on one of XLA's own worker threads (e.g. one host call per shard of a
+    sharded input) arrives inside JAX's runtime error; this returns the original object
+    (or None if `err` carries none, or it is no longer kept).
+
+    Example:
+        >>> original_exception(ValueError("unrelated")) is None
+        True
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        match = _TOKEN.search(str(err))
+        if match:
+            with _failures_lock:
+                return _recent_failures.get(int(match.group(1)))
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return None

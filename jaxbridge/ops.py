@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._kernel import Kernel, KernelError, kernel, register_target
+from ._core import extensions
+from ._kernel import Kernel, make_kernel, register_target
+from .errors import KernelError
 
 __all__ = ["softplus", "tridiagonal_solve", "rbf_kernel", "available", "export_checks",
            "KernelError"]
@@ -35,13 +37,7 @@ _FLOATS = (np.dtype("float32"), np.dtype("float64"))
 _lock = threading.Lock()
 _platforms: tuple[str, ...] | None = None
 
-try:
-    from . import _kernels
-except ImportError as _err:  # pragma: no cover - exercised only on broken installs
-    _kernels = None
-    IMPORT_ERROR: str | None = f"{type(_err).__name__}: {_err}"
-else:
-    IMPORT_ERROR = None
+_kernels = extensions.load("_kernels")
 
 
 def available() -> bool:
@@ -67,23 +63,24 @@ def _register() -> tuple[str, ...]:
             _check_isa_env()
             if _kernels is None:
                 raise ImportError("jaxbridge.ops: the compiled kernels (jaxbridge._kernels) are "
-                                  f"not available: {IMPORT_ERROR}")
+                                  f"not available: {extensions.missing_reason('_kernels')}")
             plats = []
             for platform, targets in _kernels.registrations().items():
                 plat = platform.lower()
                 for name, capsule in targets.items():
-                    register_target(name, capsule, platform=plat, _builtin=True)
+                    register_target(name, capsule, platform=plat, builtin=True)
                 plats.append(plat)
             _platforms = tuple(plats)
     return _platforms
 
 
-def _builtin(stem: str, result: Any, arg_names: tuple, attrs: dict | None = None,
+def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
              **options: Any) -> Kernel:
     plats = _register()
-    return kernel(f"jaxbridge_{stem}_fwd", f"jaxbridge_{stem}_adj", f"jaxbridge_{stem}_tan",
-                  result=result, platforms=plats, vmap="batch", name=stem,
-                  arg_names=arg_names, attrs=attrs, _builtin=True, **options)
+    targets = _kernels.targets()[op]  # the C++ target table (csrc/builtin/targets.h)
+    return make_kernel(targets["forward"], targets["adjoint"], targets["tangent"],
+                       result=result, platforms=plats, vmap="batch", name=op,
+                       arg_names=arg_names, attrs=attrs, builtin=True, **options)
 
 
 @functools.lru_cache(maxsize=None)

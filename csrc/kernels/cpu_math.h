@@ -1,6 +1,6 @@
 // Branch-free scalar math that compilers auto-vectorize (no libm calls, no branches:
 // every `c ? a : b` here becomes a vector blend; GCC needs -fno-trapping-math for
-// that, see csrc/ffi/CMakeLists.txt). Used by the CPU kernels in cpu_kernels.h; no
+// that, see csrc/builtin/CMakeLists.txt). Used by the CPU kernels in cpu_kernels.h; no
 // XLA headers. Algorithms: Cephes-style exp (Cody-Waite range reduction +
 // polynomial, 2^n built from exponent bits) and fdlibm's log1p (s = f/(2+f) with a
 // minimax polynomial in s^2). Accuracy over the whole input range, float32 and

@@ -1,5 +1,5 @@
 // Built-in kernels, CUDA implementations (math only; the FFI glue is in
-// csrc/ffi/cuda_handlers.cc). Grid-stride loops keep every launch in bounds for
+// csrc/builtin/cuda_handlers.cc). Grid-stride loops keep every launch in bounds for
 // any size; empty inputs launch nothing.
 #include <cuda_runtime.h>
 

@@ -66,7 +66,7 @@ def main() -> None:
     plain = jb.foreign(lambda x: x)(np.sin)
     try:
         jax.jit(plain)(x)
-    except RuntimeError as exc:
+    except jb.errors.ShardingError as exc:
         assert "would gather its inputs" in str(exc) and "batch_dims" in str(exc)
     else:
         raise AssertionError("expected an error for an unsplittable call on a mesh")
@@ -89,13 +89,38 @@ def main() -> None:
     from jaxbridge import ops
     try:
         jax.jit(ops.softplus)(x)
-    except jb.KernelError as exc:
+    except jb.errors.ShardingError as exc:
         assert "shard_map" in str(exc)
     else:
         raise AssertionError("expected an error for a kernel on a mesh")
     per_shard = jax.shard_map(ops.softplus, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
     g = jax.jit(jax.grad(lambda x: jnp.sum(per_shard(x))))(x)
     np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
+
+    # A per-shard call runs on an XLA worker thread: its exception cannot be re-raised
+    # as itself there, so it crosses XLA as a status that says what happened, and
+    # jaxbridge.errors.original_exception hands back the object.
+    class ShardFailure(Exception):
+        pass
+
+    @jb.foreign(lambda x: x, batch_dims=1)
+    def fails_per_shard(x):
+        raise ShardFailure("shard went wrong")
+
+    try:
+        jax.jit(fails_per_shard)(x).block_until_ready()
+    except ShardFailure:
+        pass  # delivered as itself (the shard ran on the calling thread)
+    except Exception as exc:  # noqa: BLE001
+        assert "ShardFailure: shard went wrong" in str(exc) and "fails_per_shard" in str(exc)
+        assert isinstance(jb.errors.original_exception(exc), ShardFailure)
+    else:
+        raise AssertionError("expected the shard's exception")
+    # ... and eager calls, where jaxbridge owns the call site, raise the object itself.
+    try:
+        fails_per_shard(x)
+    except ShardFailure:
+        pass
     print("sharded host calls OK")
 
 

@@ -1,9 +1,10 @@
-"""Everything that depends on the JAX version lives here.
+"""The only module that knows JAX's versions and extension points.
 
 jaxbridge defines its own primitives (with JVP, transpose, batching and lowering
 rules) through the public extension points `jax.extend.core.Primitive` and
-`jax.interpreters.{ad,batching,mlir}`; the few attribute names that moved between
-JAX releases are resolved once, in this module.
+`jax.interpreters.{ad,batching,mlir}`; the few names that moved between JAX releases
+(and the lowering context's hooks) are resolved here, once. Supported: JAX 0.6 and
+newer (tested on 0.10 and 0.12).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ __all__ = [
     "aval_of",
     "zero_tangent",
     "is_zero",
-    "add_keepalive",
-    "lowering_platforms",
+    "mark_host_callback",
     "ffi_lowering_aliased",
-    "JAX_VERSION",
+    "auto_partitioned_devices",
+    "set_num_batch_dims",
+    "varying_axes",
+    "cast_to_varying",
+    "result_avals",
 ]
-
-JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
 
 
 def aval_of(x: Any) -> Any:
@@ -52,19 +54,20 @@ def is_zero(t: Any) -> bool:
     return type(t) is ad.Zero
 
 
-def add_keepalive(ctx: Any, obj: Any) -> None:
-    """Keep `obj` alive as long as the executable being lowered lives.
+def mark_host_callback(ctx: Any, callback: Any) -> None:
+    """Register `callback` as a host callback of the module being lowered.
 
-    The native host-call registry holds borrowed references; an executable that
-    will call a Python object must therefore own a reference to it.
+    PjRt then runs the compiled program synchronously on the calling thread, as it does
+    for `jax.pure_callback` (a host call that dispatches JAX work cannot deadlock on a
+    queue of unsynchronized steps), and the executable owns `callback`. This is the
+    extension point `jax.experimental.buffer_callback` uses too.
     """
-    ctx.module_context.add_keepalive(obj)
-
-
-def lowering_platforms(ctx: Any) -> tuple[str, ...]:
-    """The platforms a lowering rule is being asked to lower for."""
-    platforms = getattr(ctx.module_context, "platforms", None)
-    return tuple(platforms) if platforms else ()
+    add = getattr(ctx.module_context, "add_host_callback", None)
+    if add is None:  # pragma: no cover - a JAX without it: keep the callable alive at least
+        ctx.module_context.add_keepalive(callback)
+        return
+    add(callback)
+    ctx.module_context.add_keepalive(callback)
 
 
 def ffi_lowering_aliased(target: str, aliases: Sequence[tuple[int, int]]) -> Any:

@@ -1,14 +1,12 @@
 // jaxbridge._kernels: hands the built-in kernels' FFI handler capsules to Python.
 //   registrations() -> {"cpu": {target: capsule}, "CUDA": {...}}   (CUDA when built)
+//   targets()       -> {op: {role: target}}                         (targets.h)
 #include <pybind11/pybind11.h>
 
 #include <string>
 
-#include "cpu_handlers.h"
+#include "handlers.h"
 #include "kernels/cpu_isa.h"
-#ifdef JAXBRIDGE_WITH_CUDA
-#include "cuda_handlers.h"
-#endif
 
 namespace py = pybind11;
 namespace jk = ::jaxbridge::kernels;
@@ -26,33 +24,35 @@ PYBIND11_MODULE(_kernels, m) {
       "registrations",
       []() {
         py::dict cpu;
-        cpu["jaxbridge_softplus_fwd"] = Capsule(JaxbridgeSoftplusFwdCpu);
-        cpu["jaxbridge_softplus_adj"] = Capsule(JaxbridgeSoftplusAdjCpu);
-        cpu["jaxbridge_softplus_tan"] = Capsule(JaxbridgeSoftplusTanCpu);
-        cpu["jaxbridge_tridiagonal_solve_fwd"] = Capsule(JaxbridgeTridiagFwdCpu);
-        cpu["jaxbridge_tridiagonal_solve_adj"] = Capsule(JaxbridgeTridiagAdjCpu);
-        cpu["jaxbridge_tridiagonal_solve_tan"] = Capsule(JaxbridgeTridiagTanCpu);
-        cpu["jaxbridge_rbf_kernel_fwd"] = Capsule(JaxbridgeRbfFwdCpu);
-        cpu["jaxbridge_rbf_kernel_adj"] = Capsule(JaxbridgeRbfAdjCpu);
-        cpu["jaxbridge_rbf_kernel_tan"] = Capsule(JaxbridgeRbfTanCpu);
+#define JAXBRIDGE_CPU_CAPSULE(op, role, Symbol, name) \
+  cpu[name] = Capsule(Jaxbridge##Symbol##Cpu);
+        JAXBRIDGE_BUILTIN_TARGETS(JAXBRIDGE_CPU_CAPSULE)
+#undef JAXBRIDGE_CPU_CAPSULE
         py::dict out;
         out["cpu"] = cpu;
 #ifdef JAXBRIDGE_WITH_CUDA
         py::dict cuda;
-        cuda["jaxbridge_softplus_fwd"] = Capsule(JaxbridgeSoftplusFwdCuda);
-        cuda["jaxbridge_softplus_adj"] = Capsule(JaxbridgeSoftplusAdjCuda);
-        cuda["jaxbridge_softplus_tan"] = Capsule(JaxbridgeSoftplusTanCuda);
-        cuda["jaxbridge_tridiagonal_solve_fwd"] = Capsule(JaxbridgeTridiagFwdCuda);
-        cuda["jaxbridge_tridiagonal_solve_adj"] = Capsule(JaxbridgeTridiagAdjCuda);
-        cuda["jaxbridge_tridiagonal_solve_tan"] = Capsule(JaxbridgeTridiagTanCuda);
-        cuda["jaxbridge_rbf_kernel_fwd"] = Capsule(JaxbridgeRbfFwdCuda);
-        cuda["jaxbridge_rbf_kernel_adj"] = Capsule(JaxbridgeRbfAdjCuda);
-        cuda["jaxbridge_rbf_kernel_tan"] = Capsule(JaxbridgeRbfTanCuda);
+#define JAXBRIDGE_CUDA_CAPSULE(op, role, Symbol, name) \
+  cuda[name] = Capsule(Jaxbridge##Symbol##Cuda);
+        JAXBRIDGE_BUILTIN_TARGETS(JAXBRIDGE_CUDA_CAPSULE)
+#undef JAXBRIDGE_CUDA_CAPSULE
         out["CUDA"] = cuda;
 #endif
         return out;
       },
       "FFI handler capsules by platform: {platform: {target_name: capsule}}.");
+  m.def(
+      "targets",
+      []() {
+        py::dict ops;
+#define JAXBRIDGE_TARGET_ENTRY(op, role, Symbol, name)           \
+  if (!ops.contains(#op)) ops[#op] = py::dict();                 \
+  ops[#op].cast<py::dict>()[#role] = py::str(name);
+        JAXBRIDGE_BUILTIN_TARGETS(JAXBRIDGE_TARGET_ENTRY)
+#undef JAXBRIDGE_TARGET_ENTRY
+        return ops;
+      },
+      "The built-in kernels' targets: {op: {'forward'|'adjoint'|'tangent': target name}}.");
   // CPU instruction-set dispatch of the kernels (csrc/kernels/cpu_isa.h), for tests
   // and benchmarks: run the baseline / AVX2 code paths on an AVX-512 machine.
   m.def(

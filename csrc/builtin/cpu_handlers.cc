@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "cpu_handlers.h"
+#include "handlers.h"
 #include "jaxbridge/ffi_helpers.h"
 #include "jaxbridge/parallel.h"
 #include "kernels/cpu_kernels.h"
@@ -35,7 +35,7 @@ using ffi::Result;
 constexpr int64_t kElemGrain = 1 << 14;
 
 ffi::Error SoftplusFwd(JB_POOL_PARAM AnyBuffer x, Result<AnyBuffer> y, double beta) {
-  const char* fn = "jaxbridge_softplus_fwd";
+  const char* fn = target::SoftplusFwd;
   JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusFwd(fn, beta, x, *y));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
@@ -69,12 +69,12 @@ ffi::Error SoftplusDerivImpl(const char* fn, Pool* pool, AnyBuffer x, AnyBuffer 
 
 ffi::Error SoftplusAdj(JB_POOL_PARAM AnyBuffer x, AnyBuffer ct, Result<AnyBuffer> gx,
                        double beta) {
-  return SoftplusDerivImpl("jaxbridge_softplus_adj", JB_POOL, x, ct, gx, beta);
+  return SoftplusDerivImpl(target::SoftplusAdj, JB_POOL, x, ct, gx, beta);
 }
 
 ffi::Error SoftplusTan(JB_POOL_PARAM AnyBuffer x, AnyBuffer tx, Result<AnyBuffer> ty,
                        double beta) {
-  return SoftplusDerivImpl("jaxbridge_softplus_tan", JB_POOL, x, tx, ty, beta);
+  return SoftplusDerivImpl(target::SoftplusTan, JB_POOL, x, tx, ty, beta);
 }
 
 // ---------------------------------------------------------------- tridiagonal
@@ -82,7 +82,7 @@ int64_t SystemGrain(int64_t n) { return std::max<int64_t>(1, 8192 / std::max<int
 
 ffi::Error TridiagFwd(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, AnyBuffer b,
                       Result<AnyBuffer> x) {
-  const char* fn = "jaxbridge_tridiagonal_solve_fwd";
+  const char* fn = target::TridiagFwd;
   TridiagDims td;
   JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagFwd(fn, &td, dl, d, du, b, *x));
   return Guard(fn, [&]() -> ffi::Error {
@@ -101,7 +101,7 @@ ffi::Error TridiagFwd(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, Any
 ffi::Error TridiagAdj(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, AnyBuffer b,
                       AnyBuffer x, AnyBuffer ct, Result<AnyBuffer> gdl, Result<AnyBuffer> gd,
                       Result<AnyBuffer> gdu, Result<AnyBuffer> gb) {
-  const char* fn = "jaxbridge_tridiagonal_solve_adj";
+  const char* fn = target::TridiagAdj;
   TridiagDims td;
   JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagAdj(fn, &td, dl, d, du, b, x, ct, *gdl, *gd, *gdu, *gb));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
@@ -117,7 +117,7 @@ ffi::Error TridiagAdj(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, Any
 ffi::Error TridiagTan(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, AnyBuffer b,
                       AnyBuffer x, AnyBuffer tdl, AnyBuffer tdd, AnyBuffer tdu, AnyBuffer tb,
                       Result<AnyBuffer> dx) {
-  const char* fn = "jaxbridge_tridiagonal_solve_tan";
+  const char* fn = target::TridiagTan;
   TridiagDims td;
   JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagTan(fn, &td, dl, d, du, b, x, tdl, tdd, tdu, tb, *dx));
   return Guard(fn, [&]() -> ffi::Error {
@@ -165,7 +165,7 @@ int64_t Threads(Pool* pool) {
 }
 
 ffi::Error RbfFwd(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, Result<AnyBuffer> kout) {
-  const char* fn = "jaxbridge_rbf_kernel_fwd";
+  const char* fn = target::RbfFwd;
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfFwd(fn, &r, x, y, l, *kout));
   return Guard(fn, [&]() -> ffi::Error {
@@ -181,7 +181,7 @@ ffi::Error RbfFwd(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, Result<An
 ffi::Error RbfAdj(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer kmat,
                   AnyBuffer ct, Result<AnyBuffer> gx, Result<AnyBuffer> gy,
                   Result<AnyBuffer> gl) {
-  const char* fn = "jaxbridge_rbf_kernel_adj";
+  const char* fn = target::RbfAdj;
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfAdj(fn, &r, x, y, l, kmat, ct, *gx, *gy, *gl));
   const auto dt = x.element_type();
@@ -201,7 +201,7 @@ ffi::Error RbfAdj(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer
 
 ffi::Error RbfTan(JB_POOL_PARAM AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer kmat,
                   AnyBuffer tx, AnyBuffer ty, AnyBuffer tl, Result<AnyBuffer> dk) {
-  const char* fn = "jaxbridge_rbf_kernel_tan";
+  const char* fn = target::RbfTan;
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfTan(fn, &r, x, y, l, kmat, tx, ty, tl, *dk));
   const auto dt = x.element_type();

@@ -3,7 +3,7 @@
 // conventions as cpu_handlers.cc.
 #include <cstdint>
 
-#include "cuda_handlers.h"
+#include "handlers.h"
 #include "jaxbridge/cuda.h"
 #include "jaxbridge/ffi_helpers.h"
 #include "kernels/cuda_kernels.h"
@@ -11,6 +11,13 @@
 
 namespace jaxbridge::builtin {
 namespace {
+
+// "<target> (CUDA)" for error messages.
+#define JAXBRIDGE_CUDA_NAME(op, role, Symbol, name) \
+  inline constexpr char kCuda##Symbol[] = name " (CUDA)";
+JAXBRIDGE_BUILTIN_TARGETS(JAXBRIDGE_CUDA_NAME)
+#undef JAXBRIDGE_CUDA_NAME
+
 
 namespace kc = ::jaxbridge::kernels::cuda;
 using ffi::AnyBuffer;
@@ -24,7 +31,7 @@ using ffi::Result;
   } while (0)
 
 ffi::Error SoftplusFwd(cudaStream_t stream, AnyBuffer x, Result<AnyBuffer> y, double beta) {
-  const char* fn = "jaxbridge_softplus_fwd (CUDA)";
+  const char* fn = kCudaSoftplusFwd;
   JAXBRIDGE_RETURN_IF_ERROR(CheckSoftplusFwd(fn, beta, x, *y));
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
@@ -46,11 +53,11 @@ ffi::Error SoftplusDeriv(const char* fn, cudaStream_t stream, AnyBuffer x, AnyBu
 
 ffi::Error SoftplusAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer ct, Result<AnyBuffer> gx,
                        double beta) {
-  return SoftplusDeriv("jaxbridge_softplus_adj (CUDA)", stream, x, ct, gx, beta);
+  return SoftplusDeriv(kCudaSoftplusAdj, stream, x, ct, gx, beta);
 }
 ffi::Error SoftplusTan(cudaStream_t stream, AnyBuffer x, AnyBuffer tx, Result<AnyBuffer> ty,
                        double beta) {
-  return SoftplusDeriv("jaxbridge_softplus_tan (CUDA)", stream, x, tx, ty, beta);
+  return SoftplusDeriv(kCudaSoftplusTan, stream, x, tx, ty, beta);
 }
 
 template <typename T>
@@ -68,7 +75,7 @@ ffi::Error Scratch(ffi::ScratchAllocator& alloc, int64_t elems, T** out, const c
 
 ffi::Error TridiagFwd(cudaStream_t stream, ffi::ScratchAllocator alloc, AnyBuffer dl,
                       AnyBuffer d, AnyBuffer du, AnyBuffer b, Result<AnyBuffer> x) {
-  const char* fn = "jaxbridge_tridiagonal_solve_fwd (CUDA)";
+  const char* fn = kCudaTridiagFwd;
   TridiagDims td;
   JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagFwd(fn, &td, dl, d, du, b, *x));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
@@ -84,7 +91,7 @@ ffi::Error TridiagAdj(cudaStream_t stream, AnyBuffer dl,
                       AnyBuffer d, AnyBuffer du, AnyBuffer b, AnyBuffer x, AnyBuffer ct,
                       Result<AnyBuffer> gdl, Result<AnyBuffer> gd, Result<AnyBuffer> gdu,
                       Result<AnyBuffer> gb) {
-  const char* fn = "jaxbridge_tridiagonal_solve_adj (CUDA)";
+  const char* fn = kCudaTridiagAdj;
   TridiagDims td;
   JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagAdj(fn, &td, dl, d, du, b, x, ct, *gdl, *gd, *gdu, *gb));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
@@ -106,7 +113,7 @@ ffi::Error TridiagAdj(cudaStream_t stream, AnyBuffer dl,
 ffi::Error TridiagTan(cudaStream_t stream, ffi::ScratchAllocator alloc, AnyBuffer dl,
                       AnyBuffer d, AnyBuffer du, AnyBuffer b, AnyBuffer x, AnyBuffer tdl,
                       AnyBuffer tdd, AnyBuffer tdu, AnyBuffer tb, Result<AnyBuffer> dx) {
-  const char* fn = "jaxbridge_tridiagonal_solve_tan (CUDA)";
+  const char* fn = kCudaTridiagTan;
   TridiagDims td;
   JAXBRIDGE_RETURN_IF_ERROR(CheckTridiagTan(fn, &td, dl, d, du, b, x, tdl, tdd, tdu, tb, *dx));
   JAXBRIDGE_DISPATCH_FLOAT(d.element_type(), fn, T, {
@@ -127,7 +134,7 @@ ffi::Error TridiagTan(cudaStream_t stream, ffi::ScratchAllocator alloc, AnyBuffe
 
 ffi::Error RbfFwd(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l,
                   Result<AnyBuffer> kout) {
-  const char* fn = "jaxbridge_rbf_kernel_fwd (CUDA)";
+  const char* fn = kCudaRbfFwd;
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfFwd(fn, &r, x, y, l, *kout));
   JAXBRIDGE_DISPATCH_FLOAT(x.element_type(), fn, T, {
@@ -140,7 +147,7 @@ ffi::Error RbfFwd(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l,
 ffi::Error RbfAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer kmat,
                   AnyBuffer ct, Result<AnyBuffer> gx, Result<AnyBuffer> gy,
                   Result<AnyBuffer> gl) {
-  const char* fn = "jaxbridge_rbf_kernel_adj (CUDA)";
+  const char* fn = kCudaRbfAdj;
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfAdj(fn, &r, x, y, l, kmat, ct, *gx, *gy, *gl));
   const auto dt = x.element_type();
@@ -154,7 +161,7 @@ ffi::Error RbfAdj(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l, An
 
 ffi::Error RbfTan(cudaStream_t stream, AnyBuffer x, AnyBuffer y, AnyBuffer l, AnyBuffer kmat,
                   AnyBuffer tx, AnyBuffer ty, AnyBuffer tl, Result<AnyBuffer> dk) {
-  const char* fn = "jaxbridge_rbf_kernel_tan (CUDA)";
+  const char* fn = kCudaRbfTan;
   RbfDims r;
   JAXBRIDGE_RETURN_IF_ERROR(CheckRbfTan(fn, &r, x, y, l, kmat, tx, ty, tl, *dk));
   const auto dt = x.element_type();

@@ -1,0 +1,743 @@
+// jaxbridge._native: the host-call trampoline, an XLA FFI handler that runs a
+// registered Python callable on NumPy views of XLA's buffers.
+//
+// Protocol: fill(inputs: tuple[np.ndarray], outputs: tuple[np.ndarray]) -> ignored.
+// Inputs are read-only, outputs writable; the callable fills every output or raises.
+// All checking of what user code returns happens in Python (jaxbridge/_hostcall.py).
+//
+// What this file guarantees, each with a test in tests/test_hostcall_runtime.py:
+//
+// * Exceptions keep their identity. An exception raised on a thread that was running
+//   Python when it called into XLA -- the main thread, or a threading.Thread calling
+//   a jitted function (jaxbridge's programs run synchronously on the calling thread,
+//   see jaxbridge/_hostcall.py) -- is re-raised on that thread, as the same object,
+//   the moment the JAX call returns. That is how CPython itself delivers
+//   KeyboardInterrupt: Py_AddPendingCall on the main thread, PyThreadState_SetAsyncExc
+//   on others. XLA is told the call succeeded (outputs zero-filled) so that the
+//   computation finishes normally; later host calls in the same computation are
+//   skipped (zero-filled) until the exception is delivered. Where this cannot work --
+//   an XLA worker thread, or a computation still making host calls kMaxSkipSeconds
+//   after the failure -- the failure becomes an XLA error whose message describes the
+//   exception and carries a token that jaxbridge.errors.original_exception() maps back
+//   to the exception object.
+// * Views never dangle silently. Zero-copy views are valid only during the call.
+//   Afterwards, reference counts tell whether the callable kept a view or a view
+//   derived from one. Reference cycles are collected first; what is still kept gets
+//   a private copy of its data where it can (a view handed to the callable) and the
+//   call fails with jaxbridge.errors.KeptViewError. A callable that kept something
+//   once gets copies (memory of its own) from then on.
+// * XLA's worker threads (one per device under sharding) get a Python thread state
+//   once and keep it: creating one per call costs ~15 us.
+// * Shutdown: once the interpreter starts exiting, no host call takes the GIL (that
+//   would end the thread inside XLA and abort the process); an atexit hook waits for
+//   the calls in flight to finish.
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#ifdef JAXBRIDGE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace py = pybind11;
+namespace ffi = xla::ffi;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// A computation that keeps making host calls this long after one of them raised is
+// aborted with an XLA error instead of waiting to deliver the exception (a loop whose
+// exit condition depended on the failed call's output could otherwise spin for ever).
+constexpr double kMaxSkipSeconds = 2.0;
+
+// ------------------------------------------------------------------ registry
+struct Entry {
+  PyObject* fill;     // borrowed: the owner unregisters from a weakref finalizer, and
+  PyObject* handler;  // executables keep the owner alive (see jaxbridge/_hostcall.py)
+  bool copy = false;  // give this callable copies instead of zero-copy views
+};
+
+// Never destroyed: XLA may call handlers during interpreter shutdown. GIL-protected.
+std::unordered_map<int64_t, Entry>& Registry() {
+  static auto* registry = new std::unordered_map<int64_t, Entry>();
+  return *registry;
+}
+
+// Python objects handed over once by jaxbridge/_hostcall.py (owned, never freed).
+struct Hooks {
+  PyObject* delivery_class = nullptr;  // raising it re-raises the thread's pending exception
+  PyObject* gc_collect = nullptr;      // gc.collect
+  PyObject* clear_frames = nullptr;    // traceback.clear_frames
+  unsigned long main_thread = 0;       // threading.main_thread().ident
+};
+Hooks& TheHooks() {
+  static auto* hooks = new Hooks();
+  return *hooks;
+}
+
+// ------------------------------------------------------------------ shutdown
+std::atomic<bool> g_exiting{false};
+std::atomic<int> g_in_flight{0};
+std::mutex g_in_flight_mu;
+std::condition_variable g_in_flight_cv;
+
+bool PythonIsExiting() {
+  if (g_exiting.load(std::memory_order_acquire) || !Py_IsInitialized()) return true;
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// Counts a host call in flight for the atexit hook; `entered` is false once exiting.
+class InFlight {
+ public:
+  InFlight() {
+    g_in_flight.fetch_add(1, std::memory_order_acq_rel);
+    entered_ = !PythonIsExiting();
+  }
+  ~InFlight() { Leave(); }
+  bool entered() const { return entered_; }
+  void Leave() {
+    if (left_) return;
+    left_ = true;
+    if (g_in_flight.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(g_in_flight_mu);
+      g_in_flight_cv.notify_all();
+    }
+  }
+
+ private:
+  bool entered_;
+  bool left_ = false;
+};
+
+// A daemon thread that calls a host function while the interpreter exits. Returning an
+// error would send it back into jaxlib, which takes the GIL to raise it: a thread that
+// takes the GIL during finalization is ended with pthread_exit, whose forced unwinding
+// through XLA's noexcept frames aborts the process. Parked here, it never touches Python
+// again, and the process exits around it (what Python 3.14 does with such threads).
+[[noreturn]] void Park() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+// atexit: refuse new host calls, wait (without the GIL) for those in flight, then give
+// threads that just returned from one a moment to get back into Python or park.
+void BeginShutdown(double timeout_seconds) {
+  g_exiting.store(true, std::memory_order_release);
+  py::gil_scoped_release release;
+  {
+    std::unique_lock<std::mutex> lock(g_in_flight_mu);
+    g_in_flight_cv.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
+                            [] { return g_in_flight.load(std::memory_order_acquire) == 0; });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+// ------------------------------------------------------------------ the GIL
+// Threads Python knows (the main thread, threading.Thread) use their own thread state.
+// On XLA's worker threads PyGILState_Ensure would create and delete a state on every
+// call; one extra Ensure, never released, keeps the first state for the thread's life.
+thread_local bool t_state_kept = false;
+
+class Gil {
+ public:
+  Gil() {
+    python_thread_ = t_state_kept ? false : PyGILState_GetThisThreadState() != nullptr;
+    state_ = PyGILState_Ensure();
+    if (!python_thread_ && !t_state_kept) {
+      PyGILState_Ensure();
+      t_state_kept = true;
+    }
+  }
+  ~Gil() { PyGILState_Release(state_); }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+  // True on a thread that was running Python when it called into XLA.
+  bool python_thread() const { return python_thread_; }
+
+ private:
+  PyGILState_STATE state_;
+  bool python_thread_;
+};
+
+// ------------------------------------------------------------------ pending exceptions
+// The exception a host call on this thread raised and that is not yet delivered. Owned;
+// touched only with the GIL. While set, this thread's host calls are skipped.
+thread_local PyObject* t_pending = nullptr;
+thread_local Clock::time_point t_pending_since;
+
+PyObject* TakePending() {
+  PyObject* exc = t_pending;
+  t_pending = nullptr;
+  return exc;
+}
+
+void RaiseObject(PyObject* exc) {  // steals `exc`
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(exc);
+#else
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
+  Py_DECREF(exc);
+#endif
+}
+
+// The exception being raised (new reference), clearing it; nullptr if none.
+PyObject* PyErr_GetRaisedExceptionCompat() {
+#if PY_VERSION_HEX >= 0x030C0000
+  return PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  return value;
+#endif
+}
+
+// Py_AddPendingCall callback: runs on the main thread, with the GIL, between bytecodes.
+int DeliverOnMainThread(void*) {
+  PyObject* exc = TakePending();
+  if (exc == nullptr) return 0;  // cancelled (the computation was aborted instead)
+  RaiseObject(exc);
+  return -1;
+}
+
+// Arrange for `exc` (borrowed) to be raised on this Python thread when it resumes
+// running bytecode. False if that cannot be scheduled.
+bool SchedulePending(PyObject* exc) {
+  Py_XDECREF(TakePending());
+  unsigned long me = PyThread_get_thread_ident();
+  Py_INCREF(exc);
+  t_pending = exc;
+  t_pending_since = Clock::now();
+  if (me == TheHooks().main_thread) {
+    if (Py_AddPendingCall(DeliverOnMainThread, nullptr) == 0) return true;
+  } else if (TheHooks().delivery_class != nullptr &&
+             PyThreadState_SetAsyncExc(me, TheHooks().delivery_class) == 1) {
+    return true;
+  }
+  Py_DECREF(TakePending());
+  return false;
+}
+
+// Undo SchedulePending: the exception will be reported through XLA instead. Returns
+// the exception (new reference).
+PyObject* CancelPending() {
+  unsigned long me = PyThread_get_thread_ident();
+  if (me != TheHooks().main_thread) PyThreadState_SetAsyncExc(me, nullptr);
+  return TakePending();  // the main thread's pending call then finds nothing
+}
+
+// ------------------------------------------------------------------ NumPy views
+PyObject* NumpyDtype(ffi::DataType type) {  // built once, under the GIL
+  static std::array<PyObject*, 64>* table = [] {
+    auto* t = new std::array<PyObject*, 64>();
+    t->fill(nullptr);
+    py::module_ np = py::module_::import("numpy");
+    auto set = [&](ffi::DataType dt, py::object dtype) {
+      (*t)[static_cast<size_t>(dt)] = np.attr("dtype")(dtype).release().ptr();
+    };
+    set(ffi::DataType::PRED, py::str("bool"));
+    set(ffi::DataType::S8, py::str("int8"));
+    set(ffi::DataType::S16, py::str("int16"));
+    set(ffi::DataType::S32, py::str("int32"));
+    set(ffi::DataType::S64, py::str("int64"));
+    set(ffi::DataType::U8, py::str("uint8"));
+    set(ffi::DataType::U16, py::str("uint16"));
+    set(ffi::DataType::U32, py::str("uint32"));
+    set(ffi::DataType::U64, py::str("uint64"));
+    set(ffi::DataType::F16, py::str("float16"));
+    set(ffi::DataType::F32, py::str("float32"));
+    set(ffi::DataType::F64, py::str("float64"));
+    set(ffi::DataType::C64, py::str("complex64"));
+    set(ffi::DataType::C128, py::str("complex128"));
+    try {
+      set(ffi::DataType::BF16, py::module_::import("ml_dtypes").attr("bfloat16"));
+    } catch (const py::error_already_set&) {
+      PyErr_Clear();  // bfloat16 stays unsupported without ml_dtypes
+    }
+    return t;
+  }();
+  size_t index = static_cast<size_t>(type);
+  return index < table->size() ? (*table)[index] : nullptr;
+}
+
+void SetWritable(const py::array& a, bool writable) {
+  auto& flags = py::detail::array_proxy(a.ptr())->flags;
+  if (writable) {
+    flags |= py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  } else {
+    flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  }
+}
+
+// One XLA buffer as the callable sees it.
+struct Slot {
+  ffi::DataType type;
+  std::vector<py::ssize_t> shape;
+  void* data;      // XLA's memory (or pinned staging on GPU)
+  size_t bytes;
+  bool writable;   // outputs
+};
+
+// The views of one call. Every zero-copy view has `owner_` as its NumPy base: an
+// empty array that owns its (empty) data, where NumPy stops collapsing base chains. A
+// view derived from one of ours (slice, reshape, transpose) therefore also refers to
+// `owner_`, not to our view, so after the call Py_REFCNT(view) > 1 means "kept
+// directly" and Py_REFCNT(owner_) counts the derived views still alive.
+class CallViews {
+ public:
+  CallViews(const std::vector<Slot>& ins, const std::vector<Slot>& outs, bool copy)
+      : copy_(copy), ins_(ins.size()), outs_(outs.size()) {
+    if (!copy_) {
+      owner_ = py::array(py::reinterpret_borrow<py::dtype>(NumpyDtype(ffi::DataType::U8)),
+                         std::vector<py::ssize_t>{0});
+    }
+    for (size_t i = 0; i < ins.size(); ++i) ins_[i] = Make(ins[i]);
+    for (size_t i = 0; i < outs.size(); ++i) outs_[i] = Make(outs[i]);
+  }
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  py::tuple ins() const { return Tuple(ins_); }
+  py::tuple outs() const { return Tuple(outs_); }
+
+  // Copy mode: the callable filled arrays of its own; write them to XLA's buffers.
+  void CopyOutputsBack(const std::vector<Slot>& outs) const {
+    if (!copy_) return;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (outs[i].bytes) std::memcpy(outs[i].data, outs_[i].data(), outs[i].bytes);
+    }
+  }
+
+  // Which views outlive the call (beyond our own reference), and how many views
+  // derived from them are alive. Call after dropping every other reference we hold.
+  struct Kept {
+    std::vector<int> ins, outs;  // indices of kept views
+    Py_ssize_t derived = 0;
+    bool any() const { return !ins.empty() || !outs.empty() || derived > 0; }
+  };
+  Kept Check() const {
+    Kept kept;
+    if (copy_) return kept;
+    Py_ssize_t based = 0;
+    auto scan = [&](const std::vector<py::array>& views, std::vector<int>* out) {
+      for (size_t i = 0; i < views.size(); ++i) {
+        if (!views[i]) continue;
+        if (py::detail::array_proxy(views[i].ptr())->base == owner_.ptr()) ++based;
+        if (Py_REFCNT(views[i].ptr()) > 1) out->push_back(static_cast<int>(i));
+      }
+    };
+    scan(ins_, &kept.ins);
+    scan(outs_, &kept.outs);
+    kept.derived = Py_REFCNT(owner_.ptr()) - 1 - based;
+    return kept;
+  }
+
+  // Give kept top-level views a private copy of their data (NumPy code holding them
+  // keeps working). Views derived from them cannot be found, hence KeptViewError.
+  void Detach(const Kept& kept) {
+    for (int i : kept.ins) DetachOne(ins_[i]);
+    for (int i : kept.outs) DetachOne(outs_[i]);
+  }
+
+ private:
+  py::array Make(const Slot& s) {
+    PyObject* dtype = NumpyDtype(s.type);
+    if (dtype == nullptr) {
+      error_ = "jaxbridge host call: unsupported element type code " +
+               std::to_string(static_cast<int>(s.type));
+      return py::array();
+    }
+    auto descr = py::reinterpret_borrow<py::dtype>(dtype);
+    py::array a;
+    if (copy_) {
+      a = py::array(descr, s.shape);
+      if (s.bytes) std::memcpy(a.mutable_data(), s.data, s.bytes);
+    } else {
+      a = py::array(descr, s.shape, s.data, owner_);
+    }
+    SetWritable(a, s.writable);
+    return a;
+  }
+  static py::tuple Tuple(const std::vector<py::array>& views) {
+    py::tuple t(views.size());
+    for (size_t i = 0; i < views.size(); ++i) t[i] = views[i];
+    return t;
+  }
+  void DetachOne(py::array& view) {
+    auto* fields = py::detail::array_proxy(view.ptr());
+    bool writable = fields->flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    py::array copy(view.dtype(), std::vector<py::ssize_t>(view.shape(),
+                                                          view.shape() + view.ndim()));
+    if (view.nbytes()) std::memcpy(copy.mutable_data(), view.data(), view.nbytes());
+    fields->data = static_cast<char*>(copy.mutable_data());
+    PyObject* old_base = fields->base;
+    fields->base = copy.release().ptr();
+    Py_XDECREF(old_base);
+    SetWritable(view, writable);
+  }
+
+  bool copy_;
+  py::object owner_;
+  std::vector<py::array> ins_, outs_;
+  std::string error_;
+};
+
+// ------------------------------------------------------------------ one host call
+std::string PythonErrorText() {
+  py::error_already_set err;  // fetches and clears
+  return std::string("jaxbridge host call: ") + err.what();
+}
+
+void ZeroFill(const std::vector<Slot>& outs) {
+  for (const Slot& s : outs) {
+    if (s.bytes) std::memset(s.data, 0, s.bytes);
+  }
+}
+
+ffi::Error Failure(const std::string& message) {
+  return ffi::Error(ffi::ErrorCode::kUnknown, message);
+}
+
+// The failure `exc` (stolen) of a call on this thread: delivered to the calling Python
+// thread, or reported through XLA with a message from the handler.
+ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread,
+                  const std::vector<Slot>& outs) {
+  bool base_only = !PyErr_GivenExceptionMatches(exc, PyExc_Exception);
+  PyObject* noted = PyObject_CallMethod(handler, "annotate", "O", exc);
+  if (noted == nullptr) PyErr_Clear();
+  Py_XDECREF(noted);
+  if (python_thread && SchedulePending(exc)) {
+    Py_DECREF(exc);
+    ZeroFill(outs);
+    return ffi::Error::Success();
+  }
+  if (!python_thread && base_only &&
+      PyThread_get_thread_ident() != TheHooks().main_thread) {
+    // KeyboardInterrupt / SystemExit in a worker: also surface it in the main thread,
+    // so that `except Exception` retry loops there cannot swallow it.
+    Py_INCREF(exc);
+    PyObject* keep = exc;
+    if (Py_AddPendingCall(
+            [](void* e) -> int {
+              RaiseObject(static_cast<PyObject*>(e));
+              return -1;
+            },
+            keep) != 0) {
+      Py_DECREF(keep);
+    }
+  }
+  std::string message;
+  PyObject* text = PyObject_CallMethod(handler, "failure_message", "O", exc);
+  if (text != nullptr && PyUnicode_Check(text)) {
+    const char* utf8 = PyUnicode_AsUTF8(text);
+    message = utf8 ? utf8 : "";
+  }
+  if (text == nullptr || message.empty()) {
+    PyErr_Clear();
+    message = "jaxbridge host call failed (the error message could not be formatted)";
+  }
+  Py_XDECREF(text);
+  Py_DECREF(exc);
+  return Failure(message);
+}
+
+// The kept-view policy after a call (see the file comment). Returns the exception to
+// report (new reference), `exc` itself (stolen) when the call had already failed, or
+// nullptr when all is well.
+PyObject* ResolveKept(CallViews& views, Entry& entry, PyObject* exc) {
+  CallViews::Kept kept = views.Check();
+  if (!kept.any()) return exc;
+  PyObject* collected = PyObject_CallNoArgs(TheHooks().gc_collect);
+  if (collected == nullptr) PyErr_Clear();
+  Py_XDECREF(collected);
+  kept = views.Check();
+  // It kept views (or made reference cycles holding them): copies from now on.
+  if (exc == nullptr) {
+    entry.copy = true;
+    PyObject* r = PyObject_CallMethod(entry.handler, "started_copying", nullptr);
+    if (r == nullptr) PyErr_Clear();
+    Py_XDECREF(r);
+  }
+  if (!kept.any()) return exc;
+  views.Detach(kept);
+  if (exc != nullptr) {
+    // The callable raised and its traceback holds views. Detached ones are safe to
+    // inspect; derived ones cannot be fixed, so the frames' locals are cleared.
+    if (views.Check().derived > 0) {
+      PyObject* tb = PyException_GetTraceback(exc);
+      if (tb != nullptr) {
+        PyObject* r = PyObject_CallOneArg(TheHooks().clear_frames, tb);
+        if (r == nullptr) PyErr_Clear();
+        Py_XDECREF(r);
+        Py_DECREF(tb);
+      }
+    }
+    return exc;
+  }
+  py::list ins, outs;
+  for (int i : kept.ins) ins.append(i);
+  for (int i : kept.outs) outs.append(i);
+  PyObject* err = PyObject_CallMethod(entry.handler, "kept_view_error", "OOn", ins.ptr(),
+                                      outs.ptr(), kept.derived);
+  if (err == nullptr) {  // building the error failed: report that error instead
+    err = PyErr_GetRaisedExceptionCompat();
+  }
+  return err;
+}
+
+// Runs the callable registered under `callback_id` on `ins`/`outs`.
+ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
+                        const std::vector<Slot>& outs) {
+  InFlight in_flight;
+  if (!in_flight.entered()) {
+    bool python_thread = !t_state_kept && PyGILState_GetThisThreadState() != nullptr;
+    if (python_thread && PyThread_get_thread_ident() != TheHooks().main_thread) {
+      in_flight.Leave();
+      Park();
+    }
+    return Failure(
+        "jaxbridge host call: the Python interpreter is shutting down, so the host "
+        "function was not called");
+  }
+  Gil gil;
+  if (t_pending != nullptr) {  // an earlier call on this thread raised: skip
+    double waited = std::chrono::duration<double>(Clock::now() - t_pending_since).count();
+    if (waited <= kMaxSkipSeconds) {
+      ZeroFill(outs);
+      return ffi::Error::Success();
+    }
+    PyObject* exc = CancelPending();
+    auto it = Registry().find(callback_id);
+    if (it == Registry().end()) {
+      Py_DECREF(exc);
+      return Failure("jaxbridge host call: aborted after an earlier host call raised");
+    }
+    return Report(exc, it->second.handler, /*python_thread=*/false, outs);
+  }
+  auto it = Registry().find(callback_id);
+  if (it == Registry().end()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jaxbridge host call: callback " + std::to_string(callback_id) +
+                          " is no longer registered (its function was garbage collected "
+                          "while a compiled program still used it)");
+  }
+  Entry& entry = it->second;
+  py::object handler = py::reinterpret_borrow<py::object>(entry.handler);  // keep alive
+  try {
+    CallViews views(ins, outs, entry.copy);
+    if (!views.ok()) return ffi::Error::InvalidArgument(views.error());
+    PyObject* exc = nullptr;
+    {
+      py::tuple in_tuple = views.ins(), out_tuple = views.outs();
+      PyObject* result = PyObject_CallFunctionObjArgs(entry.fill, in_tuple.ptr(),
+                                                      out_tuple.ptr(), nullptr);
+      if (result == nullptr) {
+        exc = PyErr_GetRaisedExceptionCompat();
+      } else {
+        Py_DECREF(result);
+      }
+    }  // the tuples are gone: only `views` (and whatever the callable kept) hold views
+    exc = ResolveKept(views, entry, exc);
+    if (exc != nullptr) return Report(exc, entry.handler, gil.python_thread(), outs);
+    views.CopyOutputsBack(outs);
+  } catch (const py::error_already_set&) {
+    return Failure(PythonErrorText());
+  } catch (const std::exception& e) {
+    return Failure(std::string("jaxbridge host call: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CollectSlots(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        std::vector<Slot>* ins, std::vector<Slot>* outs) {
+  ins->reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    auto dims = buffer->dimensions();
+    ins->push_back({buffer->element_type(), {dims.begin(), dims.end()},
+                    buffer->untyped_data(), buffer->size_bytes(), false});
+  }
+  outs->reserve(rets.size());
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto buffer = rets.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    auto dims = (*buffer)->dimensions();
+    outs->push_back({(*buffer)->element_type(), {dims.begin(), dims.end()},
+                     (*buffer)->untyped_data(), (*buffer)->size_bytes(), true});
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error HostCallCpu(ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t callback_id) {
+  std::vector<Slot> ins, outs;
+  if (ffi::Error e = CollectSlots(args, rets, &ins, &outs); e.failure()) return e;
+  return InvokeOnHost(callback_id, ins, outs);
+}
+
+#ifdef JAXBRIDGE_WITH_CUDA
+// GPU: stage through pinned host memory on XLA's stream. One staging block per call
+// covers every operand and result (aligned to 256 bytes); the stream is synchronized
+// once before the Python call and once after the copies back, because the staging
+// memory is reused by the next call on this thread.
+struct PinnedStaging {
+  void* data = nullptr;
+  size_t capacity = 0;
+  ~PinnedStaging() {
+    if (data != nullptr) cudaFreeHost(data);
+  }
+  cudaError_t Reserve(size_t bytes) {
+    if (bytes <= capacity) return cudaSuccess;
+    if (data != nullptr) cudaFreeHost(data);
+    data = nullptr;
+    capacity = 0;
+    cudaError_t status = cudaMallocHost(&data, bytes);
+    if (status == cudaSuccess) capacity = bytes;
+    return status;
+  }
+};
+
+ffi::Error CudaError(const char* what, cudaError_t status) {
+  return ffi::Error::Internal(std::string("jaxbridge host call (CUDA): ") + what +
+                              " failed: " + cudaGetErrorString(status));
+}
+
+size_t Aligned(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+
+ffi::Error HostCallCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        int64_t callback_id) {
+  thread_local PinnedStaging staging;
+  std::vector<Slot> device_ins, device_outs;
+  if (ffi::Error e = CollectSlots(args, rets, &device_ins, &device_outs); e.failure()) {
+    return e;
+  }
+  size_t total = 0;
+  for (const Slot& s : device_ins) total += Aligned(s.bytes);
+  for (const Slot& s : device_outs) total += Aligned(s.bytes);
+  if (cudaError_t s = staging.Reserve(total > 0 ? total : 1); s != cudaSuccess) {
+    return CudaError("cudaMallocHost", s);
+  }
+  std::vector<Slot> ins = device_ins, outs = device_outs;
+  char* cursor = static_cast<char*>(staging.data);
+  for (size_t i = 0; i < ins.size(); ++i) {
+    ins[i].data = cursor;
+    if (ins[i].bytes > 0) {
+      cudaError_t s = cudaMemcpyAsync(cursor, device_ins[i].data, ins[i].bytes,
+                                      cudaMemcpyDeviceToHost, stream);
+      if (s != cudaSuccess) return CudaError("cudaMemcpyAsync (device to host)", s);
+    }
+    cursor += Aligned(ins[i].bytes);
+  }
+  for (Slot& out : outs) {
+    out.data = cursor;
+    cursor += Aligned(out.bytes);
+  }
+  if (cudaError_t s = cudaStreamSynchronize(stream); s != cudaSuccess) {
+    return CudaError("cudaStreamSynchronize", s);
+  }
+  ffi::Error status = InvokeOnHost(callback_id, ins, outs);
+  if (status.failure()) return status;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i].bytes == 0) continue;
+    cudaError_t s = cudaMemcpyAsync(device_outs[i].data, outs[i].data, outs[i].bytes,
+                                    cudaMemcpyHostToDevice, stream);
+    if (s != cudaSuccess) return CudaError("cudaMemcpyAsync (host to device)", s);
+  }
+  if (cudaError_t s = cudaStreamSynchronize(stream); s != cudaSuccess) {
+    return CudaError("cudaStreamSynchronize", s);
+  }
+  return ffi::Error::Success();
+}
+#endif  // JAXBRIDGE_WITH_CUDA
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kJaxbridgeHostCallCpu, HostCallCpu,
+                              ffi::Ffi::Bind()
+                                  .RemainingArgs()                 // operands, any dtype
+                                  .RemainingRets()                 // results, any dtype
+                                  .Attr<int64_t>("callback_id"));  // registry key
+
+#ifdef JAXBRIDGE_WITH_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kJaxbridgeHostCallCuda, HostCallCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .RemainingArgs()                 // device operands
+                                  .RemainingRets()                 // device results
+                                  .Attr<int64_t>("callback_id"));  // registry key
+#endif
+
+template <typename T>
+py::capsule EncapsulateFfiHandler(T* fn) {
+  return py::capsule(reinterpret_cast<void*>(fn));
+}
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "jaxbridge native host-call trampoline (XLA FFI)";
+  m.def("registrations", []() {
+    py::dict cpu;
+    cpu["jaxbridge_host_call"] = EncapsulateFfiHandler(kJaxbridgeHostCallCpu);
+    py::dict out;
+    out["cpu"] = cpu;
+#ifdef JAXBRIDGE_WITH_CUDA
+    py::dict cuda;
+    cuda["jaxbridge_host_call"] = EncapsulateFfiHandler(kJaxbridgeHostCallCuda);
+    out["CUDA"] = cuda;
+#endif
+    return out;
+  }, "FFI handler capsules by platform: {platform: {target_name: capsule}}.");
+  m.def("install_hooks", [](py::object delivery_class, py::object gc_collect,
+                            py::object clear_frames, unsigned long main_thread) {
+    Hooks& hooks = TheHooks();
+    hooks.delivery_class = delivery_class.release().ptr();
+    hooks.gc_collect = gc_collect.release().ptr();
+    hooks.clear_frames = clear_frames.release().ptr();
+    hooks.main_thread = main_thread;
+  }, "Called once by jaxbridge._hostcall with the Python objects the handler needs.");
+  m.def("register_callback", [](int64_t callback_id, py::handle fill, py::handle handler) {
+    Registry()[callback_id] = Entry{fill.ptr(), handler.ptr(), false};  // borrowed
+  }, py::arg("callback_id"), py::arg("fill"), py::arg("handler"));
+  m.def("unregister_callback", [](int64_t callback_id) { Registry().erase(callback_id); },
+        py::arg("callback_id"));
+  m.def("num_registered", []() { return Registry().size(); });
+  m.def("copies_inputs", [](int64_t callback_id) {
+    auto it = Registry().find(callback_id);
+    return it != Registry().end() && it->second.copy;
+  }, "Whether the callable gets copies (it kept a view once) instead of zero-copy views.");
+  m.def("set_copies_inputs", [](int64_t callback_id, bool copy) {
+    auto it = Registry().find(callback_id);
+    if (it != Registry().end()) it->second.copy = copy;
+  });
+  m.def("take_pending", []() -> py::object {
+    PyObject* exc = TakePending();
+    if (exc == nullptr) return py::none();
+    return py::reinterpret_steal<py::object>(exc);
+  }, "The undelivered exception of this thread (used by the delivery class).");
+  m.def("begin_shutdown", &BeginShutdown, py::arg("timeout_seconds"),
+        "atexit: refuse new host calls and wait for those in flight.");
+#ifdef JAXBRIDGE_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+  m.attr("__version__") = JAXBRIDGE_VERSION;
+}

@@ -1,0 +1,252 @@
+"""The derivative pair: a forward computation with its tangent and adjoint, wired into
+JAX as three primitives. Host functions (`jaxbridge._foreign`) and C++/CUDA kernels
+(`jaxbridge._kernel`) are both instances; everything JAX needs is here, once.
+
+* forward  ``primals -> outputs``; its JVP binds `tangent`.
+* tangent  ``(*fixed, *tangents) -> output tangents``, linear in the tangents.
+  Transposed (for `grad`) it becomes `adjoint`.
+* adjoint  ``(*fixed, *cotangents) -> input cotangents``, linear in the cotangents;
+  its transpose is `tangent` again.
+
+`fixed` are the operands a derivative needs besides the (co)tangents: the primals and
+(usually) the forward outputs; none for a linear function, whose tangent is the function
+itself. So `grad`/`vjp`/`jacrev` need only the adjoint, `jvp`/`jacfwd` only the tangent,
+and nothing uses `jax.custom_vjp` (which would rule out forward mode).
+
+Each primitive is parameterized by a *signature* (`sig`): a hashable description of one
+call that says what the derivatives are and how to lower each role (see `Signature`).
+The tangent and adjoint also take `nz`, the inputs whose (co)tangents are not symbolic
+zeros.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import original_exception
+from .jaxapi import (Primitive, ad, aval_of, batching, cast_to_varying, is_zero, mlir,
+                     result_avals, varying_axes, zero_tangent)
+
+__all__ = ["ROLES", "Signature", "Pair", "make_pair", "join_varying"]
+
+ROLES = ("forward", "tangent", "adjoint")
+PLATFORMS = ("cpu", "cuda", "rocm")
+
+
+class Signature(Protocol):
+    """What a pair's primitives need to know about one call (see the module docstring).
+
+    Implementations are hashable (JAX caches on primitive parameters) and immutable.
+    """
+
+    name: str                       # for error messages
+    in_avals: tuple                 # forward operands: ShapeDtypeStruct-like
+    out_avals: tuple                # forward results
+    diff_in: tuple                  # per input: does it take a tangent / get a cotangent?
+    tangent_outs: tuple             # per forward result: does it get a tangent?
+    prune_zero_tangents: bool       # tangent gets only the non-zero tangents (else zeros)
+    vectorized: bool                # vmap: one call with a batch axis (else a loop)
+    cache: dict                     # per-signature cache (compiled eager calls)
+
+    def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list: ...
+    def rule(self, role: str) -> str | None: ...            # "native" | "traced" | None
+    def traced(self, role: str, nz: tuple) -> Callable[..., list]: ...
+    def missing(self, role: str) -> Exception: ...
+    def second_order_error(self, role: str) -> Exception: ...
+    def batched(self, size: int) -> Signature: ...
+    def lower(self, role: str, ctx: Any, *args: Any, nz: tuple, platform: str | None
+              ) -> Sequence[Any]: ...
+
+
+def join_varying(arrays: list) -> list:
+    """Inside `shard_map`, cast replicated operands to vary over the same mesh axes as
+    the others (the gradient of a replicated input is then summed over shards)."""
+    axes = frozenset().union(*(varying_axes(aval_of(x)) for x in arrays))
+    return [cast_to_varying(x, axes) for x in arrays] if axes else arrays
+
+
+def _zeros(aval: Any) -> Any:
+    return jnp.zeros(aval.shape, aval.dtype)
+
+
+def _instantiate(values: Sequence[Any], avals: Sequence[Any]) -> list:
+    return [_zeros(a) if is_zero(v) else v for v, a in zip(values, avals)]
+
+
+def _tangent_avals(sig: Signature, nz: tuple) -> list:
+    return [a for a, t in zip(sig.out_avals, sig.tangent_outs) if t]
+
+
+def _adjoint_avals(sig: Signature, nz: tuple) -> list:
+    return [a for a, z in zip(sig.in_avals, nz) if z]
+
+
+class Pair:
+    """The three primitives of one kind of derivative pair (see the module docstring)."""
+
+    def __init__(self, prefix: str):
+        self.forward = Primitive(f"{prefix}")
+        self.tangent = Primitive(f"{prefix}_tangent")
+        self.adjoint = Primitive(f"{prefix}_adjoint")
+        self.role = {self.forward: "forward", self.tangent: "tangent",
+                     self.adjoint: "adjoint"}
+        for prim in self.role:
+            prim.multiple_results = True
+            prim.def_impl(functools.partial(self._eager, prim))
+            batching.primitive_batchers[prim] = functools.partial(self._batch, prim)
+            for platform in (*PLATFORMS, None):
+                kwargs = {} if platform is None else {"platform": platform}
+                mlir.register_lowering(prim, functools.partial(self._lower, prim, platform),
+                                       **kwargs)
+        self.forward.def_abstract_eval(
+            lambda *avals, sig: result_avals(avals, sig.out_avals, sig.name))
+        self.tangent.def_abstract_eval(
+            lambda *avals, sig, nz: result_avals(avals, _tangent_avals(sig, nz), sig.name))
+        self.adjoint.def_abstract_eval(
+            lambda *avals, sig, nz: result_avals(avals, _adjoint_avals(sig, nz), sig.name))
+        ad.primitive_jvps[self.forward] = self._forward_jvp
+        ad.primitive_jvps[self.tangent] = functools.partial(self._linear_jvp, self.tangent)
+        ad.primitive_jvps[self.adjoint] = functools.partial(self._linear_jvp, self.adjoint)
+        ad.primitive_transposes[self.tangent] = self._tangent_transpose
+        ad.primitive_transposes[self.adjoint] = self._adjoint_transpose
+
+    def call(self, sig: Signature, *args: Any) -> list:
+        """Bind the forward primitive (inside `shard_map`, on operands that all vary
+        over the same mesh axes)."""
+        return self.forward.bind(*join_varying(list(args)), sig=sig)
+
+    # ---- eager evaluation: compiled, like JAX's own primitives
+    def _eager(self, prim: Primitive, *args: Any, **params: Any) -> Any:
+        """Compile the primitive once per signature and run it, so eager calls take the
+        same lowering path as traced ones. Under `jax.disable_jit()` too (else `jit`
+        would call this `impl` again, for ever). A host function's exception that
+        crossed XLA as a status (it ran on a worker thread) is re-raised as itself."""
+        sig = params["sig"]
+        key = (self.role[prim], params.get("nz"))
+        fn = sig.cache.get(key)
+        if fn is None:
+            fn = jax.jit(lambda *xs: prim.bind(*xs, **params))
+            sig.cache[key] = fn
+        with jax.disable_jit(False):
+            try:
+                return fn(*args)
+            except Exception as err:  # noqa: BLE001 - re-raised unless it carries a failure
+                original = original_exception(err)
+                if original is None:
+                    raise
+        raise original
+
+    # ---- lowering
+    def _lower(self, prim: Primitive, platform: str | None, ctx: Any, *args: Any,
+               sig: Signature, nz: tuple = ()) -> Sequence[Any]:
+        role = self.role[prim]
+        if role != "forward":
+            how = sig.rule(role)
+            if how is None:
+                raise sig.missing(role)
+            if how == "traced":
+                return mlir.lower_fun(sig.traced(role, nz), multiple_results=True)(ctx, *args)
+        return sig.lower(role, ctx, *args, nz=nz, platform=platform)
+
+    # ---- forward mode
+    def _forward_jvp(self, primals: Sequence[Any], tangents: Sequence[Any], *,
+                     sig: Signature) -> tuple[list, list]:
+        outs = self.forward.bind(*primals, sig=sig)
+        live = tuple(d and not is_zero(t) for d, t in zip(sig.diff_in, tangents))
+        zeros = [zero_tangent(aval_of(o)) for o in outs]
+        if not any(live):
+            return outs, zeros
+        if sig.rule("tangent") is None and sig.rule("adjoint") is None:
+            raise sig.missing("any")
+        nz = live if sig.prune_zero_tangents else tuple(sig.diff_in)
+        tans = [t for t, z in zip(_instantiate(tangents, sig.in_avals), nz) if z]
+        fixed = sig.fixed(primals, outs)
+        if sig.rule("tangent") == "traced" and sig.rule("adjoint") is None:
+            out_t = sig.traced("tangent", nz)(*fixed, *tans)  # JAX transposes it itself
+        else:
+            out_t = self.tangent.bind(*fixed, *tans, sig=sig, nz=nz)
+        out_t = iter(out_t)
+        return outs, [next(out_t) if t else z for t, z in zip(sig.tangent_outs, zeros)]
+
+    def _linear_jvp(self, prim: Primitive, primals: Sequence[Any], tangents: Sequence[Any],
+                    *, sig: Signature, nz: tuple) -> tuple[Any, Any]:
+        """JVP of a derivative with respect to all its operands (second order)."""
+        out = prim.bind(*primals, sig=sig, nz=nz)
+        n = len(primals) - self._n_linear(prim, sig, nz)
+        if all(is_zero(t) for t in tangents[:n]):
+            # Only the linear operands move: the derivative is the map itself.
+            linear_t = _instantiate(tangents[n:], [aval_of(p) for p in primals[n:]])
+            return out, prim.bind(*primals[:n], *linear_t, sig=sig, nz=nz)
+        role = self.role[prim]
+        if sig.rule(role) != "traced":
+            raise sig.second_order_error(role)
+        tangents = _instantiate(tangents, [aval_of(p) for p in primals])
+        _, out_t = jax.jvp(sig.traced(role, nz), tuple(primals), tuple(tangents))
+        return out, list(out_t)
+
+    def _n_linear(self, prim: Primitive, sig: Signature, nz: tuple) -> int:
+        return sum(nz) if prim is self.tangent else sum(sig.tangent_outs)
+
+    # ---- reverse mode
+    def _split_fixed(self, prim: Primitive, operands: Sequence[Any], sig: Signature,
+                     nz: tuple) -> tuple[list, list]:
+        n = len(operands) - self._n_linear(prim, sig, nz)
+        fixed = list(operands[:n])
+        if any(ad.is_undefined_primal(x) for x in fixed):
+            raise sig.second_order_error(self.role[prim])
+        return fixed, list(operands[n:])
+
+    def _tangent_transpose(self, cts: Sequence[Any], *operands: Any, sig: Signature,
+                           nz: tuple) -> list:
+        fixed, linear = self._split_fixed(self.tangent, operands, sig, nz)
+        if all(is_zero(c) for c in cts):
+            return [None] * len(fixed) + [ad.Zero(t.aval) for t in linear]
+        cts = _instantiate(cts, _tangent_avals(sig, nz))
+        how = sig.rule("adjoint")
+        if how is None:
+            raise sig.missing("adjoint")
+        if how == "traced":
+            in_cts = sig.traced("adjoint", nz)(*fixed, *cts)
+        else:
+            in_cts = self.adjoint.bind(*fixed, *cts, sig=sig, nz=nz)
+        return [None] * len(fixed) + list(in_cts)
+
+    def _adjoint_transpose(self, cts: Sequence[Any], *operands: Any, sig: Signature,
+                           nz: tuple) -> list:
+        fixed, linear = self._split_fixed(self.adjoint, operands, sig, nz)
+        if all(is_zero(c) for c in cts):
+            return [None] * len(fixed) + [ad.Zero(c.aval) for c in linear]
+        cts = _instantiate(cts, _adjoint_avals(sig, nz))
+        if sig.rule("tangent") is None:
+            raise sig.missing("tangent")
+        return [None] * len(fixed) + list(self.tangent.bind(*fixed, *cts, sig=sig, nz=nz))
+
+    # ---- vmap: one vectorized call, or a loop of calls
+    def _batch(self, prim: Primitive, args: Sequence[Any], dims: Sequence[int | None], *,
+               sig: Signature, **params: Any) -> tuple[list, list]:
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        if sig.vectorized:
+            moved = [jnp.broadcast_to(a, (size, *jnp.shape(a))) if d is None
+                     else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+            outs = prim.bind(*moved, sig=sig.batched(size), **params)
+        else:
+            mapped = [d is not None for d in dims]
+            batched = [jnp.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None]
+
+            def one(xs):
+                xs = iter(xs)
+                return prim.bind(*[next(xs) if m else a for a, m in zip(args, mapped)],
+                                 sig=sig, **params)
+
+            outs = jax.lax.map(one, batched)
+        return list(outs), [0] * len(outs)
+
+
+def make_pair(prefix: str) -> Pair:
+    """The forward/tangent/adjoint primitives named `prefix`, `prefix_tangent`, ..."""
+    return Pair(prefix)

@@ -1,0 +1,285 @@
+"""The host-call path: run a Python function on NumPy arrays from compiled JAX code.
+
+Two mechanisms, one interface (`HostCallable` + `lower_host_call`):
+
+* native: the XLA FFI handler `jaxbridge_host_call` (csrc/hostcall/hostcall.cc) calls
+  `HostCallable.fill(inputs, outputs)` with zero-copy NumPy views of XLA's buffers
+  (about 50x cheaper per call than `jax.pure_callback`; see benchmarks/RESULTS.md);
+* fallback: `jax.pure_callback`, used where the native extension or a platform handler
+  is unavailable, or when asked for with `backend="pure_callback"`.
+
+Why programs with host calls run synchronously. A host function may call JAX itself
+(every `jaxbridge.scipy` solver does). With CPU async dispatch, a training loop that
+does not wait for each step queues up to 32 steps; a host call running inside one of
+them that dispatches JAX work then waits for a slot that only the queued steps can free:
+a deadlock. PjRt avoids this for JAX's own callbacks by executing any program compiled
+with host callbacks synchronously on the calling thread ("When using host callbacks on
+CPU, we need to use synchronous dispatch to avoid deadlocks with reentrant callbacks",
+xla/python/pjrt_ifrt/pjrt_executable.cc). Lowering registers each `HostCallable` as
+the module's host callback (`_jaxapi.mark_host_callback`), so our programs get exactly
+the same treatment. It also makes the executable own the callable.
+
+Running on the calling thread is also what lets an exception keep its identity: the
+trampoline re-raises it on that thread when the JAX call returns (see hostcall.cc).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import itertools
+import os
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._core import extensions, jaxapi
+from .._core.jaxapi import mlir
+from ..errors import (BackendError, ForeignCallError, JaxbridgeError, KeptViewError,
+                      ShardingError, remember_failure)
+
+_native = extensions.load("_native")
+
+__all__ = ["HostCallable", "lower_host_call", "native_platforms", "default_backend",
+           "ForeignCallError"]
+
+TARGET_NAME = "jaxbridge_host_call"
+# The same handler under a second name that XLA may split along leading batch
+# dimensions (one call per shard); only calls that declare batch dims use it.
+BATCHED_TARGET_NAME = "jaxbridge_host_call_batched"
+ON_MESH = ("error", "replicate")
+BACKENDS = ("auto", "native", "pure_callback")
+# How long interpreter exit waits for host calls still running on other threads.
+SHUTDOWN_TIMEOUT_SECONDS = 10.0
+_ids = itertools.count(1)
+_registered_platforms: set[str] = set()
+_register_lock = threading.Lock()
+
+
+class _PendingException(BaseException):
+    """Raised in a thread by the trampoline (`PyThreadState_SetAsyncExc` takes a class):
+    constructing it hands back the exception the thread's host call raised."""
+
+    def __new__(cls, *args: Any) -> Any:  # noqa: D102
+        exc = _native.take_pending() if _native is not None else None
+        if exc is None:  # nothing pending: should not happen; say so rather than guess
+            return RuntimeError("jaxbridge: a host-call exception was lost in delivery")
+        if sys.version_info < (3, 12) and exc.__traceback__ is not None:
+            # Python 3.11 replaces the traceback of an exception delivered this way
+            # with the frames it unwinds next: keep where it was raised as a note.
+            exc.add_note("Raised in a jaxbridge host function:\n" + "".join(
+                traceback.format_tb(exc.__traceback__)).rstrip())
+        return exc
+
+
+if _native is not None:
+    _native.install_hooks(_PendingException, gc.collect, traceback.clear_frames,
+                          threading.main_thread().ident)
+    atexit.register(_native.begin_shutdown, SHUTDOWN_TIMEOUT_SECONDS)
+
+
+def _register_native_targets() -> set[str]:
+    """Register the native handler with XLA once per process; return its platforms."""
+    with _register_lock:
+        if _registered_platforms or _native is None:
+            return _registered_platforms
+        for platform, targets in _native.registrations().items():
+            capsule = targets[TARGET_NAME]
+            try:
+                jax.ffi.register_ffi_target(TARGET_NAME, capsule, platform=platform)
+                jax.ffi.register_ffi_target(BATCHED_TARGET_NAME, capsule, platform=platform)
+            except Exception:  # noqa: BLE001 - e.g. CUDA handler on a CPU-only jaxlib
+                continue
+            _registered_platforms.add(platform.lower())
+        if _registered_platforms:
+            jax.ffi.register_ffi_target_as_batch_partitionable(BATCHED_TARGET_NAME)
+        return _registered_platforms
+
+
+def native_platforms() -> frozenset[str]:
+    """Lower-case platform names ('cpu', 'cuda') served by the native trampoline."""
+    return frozenset(_register_native_targets())
+
+
+def default_backend() -> str:
+    """The backend used when a function says `backend="auto"` (env JAXBRIDGE_HOST_CALL)."""
+    value = os.environ.get("JAXBRIDGE_HOST_CALL", "auto")
+    if value not in BACKENDS:
+        raise ValueError(
+            f"jaxbridge: environment variable JAXBRIDGE_HOST_CALL must be one of "
+            f"{BACKENDS}, got {value!r}")
+    return value
+
+
+class CopyPolicy:
+    """Whether a host function gets copies of XLA's buffers instead of zero-copy views:
+    one per function (or rule), shared by its `HostCallable`s for every signature. It
+    becomes True when the function is seen keeping views past a call."""
+
+    __slots__ = ("copy",)
+
+    def __init__(self) -> None:
+        self.copy = False
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"\n  (raised at {last.filename}:{last.lineno} in {last.name})"
+
+
+class HostCallable:
+    """A host computation that compiled code can call.
+
+    `fill(inputs, outputs)` takes a tuple of NumPy arrays and fills a tuple of
+    writable arrays of exactly `out_avals`' shapes and dtypes (shard-local shapes under
+    `batch_dims`), or raises. It must keep nothing it was given: on the native path the
+    arrays are views of XLA's buffers, valid only during the call.
+    """
+
+    def __init__(self, fill: Callable[[tuple, tuple], Any], out_avals: Sequence[Any],
+                 name: str, what: str, copy_policy: CopyPolicy | None = None):
+        self.fill = fill
+        self.out_avals = tuple(out_avals)
+        self.name = name
+        self.what = what
+        self.copy_policy = copy_policy if copy_policy is not None else CopyPolicy()
+        self.id = next(_ids)
+        if _native is not None:
+            _native.register_callback(self.id, fill, self)
+            if self.copy_policy.copy:
+                _native.set_copies_inputs(self.id, True)
+            weakref.finalize(self, _native.unregister_callback, self.id)
+
+    def __repr__(self) -> str:
+        return f"<HostCallable #{self.id} {self.what} of {self.name!r}>"
+
+    def __call__(self, *args: Any) -> Any:
+        # Registered as the module's host callback only so that PjRt runs the program
+        # synchronously and the executable owns this object; XLA calls it by id instead.
+        raise RuntimeError(f"{self!r} is called by the jaxbridge trampoline, not directly")
+
+    @property
+    def copies_inputs(self) -> bool:
+        """True once this callable kept a view: it then gets copies of XLA's buffers."""
+        return _native is not None and bool(_native.copies_inputs(self.id))
+
+    # -- slow paths called by the native trampoline
+    def annotate(self, exc: BaseException) -> None:
+        """Note on a user's exception which foreign function raised it (once)."""
+        if isinstance(exc, JaxbridgeError) or getattr(exc, "_jaxbridge_noted", False):
+            return
+        try:
+            exc.add_note(f"(raised in the {self.what} of jaxbridge foreign function "
+                         f"{self.name!r})")
+            exc._jaxbridge_noted = True  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # an exception type that takes no attributes
+            pass
+
+    def failure_message(self, exc: BaseException) -> str:
+        """The XLA error text for a failure that cannot be re-raised as itself (it ran on
+        an XLA worker thread): the exception's type, message and origin, and a token."""
+        token = remember_failure(exc)
+        kind = type(exc)
+        name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else \
+            f"{kind.__module__}.{kind.__qualname__}"
+        return (f"{name}: {exc}\n  in the {self.what} of jaxbridge foreign function "
+                f"{self.name!r}{_where(exc)}\n  [jaxbridge failure #{token}: "
+                f"jaxbridge.errors.original_exception(err) returns the exception object]")
+
+    def started_copying(self) -> None:
+        """The trampoline switched this callable to copies: so do its siblings (the same
+        function or rule compiled for other shapes) from now on."""
+        self.copy_policy.copy = True
+
+    def kept_view_error(self, inputs: list[int], outputs: list[int],
+                        derived: int) -> KeptViewError:
+        """The error for a function that kept views of XLA's buffers past the call."""
+        kept = [f"input {i}" for i in inputs] + [f"output {i}" for i in outputs]
+        parts = []
+        if kept:
+            parts.append(f"{', '.join(kept)} (jaxbridge gave the kept arrays a private copy "
+                         "of their data, so they stay valid)")
+        if derived:
+            parts.append(f"{derived} view(s) derived from them (slices, reshapes, "
+                         "transposes; these cannot be repaired and must not be used)")
+        return KeptViewError(
+            f"jaxbridge: the {self.what} of foreign function {self.name!r} kept "
+            f"{' and '.join(parts)} after returning. Its arguments are zero-copy views of "
+            f"XLA's buffers, valid only during the call: copy what you keep "
+            f"(np.array(x)). From now on this function gets copies of its inputs (slower).")
+
+    # -- jax.pure_callback protocol
+    def call_pure(self, *arrays: Any) -> tuple[np.ndarray, ...]:
+        """`jax.pure_callback` turns any exception into a runtime error string, so the
+        error says what happened and carries a token for `original_exception`."""
+        outs = tuple(np.empty(a.shape, a.dtype) for a in self.out_avals)
+        try:
+            self.fill(tuple(np.asarray(a) for a in arrays), outs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised, described
+            raise ForeignCallError(self.failure_message(exc)) from exc
+        return outs
+
+
+def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "auto",
+                    platform: str | None = None, num_batch_dims: int = 0,
+                    on_mesh: str = "error") -> Sequence[Any]:
+    """Emit the call of `target` on `args` into the MLIR module being built.
+
+    With `num_batch_dims > 0` on the native path, XLA may split the call along those
+    leading dimensions, one call per shard on the shard's own device. A call that
+    cannot be split, in a computation partitioned over several devices, would have
+    its inputs gathered: that is an error unless `on_mesh="replicate"` allows it.
+    """
+    if backend == "auto":
+        backend = default_backend()
+    use_native = backend != "pure_callback" and platform in native_platforms()
+    devices = jaxapi.auto_partitioned_devices(ctx)
+    if devices > 1 and not (use_native and num_batch_dims) and on_mesh != "replicate":
+        how = ("declares no batch dimensions" if not num_batch_dims else
+               "runs through jax.pure_callback, which XLA cannot split")
+        raise ShardingError(
+            f"jaxbridge: the {target.what} of foreign function {target.name!r} is compiled into "
+            f"a computation partitioned over {devices} devices, but it {how}, so XLA would "
+            f"gather its inputs onto every device. Declare jb.foreign(..., batch_dims=k) for a "
+            f"function that is independent along its k leading dimensions (it then runs once "
+            f"per shard), call it inside jax.shard_map, or pass on_mesh='replicate' to accept "
+            f"the gather.")
+    if backend == "native" and not use_native:
+        raise BackendError(
+            f"jaxbridge: foreign function {target.name!r} asked for backend='native', but the "
+            f"native host call is not available on platform {platform!r} "
+            f"(native extension: {extensions.missing_reason('_native') or 'loaded'}; native "
+            f"platforms: {sorted(native_platforms())}). Use backend='auto' to fall back to "
+            f"jax.pure_callback.")
+    if backend == "auto" and not use_native and platform in ("cpu", "cuda"):
+        extensions.warn_once_if_missing(
+            "_native", "host calls run through jax.pure_callback (about 35x slower per call)")
+    if use_native:
+        jaxapi.mark_host_callback(ctx, target)
+        if not num_batch_dims:
+            return jax.ffi.ffi_lowering(TARGET_NAME)(ctx, *args, callback_id=np.int64(target.id))
+        results = jax.ffi.ffi_lowering(BATCHED_TARGET_NAME)(
+            ctx, *args, callback_id=np.int64(target.id))
+        jaxapi.set_num_batch_dims(results, num_batch_dims)
+        return results
+
+    out_shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in target.out_avals)
+
+    def via_pure_callback(*xs):
+        return jax.pure_callback(target.call_pure, out_shapes, *xs, vmap_method="sequential")
+
+    return mlir.lower_fun(via_pure_callback, multiple_results=True)(ctx, *args)
+
+
+def num_registered() -> int:
+    """How many host callables are alive in the native registry (for leak checks)."""
+    return 0 if _native is None else int(_native.num_registered())

@@ -1,0 +1,400 @@
+"""Calling the user's code -- the function, its tangent, adjoint or transpose rule --
+and checking what it returns.
+
+Host runners work on NumPy arrays and write into the output buffers they are given
+(`filler`); traced runners (rules with ``kind="jax"``) work on JAX values (`run_rule`).
+Every value a user returns is checked against what was declared -- structure, shape
+and dtype -- and a mismatch raises `ResultMismatchError` naming the function, the value
+and both types. Nothing is cast unless the function was declared with ``cast=True``
+(Python and NumPy scalars included: they are 0-d arrays of their own dtype).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._core.arrays import PY_SCALARS, is_none, leaf_paths, local_structs
+from ..errors import ForeignCallError, ResultMismatchError, describe
+
+if TYPE_CHECKING:
+    from .signature import CallSignature, Rule
+
+__all__ = ["filler", "run_rule"]
+
+WHAT = {"forward": "forward call", "tangent": "jvp rule", "adjoint": "vjp rule"}
+
+
+def _what(sig: CallSignature, role: str) -> str:
+    if sig.defn.linear:
+        return {"forward": "forward call", "tangent": "forward call (on tangents)",
+                "adjoint": "transpose rule"}[role]
+    return WHAT[role]
+
+
+# ---------------------------------------------------------------- checking values
+def _zeros(aval: Any, host: bool) -> Any:
+    return np.zeros(aval.shape, aval.dtype) if host else jnp.zeros(aval.shape, aval.dtype)
+
+
+def _mismatch(sig: CallSignature, label: str, problem: str, aval: Any, shape: tuple = (),
+              dtype: Any = None, detail: str = "") -> ResultMismatchError:
+    declared = describe(aval)
+    if problem == "none":
+        received = "None"
+        message = (f"jaxbridge: {label} of foreign function {sig.name!r} is None; declared "
+                   f"{declared}")
+    else:
+        received = f"{np.dtype(dtype).name}[{', '.join(str(d) for d in shape)}]"
+        message = (f"jaxbridge: {label} of foreign function {sig.name!r} has shape "
+                   f"{list(shape)} and dtype {np.dtype(dtype).name}; declared {declared}{detail}")
+    return ResultMismatchError(message, function=sig.name, what=label, problem=problem,
+                               declared=declared, received=received)
+
+
+def check_leaf(sig: CallSignature, leaf: Any, aval: Any, label: str, *, allow_none: bool,
+               host: bool) -> Any:
+    """`leaf` if it is exactly `aval` (None -> zeros where allowed); else raise."""
+    if host and type(leaf) is np.ndarray and leaf.dtype == aval.dtype \
+            and leaf.shape == aval.shape:
+        return leaf  # fast path
+    if leaf is None:
+        if allow_none:
+            return _zeros(aval, host)
+        raise _mismatch(sig, label, "none", aval)
+    want_shape, want_dtype = tuple(aval.shape), np.dtype(aval.dtype)
+    if host:
+        leaf = np.asarray(leaf)  # a Python or NumPy scalar is a 0-d array of its dtype
+    elif isinstance(leaf, PY_SCALARS):  # traced rules follow JAX: Python scalars are weak
+        leaf = jnp.asarray(leaf, want_dtype)
+    shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype)
+    if shape == want_shape and dtype == want_dtype:
+        return leaf
+    weak = not host and getattr(getattr(leaf, "aval", None), "weak_type", False)
+    if shape == want_shape and (weak or sig.defn.cast):
+        return leaf.astype(want_dtype)
+    if shape != want_shape:
+        raise _mismatch(sig, label, "shape", aval, shape, dtype)
+    hint = (f"; convert with .astype(np.{want_dtype.name}), declare {dtype.name}, or "
+            f"declare jb.foreign(..., cast=True)")
+    if shape == () and not isinstance(leaf, jax.Array):
+        hint = (f" (a Python or NumPy scalar is a 0-d array of its own dtype); return "
+                f"np.{want_dtype.name}(value) or declare jb.foreign(..., cast=True)")
+    raise _mismatch(sig, label, "dtype", aval, shape, dtype, hint)
+
+
+def flatten_checked(sig: CallSignature, value: Any, treedef: Any, avals: Sequence[Any],
+                    what: str, *, allow_none: bool, host: bool) -> list[Any]:
+    """Flatten `value` to `treedef`'s leaves, checking structure, shapes and dtypes.
+
+    `None` (the whole value or a leaf) stands for zeros where `allow_none`.
+    """
+    if value is None and allow_none:
+        return [_zeros(a, host) for a in avals]
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1 \
+            and not isinstance(value, (tuple, list, dict)):  # fast path: one array
+        return [check_leaf(sig, value, avals[0], what, allow_none=allow_none, host=host)]
+    leaves, got = jax.tree_util.tree_flatten(value, is_leaf=is_none)
+    if got != treedef:
+        raise ResultMismatchError(
+            f"jaxbridge: {what} of foreign function {sig.name!r} has the wrong structure: "
+            f"declared {treedef}, got {got}", function=sig.name, what=what,
+            problem="structure", declared=str(treedef), received=str(got))
+    checked = []
+    for i, (leaf, aval) in enumerate(zip(leaves, avals)):
+        try:
+            checked.append(check_leaf(sig, leaf, aval, what, allow_none=allow_none, host=host))
+        except ResultMismatchError:  # say which leaf (paths are only computed here)
+            check_leaf(sig, leaf, aval, f"{what}{leaf_paths(treedef)[i]}",
+                       allow_none=allow_none, host=host)
+            raise
+    return checked
+
+
+def cotangent_leaves(sig: CallSignature, value: Any, in_avals: Sequence[Any], nz: tuple,
+                     host: bool, what: str) -> list[Any]:
+    """Check an adjoint (VJP or transpose) rule's result -- one cotangent per positional
+    argument -- and flatten it to the cotangents of the inputs marked in `nz`."""
+    if not isinstance(value, (tuple, list)) or len(value) != sig.n_args:
+        got = f"{type(value).__name__} of length {len(value)}" if isinstance(
+            value, (tuple, list)) else type(value).__name__
+        raise ResultMismatchError(
+            f"jaxbridge: the {what} of foreign function {sig.name!r} must return a tuple "
+            f"with one cotangent (or None) per positional argument ({sig.n_args}); got {got}",
+            function=sig.name, what=what, problem="count",
+            declared=f"tuple of {sig.n_args}", received=got)
+    leaves: list[Any] = []
+    dyn_avals = iter(in_avals)
+    flat_index = 0
+    for i, (child, ct_i) in enumerate(zip(sig.in_tree.children(), value)):
+        child_dyn = [j for j in range(flat_index, flat_index + child.num_leaves)
+                     if j not in sig.static_map]
+        avals = [next(dyn_avals) for _ in child_dyn]
+        if ct_i is None:
+            leaves += [_zeros(a, host) for a in avals]
+        elif child.num_leaves == 1 and _is_array_like(ct_i):
+            # One-leaf custom node (e.g. nnx.Param): a bare array is its cotangent,
+            # as with jax.custom_vjp.
+            aval = avals[0] if avals else None
+            if aval is not None and jnp.issubdtype(aval.dtype, jnp.inexact):
+                leaves.append(check_leaf(sig, ct_i, aval, f"cotangent {i}", allow_none=True,
+                                         host=host))
+            else:
+                leaves += [None] * len(avals)
+        else:
+            try:
+                child_leaves = child.flatten_up_to(ct_i)
+            except (ValueError, TypeError) as exc:
+                got = jax.tree_util.tree_structure(ct_i)
+                raise ResultMismatchError(
+                    f"jaxbridge: cotangent {i} from the {what} of foreign function "
+                    f"{sig.name!r} has the wrong structure: expected {child}, got {got} "
+                    f"({exc})", function=sig.name, what=f"cotangent {i}",
+                    problem="structure", declared=str(child), received=str(got)) from None
+            dyn_pos = 0
+            for k, leaf in enumerate(child_leaves):
+                if flat_index + k in sig.static_map:
+                    continue
+                aval = avals[dyn_pos]
+                dyn_pos += 1
+                if not jnp.issubdtype(aval.dtype, jnp.inexact):
+                    leaves.append(None)  # integer input: no cotangent
+                    continue
+                try:
+                    leaves.append(check_leaf(sig, leaf, aval, f"cotangent {i}",
+                                             allow_none=True, host=host))
+                except ResultMismatchError:  # name the leaf (paths only computed here)
+                    check_leaf(sig, leaf, aval, f"cotangent {i}{leaf_paths(child)[k]}",
+                               allow_none=True, host=host)
+                    raise
+        flat_index += child.num_leaves
+    return [c for c, z in zip(leaves, nz) if z]
+
+
+def _is_array_like(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, jax.Array, *PY_SCALARS))
+
+
+# ---------------------------------------------------------------- running rules
+def _call(sig: CallSignature, fun: Callable, args: tuple, res: Any, **extra: Any) -> Any:
+    if sig.res_tree is None:
+        return fun(*args, **extra, **sig.kwargs)
+    return fun(*args, res, **extra, **sig.kwargs)
+
+
+def _split(sig: CallSignature, ins: Sequence[Any]) -> tuple[tuple, Any, Any, Sequence[Any]]:
+    """(primals, out, res, linear operands) of a non-linear rule's operands."""
+    n_in, n_all = len(sig.in_avals), len(sig.out_avals)
+    primals = sig.args(ins[:n_in])
+    out, res = sig.outputs(ins[n_in:n_in + n_all])
+    return primals, out, res, ins[n_in + n_all:]
+
+
+def _pick(avals: Sequence[Any], mask: Sequence[bool], shapes: Sequence[tuple] | None) -> tuple:
+    """`avals`, with the entries selected by `mask` given `shapes` (one shard's) if any."""
+    if shapes is None:
+        return tuple(avals)
+    shapes = iter(shapes)
+    return tuple(local_structs([a], [next(shapes)])[0] if m else a
+                 for a, m in zip(avals, mask))
+
+
+def run_tangent(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
+                out_shapes: Sequence[tuple] | None = None) -> list[Any]:
+    """Operands -> tangents of the differentiable outputs (tangent role)."""
+    what = _what(sig, "tangent")
+    avals = _pick(sig.primary_avals, sig.diff_out, out_shapes)
+    if sig.defn.linear:  # the function itself, on the tangents
+        value = rule.fun(*sig.args(ins), **sig.kwargs)
+        leaves = flatten_checked(sig, value, sig.out_tree, avals, "tangent output",
+                                 allow_none=False, host=host)
+    else:
+        primals, out, res, tans = _split(sig, ins)
+        tans = iter(tans)
+        tangents = sig.per_argument([next(tans) if z else None for z in nz])
+        value = _call(sig, rule.fun, (primals, out, tangents), res)
+        leaves = flatten_checked(sig, value, sig.out_tree, avals, "tangent output",
+                                 allow_none=True, host=host)
+    return [t for t, d in zip(leaves, sig.diff_out) if d]
+
+
+def run_adjoint(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
+                out_shapes: Sequence[tuple] | None = None) -> list[Any]:
+    """Operands -> cotangents of the inputs marked in `nz` (adjoint role)."""
+    what = _what(sig, "adjoint")
+    in_avals = _pick(sig.in_avals, nz, out_shapes)
+    if sig.defn.linear:
+        cts = iter(ins)
+        ct = jax.tree_util.tree_unflatten(
+            sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
+        value = rule.fun(ct, **sig.kwargs)
+    else:
+        primals, out, res, cts = _split(sig, ins)
+        cts = iter(cts)
+        # Integer outputs have no cotangent: the rule sees None there.
+        ct = jax.tree_util.tree_unflatten(
+            sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
+        value = _call(sig, rule.fun, (primals, out, ct), res)
+    return cotangent_leaves(sig, value, in_avals, nz, host, what)
+
+
+def run_rule(sig: CallSignature, role: str, rule: Rule, ops: Sequence[Any], nz: tuple,
+             host: bool) -> list[Any]:
+    """A tangent or adjoint rule on flat operands (traced rules call this with JAX values)."""
+    run = run_tangent if role == "tangent" else run_adjoint
+    return run(sig, rule, ops, nz, host)
+
+
+def check_forward(sig: CallSignature, value: Any, avals: Sequence[Any]) -> list[Any]:
+    """The forward call's result (a pair with residuals) as checked leaves."""
+    primary, residual = avals[:sig.n_out], avals[sig.n_out:]
+    if sig.res_tree is not None:
+        if not (isinstance(value, tuple) and len(value) == 2):
+            raise ResultMismatchError(
+                f"jaxbridge: foreign function {sig.name!r} declares residuals, so it must "
+                f"return a pair (output, residuals); got {type(value).__name__}",
+                function=sig.name, what="output", problem="structure",
+                declared="(output, residuals)", received=type(value).__name__)
+        value, residuals = value
+        return (flatten_checked(sig, value, sig.out_tree, primary, "output",
+                                allow_none=False, host=True)
+                + flatten_checked(sig, residuals, sig.res_tree, residual, "residual",
+                                  allow_none=False, host=True))
+    return flatten_checked(sig, value, sig.out_tree, primary, "output", allow_none=False,
+                           host=True)
+
+
+def _returned_none(sig: CallSignature, value: Any, what: str) -> None:
+    if value is not None:
+        raise ForeignCallError(
+            f"jaxbridge: the {what} of foreign function {sig.name!r} writes its results "
+            f"into `out=` (declared with out=True), so it must return None; it returned "
+            f"{type(value).__name__}")
+
+
+# ---------------------------------------------------------------- host fillers
+def filler(sig: CallSignature, role: str, rule: Rule | None, nz: tuple
+           ) -> tuple[Callable[[tuple, tuple], None], tuple, str]:
+    """(fill(inputs, outputs), output avals, description) of the host computation of
+    `role`: the native trampoline's protocol (see jaxbridge/_foreign/hostcall.py)."""
+    what = _what(sig, role)
+    if role == "forward":
+        return _forward_filler(sig), sig.out_avals, what
+    if role == "tangent":
+        avals = tuple(a for a, d in zip(sig.primary_avals, sig.diff_out) if d)
+        if rule.out:
+            return _inplace_tangent_filler(sig, rule, nz), avals, what
+        run = run_tangent
+    else:
+        avals = tuple(a for a, z in zip(sig.in_avals, nz) if z)
+        if rule.out:
+            return _inplace_adjoint_filler(sig, rule, nz), avals, what
+        if not sig.defn.linear:
+            return _adjoint_filler(sig, rule, nz), avals, what
+        run = run_adjoint
+
+    def fill(ins: tuple, outs: tuple) -> None:
+        shapes = [o.shape for o in outs] if sig.num_batch_dims else None
+        for o, v in zip(outs, run(sig, rule, ins, nz, True, shapes)):
+            o[...] = v
+
+    return fill, avals, what
+
+
+def _forward_filler(sig: CallSignature) -> Callable[[tuple, tuple], None]:
+    """The forward call, with a fast path for one array result."""
+    fun, kwargs, args = sig.defn.fun, sig.kwargs, sig.args
+    if sig.defn.out:
+        def fill_in_place(ins: tuple, outs: tuple) -> None:
+            out, res = sig.outputs(outs)
+            target = out if sig.res_tree is None else (out, res)
+            _returned_none(sig, fun(*args(ins), out=target, **kwargs), "forward call")
+
+        return fill_in_place
+    single = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
+        and sig.out_tree.num_leaves == 1
+    dtype = sig.out_avals[0].dtype if single else None
+
+    def fill(ins: tuple, outs: tuple) -> None:
+        value = fun(*args(ins), **kwargs)
+        if single and type(value) is np.ndarray and value.dtype == dtype \
+                and value.shape == outs[0].shape:  # == the declared shape unless sharded
+            outs[0][...] = value
+            return
+        avals = local_structs(sig.out_avals, [o.shape for o in outs])
+        for out, checked in zip(outs, check_forward(sig, value, avals)):
+            out[...] = checked
+
+    return fill
+
+
+def _adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple) -> Callable[[tuple, tuple], None]:
+    """The VJP rule, with a fast path for the common case: plain array arguments, one
+    array output, and a rule that returns NumPy arrays of the declared shapes and dtypes
+    (anything else is checked)."""
+    fast = sig.plain_args and sig.res_tree is None and sig.n_out == 1 \
+        and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.num_batch_dims
+    fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
+    live = tuple(i for i, z in enumerate(nz) if z)
+
+    def fill(ins: tuple, outs: tuple) -> None:
+        if fast:
+            value = fun(tuple(ins[:n_in]), ins[n_in], ins[n_in + 1], **kwargs)
+            if type(value) is tuple and len(value) == n_in:
+                picked = [value[i] for i in live]
+                if all(type(v) is np.ndarray and v.dtype == o.dtype and v.shape == o.shape
+                       for v, o in zip(picked, outs)):
+                    for o, v in zip(outs, picked):
+                        o[...] = v
+                    return
+            leaves = cotangent_leaves(sig, value, sig.in_avals, nz, True, "vjp rule")
+        else:
+            shapes = [o.shape for o in outs] if sig.num_batch_dims else None
+            leaves = run_adjoint(sig, rule, ins, nz, True, shapes)
+        for o, v in zip(outs, leaves):
+            o[...] = v
+
+    return fill
+
+
+def _inplace_tangent_filler(sig: CallSignature, rule: Rule, nz: tuple
+                            ) -> Callable[[tuple, tuple], None]:
+    def fill(ins: tuple, outs: tuple) -> None:
+        views = iter(outs)
+        target = jax.tree_util.tree_unflatten(
+            sig.out_tree, [next(views) if d else None for d in sig.diff_out])
+        if sig.defn.linear:
+            value = rule.fun(*sig.args(ins), out=target, **sig.kwargs)
+        else:
+            primals, out, res, tans = _split(sig, ins)
+            tans = iter(tans)
+            tangents = sig.per_argument([next(tans) if z else None for z in nz])
+            value = _call(sig, rule.fun, (primals, out, tangents), res, out=target)
+        _returned_none(sig, value, _what(sig, "tangent"))
+
+    return fill
+
+
+def _inplace_adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple
+                            ) -> Callable[[tuple, tuple], None]:
+    def fill(ins: tuple, outs: tuple) -> None:
+        views = iter(outs)
+        target = sig.per_argument([next(views) if z else None for z in nz])
+        if sig.defn.linear:
+            cts = iter(ins)
+            ct = jax.tree_util.tree_unflatten(
+                sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
+            value = rule.fun(ct, out=target, **sig.kwargs)
+        else:
+            primals, out, res, cts = _split(sig, ins)
+            cts = iter(cts)
+            ct = jax.tree_util.tree_unflatten(
+                sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
+            value = _call(sig, rule.fun, (primals, out, ct), res, out=target)
+        _returned_none(sig, value, _what(sig, "adjoint"))
+
+    return fill

@@ -1,0 +1,412 @@
+"""The host-call runtime as users drive it: unsynchronized training loops whose host
+code calls JAX, exceptions caught by their own type, views kept past the call, threads,
+and interpreter exit. Scenarios that can hang or kill the process run in a subprocess
+under a timeout."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import traceback
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbridge as jb
+from jaxbridge._foreign import hostcall as _hostcall
+from jaxbridge.errors import KeptViewError, original_exception
+
+
+def run_python(code: str, tmp_path, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (outside the source tree: it imports jaxbridge
+    as installed)."""
+    script = tmp_path / "scenario.py"
+    script.write_text(textwrap.dedent(code))
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path, env=env, **kwargs)
+
+
+# ----------------------------------------------------------------- 1. no deadlock
+def test_unsynced_training_loop_whose_host_code_calls_jax_does_not_deadlock(tmp_path):
+    # The reproducer of issue 12: ~32 queued steps used to hang for ever.
+    proc = run_python("""
+        import jax, jax.numpy as jnp, numpy as np
+        import jaxbridge as jb
+        M = jnp.asarray(np.random.default_rng(0).normal(size=(256, 256)) / 16)
+        inner = jax.jit(lambda v, M: jnp.tanh(M @ v))
+        def body(x):
+            x = np.array(x)
+            for _ in range(50):
+                x = np.asarray(inner(x, M))
+            return x
+        f = jb.foreign(lambda x: x)(body)
+        step = jax.jit(lambda x: f(x) + 1.0)
+        x = jnp.ones((256, 64))
+        for i in range(80):
+            x = step(x)          # never synchronized
+        print("steps done", float(x.sum()))
+    """, tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "steps done" in proc.stdout
+
+
+def test_host_function_calling_jax_inside_scan_and_grad(tmp_path):
+    @jb.foreign(lambda x: x)
+    def uses_jax(x):
+        return np.asarray(jax.jit(jnp.sin)(jnp.asarray(x)))
+
+    @uses_jax.defvjp
+    def _(primals, out, ct):
+        return (np.asarray(jax.jit(jnp.cos)(jnp.asarray(primals[0]))) * ct,)
+
+    def loss(x):
+        c, _ = jax.lax.scan(lambda c, _: (uses_jax(c), None), x, None, length=3)
+        return c.sum()
+
+    x = jnp.linspace(0.1, 1.0, 5)
+    ref = jax.grad(lambda x: jax.lax.scan(lambda c, _: (jnp.sin(c), None), x, None,
+                                          length=3)[0].sum())(x)
+    for _ in range(40):  # unsynchronized
+        g = jax.jit(jax.grad(loss))(x)
+    np.testing.assert_allclose(g, ref, rtol=1e-12)
+
+
+# ----------------------------------------------------------------- 2. exceptions
+class MyError(Exception):
+    """A user's own exception class."""
+
+
+def _raise_in_forward(log):
+    @jb.foreign(lambda x: x)
+    def fragile(x):
+        if np.any(x > 0):
+            cause = ValueError("the underlying cause")
+            err = MyError("fragile failed")
+            err.__cause__ = cause
+            log.append(err)
+            raise err
+        return np.asarray(x) * 2.0
+
+    @fragile.defvjp
+    def _(primals, out, ct):
+        return (2.0 * ct,)
+
+    return fragile
+
+
+MODES = {
+    "eager": lambda f, x: f(x),
+    "jit first call": lambda f, x: jax.jit(lambda x: f(x) + 1)(x),
+    "jit cached call": "cached",
+    "grad": lambda f, x: jax.grad(lambda x: f(x).sum())(x),
+    "jit(grad)": lambda f, x: jax.jit(jax.grad(lambda x: f(x).sum()))(x),
+    "vmap": lambda f, x: jax.vmap(f)(x[None]),
+    "scan": lambda f, x: jax.lax.scan(lambda c, _: (f(c), None), x, None, length=2)[0],
+    "while_loop": lambda f, x: jax.lax.while_loop(lambda c: c[1] < 2,
+                                                  lambda c: (f(c[0]), c[1] + 1), (x, 0))[0],
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_user_exception_is_raised_as_the_same_object(mode):
+    log = []
+    f = _raise_in_forward(log)
+    ok, bad = -jnp.ones(3), jnp.ones(3)
+    if MODES[mode] == "cached":
+        g = jax.jit(lambda x: f(x) + 1)
+        g(ok)  # compiled and run once: the next call takes JAX's C++ fast path
+        run = lambda f, x: g(x)  # noqa: E731
+    else:
+        run = MODES[mode]
+    with pytest.raises(MyError) as info:
+        jax.block_until_ready(run(f, bad))
+    assert info.value is log[-1]                       # the very object
+    assert isinstance(info.value.__cause__, ValueError)  # its cause kept
+    frames = [fr.name for fr in traceback.extract_tb(info.value.__traceback__)]
+    assert "fragile" in frames                         # the user's frame
+    # The function (and JAX) work afterwards, in the same mode.
+    if MODES[mode] != "cached" and mode not in ("grad", "jit(grad)"):
+        np.testing.assert_allclose(jax.block_until_ready(run(f, ok)).ravel()[:3] * 0, 0)
+    assert _hostcall._native.take_pending() is None    # nothing left pending
+
+
+def test_exception_in_each_rule_is_raised_as_itself():
+    class RuleError(Exception):
+        pass
+
+    @jb.foreign(lambda x: x)
+    def f(x):
+        return np.sin(x)
+
+    @f.defvjp
+    def _(primals, out, ct):
+        raise RuleError("adjoint")
+
+    @f.defjvp
+    def _(primals, out, tangents):
+        raise RuleError("tangent")
+
+    x = jnp.ones(3)
+    with pytest.raises(RuleError, match="adjoint"):
+        jax.jit(jax.grad(lambda x: f(x).sum()))(x)
+    with pytest.raises(RuleError, match="tangent"):
+        jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x)
+
+
+def test_builtin_exception_types_are_caught_by_their_except_clause():
+    for exc_type in (ValueError, KeyError, ZeroDivisionError, jb.errors.SolverError):
+        @jb.foreign(lambda x: x)
+        def f(x, exc_type=exc_type):
+            raise exc_type("no")
+
+        try:
+            jax.jit(f)(jnp.ones(2))
+        except exc_type:
+            pass
+
+
+def test_exception_from_a_user_thread_is_raised_in_that_thread():
+    log, result = [], {}
+    f = _raise_in_forward(log)
+    g = jax.jit(lambda x: f(x) + 1)
+
+    def work():
+        try:
+            g(jnp.ones(3))
+        except MyError as exc:
+            result["caught"] = exc
+        result["after"] = np.asarray(g(-jnp.ones(3)))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(60)
+    assert result["caught"] is log[-1]
+    np.testing.assert_allclose(result["after"], -1.0)
+
+
+def test_failed_call_skips_later_host_calls_of_the_same_computation():
+    calls = []
+
+    @jb.foreign(lambda x: x)
+    def first(x):
+        raise MyError("first")
+
+    @jb.foreign(lambda x: x)
+    def second(x):
+        calls.append(1)  # must not run on the zero-filled output of a failed call
+        return np.asarray(x)
+
+    with pytest.raises(MyError):
+        jax.jit(lambda x: second(first(x)))(jnp.ones(2))
+    assert calls == []
+    np.testing.assert_allclose(jax.jit(second)(jnp.ones(2)), 1.0)
+
+
+def test_loop_that_never_ends_after_a_failure_is_aborted_with_the_original_reachable():
+    # The loop's exit depends on the failed call's (zero-filled) output: after a few
+    # seconds of skipped calls the computation is aborted through XLA instead.
+    @jb.foreign(lambda x: x)
+    def fails(x):
+        raise MyError("in an endless loop")
+
+    loop = jax.jit(lambda x: jax.lax.while_loop(lambda c: c[0] < 1.0,
+                                                lambda c: fails(c), x))
+    start = time.perf_counter()
+    with pytest.raises(Exception) as info:
+        loop(jnp.zeros(1))
+    assert time.perf_counter() - start < 30
+    assert isinstance(original_exception(info.value), MyError)
+    assert "in an endless loop" in str(info.value)
+
+
+def test_keyboard_interrupt_and_system_exit_surface_as_themselves():
+    for exc_type in (KeyboardInterrupt, SystemExit):
+        @jb.foreign(lambda x: x)
+        def f(x, exc_type=exc_type):
+            raise exc_type()
+
+        with pytest.raises(exc_type):
+            try:
+                jax.jit(f)(jnp.ones(2))
+            except Exception:  # noqa: BLE001 - a retry loop must not swallow it
+                pytest.fail(f"{exc_type.__name__} was swallowed by `except Exception`")
+
+
+def test_ctrl_c_during_a_host_call_interrupts_a_retry_loop(tmp_path):
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(textwrap.dedent("""
+        import time, jax, jax.numpy as jnp, numpy as np
+        import jaxbridge as jb
+        @jb.foreign(lambda x: x)
+        def slow(x):
+            time.sleep(0.05)
+            return np.asarray(x)
+        step = jax.jit(lambda x: slow(x) + 1)
+        x = jnp.ones(2)
+        print("ready", flush=True)
+        while True:
+            try:
+                x = step(x)
+            except Exception:  # the retry loop users write
+                pass
+    """))
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err, err
+
+
+def test_exceptions_do_not_leak():
+    class Big(Exception):
+        def __init__(self):
+            super().__init__("big")
+            self.payload = np.ones(1 << 18)
+
+    refs = []
+
+    @jb.foreign(lambda x: x)
+    def f(x):
+        exc = Big()
+        refs.append(weakref.ref(exc))
+        raise exc
+
+    g = jax.jit(f)
+    for _ in range(50):
+        with pytest.raises(Big):
+            g(jnp.ones(4))
+    gc.collect()
+    assert sum(r() is not None for r in refs) <= 1  # pytest may hold the last one
+
+
+# ----------------------------------------------------------------- views kept past the call
+def test_kept_input_view_is_an_error_and_the_kept_array_stays_valid():
+    cache = {}
+
+    @jb.foreign(lambda x: x)
+    def keeps(x):
+        cache["x"] = x  # the common mistake: keep the argument itself
+        return np.asarray(x) * 1.0
+
+    big = jnp.ones(8 << 20)  # 64 MiB, as measured in issue 13
+    with pytest.raises(KeptViewError, match=r"kept input 0.*copy what you keep"):
+        keeps(big)
+    del big
+    for _ in range(5):  # XLA reuses the freed buffer for other arrays
+        jnp.full(8 << 20, 7.0).block_until_ready()
+    assert float(cache["x"].sum()) == float(8 << 20)  # still the ones it was given
+    # From now on the function gets copies: keeping them is fine and correct.
+    np.testing.assert_allclose(jax.jit(keeps)(jnp.full(3, 2.0)), 2.0)
+    np.testing.assert_allclose(cache["x"], 2.0)
+
+
+def test_kept_derived_view_is_an_error():
+    cache = {}
+
+    @jb.foreign(lambda x: x)
+    def keeps_slice(x):
+        cache["tail"] = x[1:]
+        return np.asarray(x) * 1.0
+
+    with pytest.raises(KeptViewError, match="derived"):
+        jax.jit(keeps_slice)(jnp.arange(6.0))
+
+
+def test_rule_arguments_kept_are_errors_too():
+    cache = {}
+
+    @jb.foreign(lambda x: x)
+    def f(x):
+        return np.sin(x)
+
+    @f.defvjp
+    def _(primals, out, ct):
+        cache["ct"] = ct
+        return (np.cos(primals[0]) * ct,)
+
+    with pytest.raises(KeptViewError, match="vjp rule"):
+        jax.jit(jax.grad(lambda x: f(x).sum()))(jnp.ones(3))
+
+
+def test_views_in_an_exception_traceback_stay_readable():
+    @jb.foreign(lambda x: x)
+    def raises(x):
+        local_view = x  # noqa: F841 - what a debugger would inspect
+        raise MyError("look at my locals")
+
+    with pytest.raises(MyError) as info:
+        jax.jit(raises)(jnp.arange(4.0))
+    for _ in range(3):
+        jnp.full(4, -1.0).block_until_ready()
+    frame = [tb for tb in traceback.walk_tb(info.value.__traceback__)][-1][0]
+    np.testing.assert_allclose(frame.f_locals["x"], np.arange(4.0))
+
+
+def test_reference_cycles_holding_views_are_not_an_error():
+    class Node:
+        pass
+
+    @jb.foreign(lambda x: x)
+    def cyclic(x):
+        node = Node()
+        node.self, node.x = node, x  # garbage, but only the collector frees it
+        return np.asarray(x) * 3.0
+
+    for _ in range(3):
+        np.testing.assert_allclose(jax.jit(cyclic)(jnp.ones(2)), 3.0)
+
+
+def test_functions_that_keep_nothing_stay_zero_copy():
+    seen = []
+
+    @jb.foreign(lambda x: x)
+    def keeps_nothing(x):
+        seen.append(x.flags.owndata)
+        return np.asarray(x) + 1
+
+    for n in (2, 2, 3):
+        jax.jit(keeps_nothing)(jnp.ones(n))
+    assert seen == [False, False, False]  # views of XLA's buffers, not copies
+    callables = [c for c in gc.get_objects() if isinstance(c, _hostcall.HostCallable)
+                 and c.name == "keeps_nothing"]
+    assert callables and not any(c.copies_inputs for c in callables)
+
+
+# ----------------------------------------------------------------- threads and exit
+def test_daemon_threads_in_host_calls_at_interpreter_exit(tmp_path):
+    code = """
+        import threading, time, jax, jax.numpy as jnp, numpy as np
+        import jaxbridge as jb
+        @jb.foreign(lambda x: x)
+        def slow(x):
+            time.sleep(0.002)
+            return np.asarray(x) + 1
+        step = jax.jit(lambda x: slow(x) * 1.0)
+        def loop():
+            x = jnp.ones(8)
+            while True:
+                x = step(x)
+        for _ in range(4):
+            threading.Thread(target=loop, daemon=True).start()
+        time.sleep(0.5)
+        print("exiting", flush=True)
+    """
+    for _ in range(3):
+        proc = run_python(code, tmp_path, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "exiting" in proc.stdout
