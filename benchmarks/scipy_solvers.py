@@ -97,7 +97,7 @@ def robertson_bench():
             ("LSODA", "forward", 1e-6, 1e-10), ("LSODA", "forward", 1e-7, 1e-11),
             ("LSODA", "forward", 1e-8, 1e-12), ("LSODA", "adjoint", 1e-8, 1e-12)):
         f = jax.jit(jax.value_and_grad(lambda lk: loss_of(solve_ivp(
-            robertson, (0.0, 100.0), y0, te, lk, method=method, rtol=rtol, atol=atol,
+            robertson, (0.0, 100.0), y0, method, te, args=(lk,), rtol=rtol, atol=atol,
             sensitivity=sensitivity).y.T)))
         s, (_, g) = bench(f, logk)
         row("Robertson", f"jaxbridge solve_ivp {method} {sensitivity} rtol={rtol:g}", s,
@@ -152,13 +152,13 @@ def lotka_bench():
         ref = np.concatenate(jax.grad(dl, (0, 1))(p, y0))
     else:
         ref_f = jax.grad(lambda p, y0: loss_of(solve_ivp(
-            lotka, (0.0, 30.0), y0, te, p, method="DOP853", rtol=1e-12, atol=1e-12).y.T),
+            lotka, (0.0, 30.0), y0, "DOP853", te, args=(p,), rtol=1e-12, atol=1e-12).y.T),
             (0, 1))
         ref = np.concatenate(ref_f(p, y0))
 
     for method in ("DOP853", "RK45"):
         f = jax.jit(jax.value_and_grad(lambda p, y0, method=method: loss_of(solve_ivp(
-            lotka, (0.0, 30.0), y0, te, p, method=method, rtol=1e-8, atol=1e-8).y.T), (0, 1)))
+            lotka, (0.0, 30.0), y0, method, te, args=(p,), rtol=1e-8, atol=1e-8).y.T), (0, 1)))
         s, (_, g) = bench(f, p, y0)
         row("Lotka-Volterra", f"jaxbridge solve_ivp {method} rtol=1e-8", s,
             rel_err(np.concatenate(g), ref))

@@ -40,7 +40,8 @@ def robertson(t, y, logk):
 
 
 def simulate(logk):
-    sol = solve_ivp(robertson, (0.0, T_EVAL[-1]), Y0, T_EVAL, logk, method="BDF",
+    sol = solve_ivp(robertson, (0.0, T_EVAL[-1]), Y0, method="BDF", t_eval=T_EVAL,
+                    args=(logk,),
                     rtol=1e-8, atol=1e-12, adjoint_rtol=1e-6)
     return sol.y.T  # (time, species)
 

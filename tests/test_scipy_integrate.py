@@ -40,7 +40,8 @@ K = jnp.array([0.04, 3e7, 1e4])
 
 
 def loss(y0, p, te, t0, method="RK45", **kw):
-    sol = solve_ivp(damped, (t0, 3.0), y0, te, p, method=method, rtol=1e-10, atol=1e-12, **kw)
+    sol = solve_ivp(damped, (t0, 3.5), y0, method=method, t_eval=te, args=(p,), rtol=1e-10,
+                    atol=1e-12, **kw)
     return jnp.sum(jnp.sin(sol.y) * jnp.arange(1.0, 7.0)[None, :])
 
 
@@ -67,18 +68,22 @@ def rk4_solve(f, y0, ts, p, steps_per=200):
 # ------------------------------------------------------------------ values
 @pytest.mark.parametrize("method", ["RK45", "DOP853", "BDF", "Radau", "LSODA"])
 def test_values_match_scipy(method):
-    sol = solve_ivp(damped, (0.0, 3.0), Y0, TE, P, method=method, rtol=1e-8, atol=1e-10)
+    sol = solve_ivp(damped, (0.0, 3.0), Y0, method, TE, args=(P,), rtol=1e-8, atol=1e-10)
     ref = scipy.integrate.solve_ivp(
         lambda t, y: np.asarray(damped(t, jnp.asarray(y), P)), (0.0, 3.0), np.asarray(Y0),
         method=method, t_eval=np.asarray(TE), rtol=1e-8, atol=1e-10)
+    assert ref.success, ref.message
     assert sol.y.shape == (2, 6) and sol.t.shape == (6,)
+    assert bool(sol.success) and int(sol.status) == 0
+    assert int(sol.nfev) > 0 and sol.sol is None and sol.t_events is None
     np.testing.assert_allclose(sol.y, ref.y, rtol=1e-6, atol=1e-8)
 
 
 def test_no_args_and_multidim_state():
     def f(t, y):
         return -y * jnp.arange(1.0, 7.0).reshape(2, 3)
-    sol = solve_ivp(f, (0.0, 1.0), jnp.ones((2, 3)), jnp.array([0.0, 1.0]))
+    sol = solve_ivp(f, (0.0, 1.0), jnp.ones((2, 3)), t_eval=jnp.array([0.0, 1.0]), rtol=1e-8,
+                    atol=1e-10)
     assert sol.y.shape == (2, 3, 2)
     np.testing.assert_allclose(sol.y[..., 1], np.exp(-np.arange(1.0, 7.0)).reshape(2, 3),
                                rtol=1e-5, atol=1e-8)
@@ -118,13 +123,14 @@ def test_gradients_match_pure_jax_rk4(sensitivity):
 
 
 def test_forward_mode_matches_reverse():
-    f = lambda p: solve_ivp(damped, (0.0, 3.0), Y0, TE, p, rtol=1e-10, atol=1e-12).y  # noqa
+    f = lambda p: solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(p,), rtol=1e-10,  # noqa
+                            atol=1e-12).y
     fwd = jax.jacfwd(f)(P)
     rev = jax.jacrev(f)(P)
     np.testing.assert_allclose(fwd["k"], rev["k"], rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(fwd["c"], rev["c"], rtol=1e-6, atol=1e-9)
-    g = lambda t0, te: solve_ivp(damped, (t0, 3.0), Y0, te, P, rtol=1e-10,  # noqa: E731
-                                 atol=1e-12).y
+    g = lambda t0, te: solve_ivp(damped, (t0, 3.0), Y0, t_eval=te, args=(P,),  # noqa: E731
+                                 rtol=1e-10, atol=1e-12).y
     for argnum in (0, 1):
         np.testing.assert_allclose(jax.jacfwd(g, argnum)(0.0, TE), jax.jacrev(g, argnum)(0.0, TE),
                                    rtol=1e-6, atol=1e-9)
@@ -136,8 +142,8 @@ def test_stiff_robertson_gradient(method, sensitivity):
     te = jnp.array([1.0, 10.0, 100.0])
 
     def L(logk, method=method, rtol=1e-9):
-        sol = solve_ivp(robertson, (0.0, 100.0), jnp.array([1.0, 0.0, 0.0]), te, jnp.exp(logk),
-                        method=method, rtol=rtol, atol=1e-12, sensitivity=sensitivity)
+        sol = solve_ivp(robertson, (0.0, 100.0), jnp.array([1.0, 0.0, 0.0]), method, te,
+                        args=(jnp.exp(logk),), rtol=rtol, atol=1e-12, sensitivity=sensitivity)
         return jnp.sum(sol.y[0] + 1e4 * sol.y[1])
 
     g = jax.jit(jax.grad(L))(jnp.log(K))
@@ -148,7 +154,7 @@ def test_stiff_robertson_gradient(method, sensitivity):
 @pytest.mark.parametrize("sensitivity", ["adjoint", "forward"])
 def test_no_evaluation_times_gives_zero_gradient(sensitivity):
     def L(y0, p):
-        return jnp.sum(solve_ivp(damped, (0.0, 3.0), y0, jnp.zeros(0), p,
+        return jnp.sum(solve_ivp(damped, (0.0, 3.0), y0, t_eval=jnp.zeros(0), args=(p,),
                                  sensitivity=sensitivity).y)
     g_y0, g_p = jax.grad(L, argnums=(0, 1))(Y0, P)
     np.testing.assert_array_equal(g_y0, 0.0)
@@ -161,7 +167,7 @@ def test_sensitivity_choice_and_bad_value():
     assert _sensitivity_choice("auto", 20, 0) == "adjoint"
     assert _sensitivity_choice("adjoint", 1, 0) == "adjoint"
     with pytest.raises(ValueError, match=r"solve_ivp: sensitivity must be one of .*'backward'"):
-        solve_ivp(damped, (0.0, 3.0), Y0, TE, P, sensitivity="backward")
+        solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), sensitivity="backward")
 
 
 def test_forward_sensitivity_vjp_of_multidim_state_and_pytree_params():
@@ -173,7 +179,7 @@ def test_forward_sensitivity_vjp_of_multidim_state_and_pytree_params():
     te = jnp.array([0.0, 0.4, 1.0])
 
     def L(y0, p, sensitivity):
-        ys = solve_ivp(f, (0.0, 1.0), y0, te, p, rtol=1e-10, atol=1e-12,
+        ys = solve_ivp(f, (0.0, 1.0), y0, t_eval=te, args=(p,), rtol=1e-10, atol=1e-12,
                        sensitivity=sensitivity).y
         return jnp.sum(ys ** 2 * jnp.arange(1.0, 4.0)[None, None, :])
 
@@ -213,10 +219,10 @@ def test_vmap_over_params_and_jitted_training_loop():
         np.testing.assert_allclose(batched[0][i], v, rtol=1e-12)
         np.testing.assert_allclose(batched[1][i], g, rtol=1e-12)
 
-    target = solve_ivp(damped, (0.0, 3.0), Y0, TE, P, rtol=1e-8, atol=1e-10).y
+    target = solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), rtol=1e-8, atol=1e-10).y
 
     def mse(p):
-        return jnp.mean((solve_ivp(damped, (0.0, 3.0), Y0, TE, p, rtol=1e-8,
+        return jnp.mean((solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(p,), rtol=1e-8,
                                    atol=1e-10).y - target) ** 2)
 
     @jax.jit
@@ -234,22 +240,79 @@ def blowup(t, y):
     return y ** 2
 
 
-def test_failure_raises_with_scipy_message():
-    with pytest.raises(Exception, match=r"solve_ivp.*method='RK45'.*step size"):
-        jax.block_until_ready(solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), jnp.array([0.5, 2.0])))
-    with pytest.raises(Exception, match="SolverError"):
+def test_failure_raises_solver_error_eager_and_under_jit():
+    """Item 3: `except SolverError` catches a failed solve, eager and under jit."""
+    te = jnp.array([0.5, 2.0])
+    with pytest.raises(SolverError, match=r"solve_ivp.*method='RK45'.*step size"):
+        jax.block_until_ready(solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), t_eval=te).y)
+    with pytest.raises(SolverError, match=r"solve_ivp.*step size"):
         jax.block_until_ready(jax.jit(lambda y: solve_ivp(blowup, (0.0, 2.0), y,
-                                                          jnp.array([2.0])).y)(jnp.ones(1)))
+                                                          t_eval=te).y)(jnp.ones(1)))
+    with pytest.raises(SolverError):  # a gradient whose forward solve fails
+        jax.block_until_ready(jax.jit(jax.grad(lambda y: solve_ivp(
+            blowup, (0.0, 2.0), y, t_eval=te).y.sum()))(jnp.ones(1)))
 
 
 def test_failure_nan_policy():
     def f(y0):
-        return solve_ivp(blowup, (0.0, 2.0), y0, jnp.array([0.5, 2.0]), on_failure="nan").y
-    assert np.all(np.isnan(f(jnp.ones(1))))
-    assert np.all(np.isnan(jax.grad(lambda y: f(y).sum())(jnp.ones(1))))
+        return solve_ivp(blowup, (0.0, 2.0), y0, t_eval=jnp.array([0.5, 2.0]),
+                         on_failure="nan")
+    sol = f(jnp.ones(1))
+    assert np.all(np.isnan(sol.y)) and not bool(sol.success) and int(sol.status) == -1
+    assert sol.message == "Integration step failed." and sol["status"] == sol.status
+    assert np.all(np.isnan(jax.grad(lambda y: f(y).y.sum())(jnp.ones(1))))
     with pytest.raises(ValueError, match="on_failure"):
-        solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), jnp.array([0.5]), on_failure="ignore")
+        solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), t_eval=[0.5], on_failure="ignore")
     assert issubclass(SolverError, RuntimeError)
+
+
+# ------------------------------------------------------------------ SciPy's conventions
+def lv(t, y, a, b, c, d):
+    return jnp.stack([a * y[0] - b * y[0] * y[1], -c * y[1] + d * y[0] * y[1]])
+
+
+def test_scipy_code_ported_as_is():
+    """Item 1: SciPy's call `solve_ivp(lv, (0, 4), y0, t_eval=ts, args=(p,))` with
+    `def lv(t, y, p)`, and several scalar args unpacked, give SciPy's values."""
+    ts = np.linspace(0.0, 4.0, 9)
+    p = (1.5, 1.0, 3.0, 1.0)
+    ref = scipy.integrate.solve_ivp(lv, (0, 4), [1.0, 1.0], "RK45", ts, args=p, rtol=1e-9,
+                                    atol=1e-11)
+    assert ref.success, ref.message
+    ours = solve_ivp(lv, (0, 4), [1.0, 1.0], "RK45", ts, args=p, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(ours.y, ref.y, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(ours.t, ref.t)
+
+    def lv_p(t, y, p):  # one pytree in args
+        return lv(t, y, *p)
+    ours_p = solve_ivp(lv_p, (0, 4), jnp.ones(2), t_eval=ts, args=(p,), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(ours_p.y, ref.y, rtol=1e-7, atol=1e-9)
+    # SciPy's defaults (rtol=1e-3, atol=1e-6): SciPy's values, SciPy's step count
+    d = solve_ivp(lv, (0, 4), [1.0, 1.0], t_eval=ts, args=p)
+    dref = scipy.integrate.solve_ivp(lv, (0, 4), [1.0, 1.0], t_eval=ts, args=p)
+    assert dref.success, dref.message
+    np.testing.assert_allclose(d.y, dref.y, rtol=1e-9, atol=1e-12)
+    assert int(d.nfev) == dref.nfev
+
+
+def test_bad_input_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"solve_ivp: t_eval is required"):
+        solve_ivp(lv, (0, 4), jnp.ones(2), args=(1.0, 1.0, 1.0, 1.0))
+    with pytest.raises(TypeError, match=r"4th positional argument is `method`"):
+        solve_ivp(lv, (0, 4), jnp.ones(2), jnp.linspace(0, 4, 3))
+    with pytest.raises(TypeError, match=r"`args` must be a tuple.*args=\(p,\)"):
+        solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=P)
+    with pytest.raises(NotImplementedError, match="dense_output"):
+        solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), dense_output=True)
+    with pytest.raises(NotImplementedError, match="events"):
+        solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), events=lambda t, y, p: y[0])
+    with pytest.raises(ValueError, match=r"t_eval are not within t_span"):
+        solve_ivp(damped, (0.0, 1.0), Y0, t_eval=TE, args=(P,))
+    with pytest.raises(ValueError, match=r"`fun` must return one array of shape \(2,\)"):
+        solve_ivp(lambda t, y: y[0], (0.0, 1.0), Y0, t_eval=[1.0])
+    with pytest.raises(TypeError) as info:  # forgot args: a note says how it was called
+        solve_ivp(lambda t, y, p: -p * y, (0.0, 1.0), Y0, t_eval=[1.0])
+    assert "as fun(t, y, *args)" in "".join(info.value.__notes__)
 
 
 # ------------------------------------------------------------------ quad
@@ -261,12 +324,13 @@ Q = {"a": jnp.array(1.5), "b": jnp.array(0.7)}
 
 
 def test_quad_value_and_gradients():
-    val = quad(gauss, 0.0, 2.0, Q)
-    ref = scipy.integrate.quad(lambda x: 1.5 * np.exp(-0.7 * x ** 2), 0.0, 2.0)[0]
-    np.testing.assert_allclose(val, ref, rtol=1e-12)
+    val, err = quad(gauss, 0.0, 2.0, args=(Q,))
+    ref = scipy.integrate.quad(lambda x: 1.5 * np.exp(-0.7 * x ** 2), 0.0, 2.0)
+    np.testing.assert_allclose(val, ref[0], rtol=1e-12)
+    np.testing.assert_allclose(err, ref[1], rtol=1e-6)
 
     def L(a, b, p):
-        return quad(gauss, a, b, p) ** 2
+        return quad(gauss, a, b, (p,))[0] ** 2
 
     ga, gb, gp = jax.jit(jax.grad(L, argnums=(0, 1, 2)))(0.3, 2.0, Q)
     np.testing.assert_allclose(ga, fd(lambda a: L(a, 2.0, Q), 0.3), rtol=1e-7)
@@ -274,22 +338,39 @@ def test_quad_value_and_gradients():
     np.testing.assert_allclose(gp["b"], fd(lambda b: L(0.3, 2.0, {"a": Q["a"], "b": b}),
                                            Q["b"]), rtol=1e-7)
     # forward mode and an infinite limit (closed form: a/2 sqrt(pi/b))
-    fwd = jax.jacfwd(lambda p: quad(gauss, 0.0, jnp.inf, p))(Q)
+    fwd = jax.jacfwd(lambda p: quad(gauss, 0.0, jnp.inf, (p,))[0])(Q)
     np.testing.assert_allclose(fwd["b"], -0.25 * 1.5 * np.sqrt(np.pi) * 0.7 ** -1.5, rtol=1e-8)
-    rev = jax.grad(lambda p: quad(gauss, 0.0, jnp.inf, p))(Q)
+    rev = jax.grad(lambda p: quad(gauss, 0.0, jnp.inf, (p,))[0])(Q)
     np.testing.assert_allclose(rev["a"], 0.5 * np.sqrt(np.pi / 0.7), rtol=1e-8)
-    # vmap over parameters
     bs = jnp.array([0.5, 1.0, 2.0])
-    out = jax.vmap(lambda b: quad(gauss, 0.0, jnp.inf, {"a": Q["a"], "b": b}))(bs)
+    out = jax.vmap(lambda b: quad(gauss, 0.0, jnp.inf, ({"a": Q["a"], "b": b},))[0])(bs)
     np.testing.assert_allclose(out, 0.75 * np.sqrt(np.pi / bs), rtol=1e-8)
+    # abserr has no derivative: NaN, never a silent zero
+    assert np.isnan(jax.grad(lambda p: quad(gauss, 0.0, 2.0, (p,))[1])(Q)["a"])
+
+
+def test_quad_scipy_signature_and_points():
+    ref = scipy.integrate.quad(lambda x, a, b: a * np.exp(-b * x ** 2), 0.0, 3.0,
+                               args=(1.5, 0.7), points=[1.0])
+    f = lambda x, a, b: a * jnp.exp(-b * x ** 2)  # noqa: E731
+    ours = quad(f, 0.0, 3.0, (1.5, 0.7), 0, 1.49e-8, 1.49e-8, 50, [1.0])
+    np.testing.assert_allclose(ours[0], ref[0], rtol=1e-12)
+    with pytest.raises(NotImplementedError, match="full_output"):
+        quad(f, 0.0, 1.0, (1.0, 1.0), full_output=1)
+    with pytest.raises(NotImplementedError, match="weight"):
+        quad(f, 0.0, 1.0, (1.0, 1.0), weight="cos", wvar=1.0)
+    with pytest.raises(ValueError, match=r"`func` must return one array of shape \(\)"):
+        quad(lambda x: jnp.stack([x, x]), 0.0, 1.0)
 
 
 def test_quad_failure_policy():
     def wiggle(x):
         return jnp.sin(200 * x) * jnp.exp(-x)
-    with pytest.raises(Exception, match="quad.*subdivisions"):
+    with pytest.raises(SolverError, match="quad.*subdivisions"):
         jax.block_until_ready(quad(wiggle, 0.0, 10.0, limit=2))
-    assert np.isnan(quad(wiggle, 0.0, 10.0, limit=2, on_failure="nan"))
+    with pytest.raises(SolverError, match="quad.*subdivisions"):
+        jax.block_until_ready(jax.jit(lambda b: quad(wiggle, 0.0, b, limit=2)[0])(10.0))
+    assert np.isnan(quad(wiggle, 0.0, 10.0, limit=2, on_failure="nan")[0])
 
 
 # ------------------------------------------------------------------ the example

@@ -1,23 +1,29 @@
-"""`jaxbridge.scipy`: SciPy solvers as differentiable JAX functions.
+"""`jaxbridge.scipy`: SciPy solvers as differentiable JAX functions, with SciPy's signatures.
 
-Submodules (names follow SciPy's):
+Submodules (names, signatures, defaults and result fields follow SciPy's):
 
 * `jaxbridge.scipy.integrate`: `solve_ivp` (continuous adjoint / forward
   sensitivities), `quad` (integral of the derivative, Leibniz rule);
-* `jaxbridge.scipy.optimize`: `root`, `minimize` (implicit function theorem);
+* `jaxbridge.scipy.optimize`: `root`, `minimize`, `least_squares` (implicit
+  function theorem);
 * `jaxbridge.scipy.sparse.linalg`: `spsolve` (one `splu` factorization serves the
-  forward and the adjoint solve);
-* `jaxbridge.scipy.special`: `kv`, `iv`, `kve`, `ive`, `hyp1f1`, `ellipk`, `ellipe`.
+  forward and the adjoint solve), `eigsh` (eigenvalue and eigenvector adjoints);
+* `jaxbridge.scipy.signal`: `lfilter` (the adjoint is the time-reversed filter);
+* `jaxbridge.scipy.special`: `kv`, `iv`, `kve`, `ive`, `hyp1f1`, `ellipk`, `ellipe`,
+  `erfcx`, `erfi`, `dawsn`.
 
 Functions you pass in (right-hand sides, integrands, residuals, objectives) are
-written in JAX; SciPy solves; derivatives come from the problem's structure, never
-from differentiating SciPy's iterations. A SciPy failure is reported per the
-`on_failure` argument: "raise" (default; `SolverError` naming the solver and SciPy's
-message, under `jit` as JAX's runtime error carrying that text) or "nan".
+written in JAX and called as SciPy calls them (`fun(t, y, *args)`, `fun(x, *args)`).
+They may close over arrays and traced values: those are lifted out as inputs of the
+host call, so their gradients are exactly those through `args`. SciPy solves;
+derivatives come from the problem's structure, never from differentiating SciPy's
+iterations. A SciPy failure is reported per the `on_failure` argument: "raise"
+(default; :class:`SolverError` naming the solver and SciPy's message) or "nan".
 """
 
 from ._common import SolverError as SolverError
 from . import integrate as integrate  # noqa: E402
 from . import optimize as optimize  # noqa: E402
+from . import signal as signal  # noqa: E402
 from . import sparse as sparse  # noqa: E402
 from . import special as special  # noqa: E402

@@ -1,26 +1,31 @@
-"""Shared plumbing of `jaxbridge.scipy`: host-side JAX, failure policy, parameter vectors.
+"""Shared plumbing of `jaxbridge.scipy`: host-side JAX, failure policy, results.
 
 The solvers here call user functions written in JAX *from inside* a host call (SciPy
-asks for `fun(t, y)` many times per solve). Those functions are compiled once per
-(user function, role) with `jax.jit` -- JAX's own cache then keys on shapes -- and run
-on the CPU device, whatever the default device is, so a GPU program does not pay a
-device round trip per right-hand-side evaluation.
+asks for `fun(t, y)` many times per solve). Each user function is first converted
+(`_trace.convert`: a structural, hashable jaxpr plus array operands); the host-side
+programs built from it (the function, its Jacobian, vector-Jacobian products, ...)
+are compiled once per (converted function, role) with `jax.jit` and kept in a
+bounded LRU cache (`HOST_CACHE_SIZE`), so neither memory nor user functions pile up
+(issue #13). They run on the CPU device, whatever the default device is, so a GPU
+program does not pay a device round trip per right-hand-side evaluation.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import SolverError  # re-exported: jaxbridge.scipy.SolverError
+
+__all__ = ["SolverError", "host_jit", "host_cache_info", "HOST_CACHE_SIZE", "Result"]
+
 ON_FAILURE = ("raise", "nan")
-
-
-from ..errors import SolverError  # noqa: E402  (re-exported: jaxbridge.scipy.SolverError)
 
 
 def check_policy(on_failure: str, name: str) -> None:
@@ -33,21 +38,42 @@ def failure(name: str, message: str) -> SolverError:
     return SolverError(f"jaxbridge.scipy.{name}: SciPy reported failure: {message}")
 
 
+def unsupported(name: str, arg: str, why: str) -> NotImplementedError:
+    return NotImplementedError(f"jaxbridge.scipy.{name}: `{arg}` is not supported: {why}")
+
+
 # ------------------------------------------------------------------ host-side JAX
+HOST_CACHE_SIZE = 256
 _lock = threading.Lock()
-_compiled: dict[Hashable, Callable[..., Any]] = {}
+_compiled: collections.OrderedDict[Hashable, Callable[..., Any]] = collections.OrderedDict()
+_stats = {"hits": 0, "misses": 0}
 
 
 def host_jit(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
-    """`jax.jit(make())`, built once per `key` (e.g. (user function, role, shape))."""
-    fn = _compiled.get(key)
-    if fn is None:
-        with _lock:
-            fn = _compiled.get(key)
-            if fn is None:
-                fn = jax.jit(make())
-                _compiled[key] = fn
+    """`jax.jit(make())`, built once per `key` and kept in a bounded LRU cache.
+
+    Keys hold converted functions (`_trace.HostFun`, compared structurally), never
+    the user's Python function, so a dropped function is collectable.
+    """
+    with _lock:
+        fn = _compiled.get(key)
+        if fn is not None:
+            _compiled.move_to_end(key)
+            _stats["hits"] += 1
+            return fn
+        _stats["misses"] += 1
+    fn = jax.jit(make())
+    with _lock:
+        fn = _compiled.setdefault(key, fn)
+        while len(_compiled) > max(HOST_CACHE_SIZE, 1):
+            _compiled.popitem(last=False)
     return fn
+
+
+def host_cache_info() -> dict:
+    """Hits, misses, current size and bound of the host-side compiled-function cache."""
+    with _lock:
+        return {**_stats, "size": len(_compiled), "maxsize": HOST_CACHE_SIZE}
 
 
 def cpu_device() -> Any:
@@ -57,11 +83,11 @@ def cpu_device() -> Any:
 class on_cpu:
     """Context: JAX calls made on the host inside it run on the CPU device."""
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         self._ctx = jax.default_device(cpu_device())
         return self._ctx.__enter__()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> Any:
         return self._ctx.__exit__(*exc)
 
 
@@ -70,28 +96,15 @@ def f64(x: Any) -> np.ndarray:
     return np.array(x, dtype=np.float64)
 
 
-# ------------------------------------------------------------------ parameter pytrees
+# ------------------------------------------------------------------ arrays and pytrees
 def as_float_array(x: Any) -> jax.Array:
     """`x` as a JAX array, promoted to the default float dtype if it is not floating."""
     x = jnp.asarray(x)
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
 
 
-def as_params(args: Any, name: str) -> Any:
-    """`args` with every leaf a floating JAX array (the differentiable parameters)."""
-    def leaf(x):
-        x = jnp.asarray(x)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(
-                f"jaxbridge.scipy.{name}: every leaf of `args` must be a floating-point array "
-                f"(they are the differentiable parameters); got dtype {x.dtype}. Close over "
-                f"integer or static settings in the function instead.")
-        return x
-    return jax.tree_util.tree_map(leaf, args)
-
-
 def np_ravel(tree: Any) -> np.ndarray:
-    """Concatenate a pytree's leaves (None = zeros not allowed here) into float64."""
+    """Concatenate a pytree's leaves into one float64 vector."""
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
         return np.zeros(0)
@@ -118,6 +131,12 @@ def fill_zeros(tangent: Any, like: Any) -> Any:
         tangent, like, is_leaf=lambda t: t is None)
 
 
+def nan_like(tree: Any) -> Any:
+    """NaN arrays shaped and typed like `tree`'s leaves (the "nan" failure policy)."""
+    return jax.tree_util.tree_map(
+        lambda x: np.full(np.shape(x), np.nan, np.asarray(x).dtype), tree)
+
+
 def jnp_ravel(tree: Any) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(tree)
     if not leaves:
@@ -125,7 +144,7 @@ def jnp_ravel(tree: Any) -> jax.Array:
     return jnp.concatenate([jnp.ravel(x).astype(jnp.result_type(float)) for x in leaves])
 
 
-def static_options(options: dict | None) -> tuple:
+def static_options(options: dict | None, name: str = "") -> tuple:
     """A dict of solver options as a hashable (static) sorted tuple of items."""
     if options is None:
         return ()
@@ -133,20 +152,65 @@ def static_options(options: dict | None) -> tuple:
         items = tuple(sorted(dict(options).items()))
         hash(items)
     except TypeError:
-        raise TypeError("jaxbridge.scipy: solver `options` must have hashable values "
-                        "(they are static)") from None
+        raise TypeError(f"jaxbridge.scipy.{name}: solver options must have hashable values "
+                        f"(they are static); got {dict(options)!r}") from None
     return items
 
 
-def call_args(has_args: bool) -> Callable[..., tuple]:
-    """How the user's function is called: with or without the params argument."""
-    return (lambda *xs, p: (*xs, p)) if has_args else (lambda *xs, p: xs)
+# ------------------------------------------------------------------ results
+class Result(Mapping):
+    """A SciPy-style result: fields by attribute (`res.x`) or key (`res["x"]`).
 
-
-def _NO_ARGS() -> jax.Array:  # noqa: N802
-    """The `params` operand when the user passes no `args`.
-
-    A zero-size array rather than `()`: jaxbridge core's fast argument path treats an
-    empty pytree argument as a leaf and drops it (reported; see the scipy README).
+    Like SciPy's `OptimizeResult`, but a JAX pytree (its array fields are leaves), so
+    it can be returned from `jit` and `vmap`. Fields SciPy has and jaxbridge cannot
+    provide as arrays are None. `message` is derived from `status` (SciPy's own
+    message is in the `SolverError` raised with `on_failure="raise"`).
     """
-    return jnp.zeros(0, jnp.result_type(float))
+
+    _fields: ClassVar[tuple[str, ...]] = ()
+    _messages: ClassVar[dict[int, str]] = {}
+
+    def __init__(self, **fields: Any):
+        unknown = set(fields) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown fields {sorted(unknown)}")
+        for f in self._fields:
+            object.__setattr__(self, f, fields.get(f))
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        jax.tree_util.register_pytree_with_keys(
+            cls,
+            lambda r: ([(jax.tree_util.GetAttrKey(f), getattr(r, f)) for f in r._fields], None),
+            lambda _, children: cls(**dict(zip(cls._fields, children))),
+            lambda r: ([getattr(r, f) for f in r._fields], None))
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._fields:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields
+                         if getattr(self, f) is not None)
+        return f"{type(self).__name__}({body})"
+
+    @property
+    def message(self) -> str:
+        status = getattr(self, "status", None)
+        try:
+            code = int(status)
+        except (TypeError, jax.errors.ConcretizationTypeError):
+            return "(status is traced; see `status` and `success`)"
+        return self._messages.get(code, f"SciPy status {code}" + (
+            "" if bool(getattr(self, "success", True)) else
+            " (failure; on_failure='raise' reports SciPy's message)"))

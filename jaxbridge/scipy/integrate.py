@@ -4,6 +4,12 @@ The integrands and right-hand sides are written in JAX; SciPy does the solving o
 the host; the derivatives come from the problem's structure (adjoint ODE, Leibniz
 rule), never from differentiating SciPy's iterations.
 
+**Calling conventions** are SciPy's: `fun(t, y, *args)`, `func(x, *args)`, with
+`args` a tuple (pytrees inside it are fine). Functions may also close over traced
+values (`lambda t, y: -k * y` under `jax.grad` w.r.t. `k`): closed-over arrays are
+lifted out as inputs of the host call (`_trace.convert`), so their gradients are the
+same as through `args`.
+
 **solve_ivp, reverse mode (the continuous adjoint).** For `y' = f(t, y, p)` and
 outputs `y_i = y(t_i)`, the cotangent `a(t) = dL/dy(t)` solves `a' = -a^T df/dy`
 backward in time, jumping by `dL/dy_i` at each evaluation time, and
@@ -35,7 +41,7 @@ system is small (`n (1 + n + P) <= 64`) and the continuous adjoint otherwise.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -45,8 +51,10 @@ import scipy.sparse
 from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
-from ._common import (_NO_ARGS, as_float_array, as_params, call_args, check_policy, f64, failure, fill_zeros,
-                      host_jit, jnp_ravel, np_ravel, np_unravel, on_cpu, static_options)
+from ._common import (Result, as_float_array, check_policy, f64, failure, fill_zeros, host_jit,
+                      jnp_ravel, nan_like, np_ravel, np_unravel, on_cpu, static_options,
+                      unsupported)
+from ._trace import HostFun, check_args, convert
 
 __all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES"]
 
@@ -55,81 +63,96 @@ IMPLICIT_METHODS = ("Radau", "BDF", "LSODA")
 _SPARSE_ADJOINT_JAC = 64  # parameter count above which the adjoint Jacobian is sparse
 
 
-class OdeResult(NamedTuple):
-    """What :func:`solve_ivp` returns (SciPy's layout)."""
+class OdeResult(Result):
+    """What :func:`solve_ivp` returns: SciPy's `OdeResult` fields.
 
-    t: jax.Array  #: the evaluation times, shape (T,)
-    y: jax.Array  #: the solution, shape y0.shape + (T,)
+    `t` (T,), `y` (y0.shape + (T,)), `status` (0: reached the end; -1: a step failed,
+    only with `on_failure="nan"`), `success`, and SciPy's counters `nfev`, `njev`,
+    `nlu` (of the forward solve). `sol`, `t_events`, `y_events` are None (dense
+    output and events are not supported).
+    """
+
+    _fields = ("t", "y", "sol", "t_events", "y_events", "nfev", "njev", "nlu", "status",
+               "success")
+    _messages: ClassVar[dict[int, str]] = {
+        0: "The solver successfully reached the end of the integration interval.",
+        -1: "Integration step failed."}
 
 
 # =================================================================== solve_ivp
 class _Ode:
-    """Host-side view of one ODE: NumPy callables for SciPy, backed by jitted JAX."""
+    """Host-side view of one ODE: NumPy callables for SciPy, backed by jitted JAX.
 
-    def __init__(self, fun, has_args, shape, jac, params):
+    `params` are the differentiable operands of `fun` (SciPy `args` leaves and
+    closed-over arrays), `fixed` its other operands, `jac_ops` those of `jac`.
+    """
+
+    def __init__(self, fun: HostFun, jac: HostFun | bool | None, shape: tuple, ydtype: Any,
+                 tdtype: Any, params: tuple, fixed: tuple, jac_ops: tuple):
         self.shape = tuple(shape)
         self.n = int(np.prod(self.shape, dtype=int))
-        self.params = params
+        self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
         self.p_flat = np_ravel(params)
         self.P = self.p_flat.size
-        key = (fun, has_args, self.shape, jac)
-        call = call_args(has_args)
-        shape_ = self.shape
+        key = (fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
+        shape_, n = self.shape, self.n  # (the compiled functions must not hold `self`)
 
-        def f(t, y, p):
-            return jnp.ravel(fun(*call(t, y.reshape(shape_), p=p))).astype(y.dtype)
+        # Every host function takes the fixed operands `fx` first (see __call__).
+        def f(fx, t, y, p):
+            out = fun(fun.merge(p, fx), t.astype(tdtype), y.reshape(shape_).astype(ydtype))
+            return jnp.ravel(out).astype(y.dtype)
 
-        def jac_y(t, y, p):
-            if callable(jac):
+        def jac_y(fx, jo, t, y, p):
+            if isinstance(jac, HostFun):
                 n = y.size
-                return jnp.reshape(jac(*call(t, y.reshape(shape_), p=p)), (n, n))
-            return jax.jacfwd(f, argnums=1)(t, y, p)
+                out = jac(jo, t.astype(tdtype), y.reshape(shape_).astype(ydtype))
+                return jnp.reshape(out, (n, n)).astype(y.dtype)
+            return jax.jacfwd(f, argnums=2)(fx, t, y, p)
 
-        def adj(t, y, a, p):
-            _, pullback = jax.vjp(lambda y, p: f(t, y, p), y, p)
+        def adj(fx, t, y, a, p):
+            _, pullback = jax.vjp(lambda y, p: f(fx, t, y, p), y, p)
             ay, ap = pullback(a)
             return jnp.concatenate([-ay, -jnp_ravel(ap)])
 
-        def adj_jac(t, y, p):
+        def adj_jac(fx, t, y, p):
             flat, unravel = ravel_pytree(p)
-            jy = jax.jacfwd(f, argnums=1)(t, y, p)
-            jp = jax.jacfwd(lambda q: f(t, y, unravel(q)))(flat).reshape(y.size, -1)
+            jy = jax.jacfwd(f, argnums=2)(fx, t, y, p)
+            jp = jax.jacfwd(lambda q: f(fx, t, y, unravel(q)))(flat).reshape(y.size, -1)
             return -jy.T, -jp.T
 
-        def sens(t, z, p, dp):
+        def sens(fx, t, z, p, dp):
             # z = [y, vec(S)] with S (n, K); dp (P, K): the parameter directions.
-            n = self.n
             y, S = z[:n], z[n:].reshape(n, -1)
             flat, unravel = ravel_pytree(p)
 
             def column(s, d):
-                return jax.jvp(lambda y, q: f(t, y, unravel(q)), (y, flat), (s, d))[1]
+                return jax.jvp(lambda y, q: f(fx, t, y, unravel(q)), (y, flat), (s, d))[1]
             dS = jax.vmap(column, in_axes=1, out_axes=1)(S, dp.astype(flat.dtype))
-            return jnp.concatenate([f(t, y, p), jnp.ravel(dS)])
+            return jnp.concatenate([f(fx, t, y, p), jnp.ravel(dS)])
 
-        def sens_jac(t, z, p, dp):
-            return jax.jacfwd(sens, argnums=1)(t, z, p, dp)
+        def sens_jac(fx, t, z, p, dp):
+            return jax.jacfwd(sens, argnums=2)(fx, t, z, p, dp)
 
-        self._f = host_jit(key + ("f",), lambda: f)
-        self._jac = host_jit(key + ("jac",), lambda: jac_y)
-        self._adj = host_jit(key + ("adj",), lambda: adj)
-        self._adj_jac = host_jit(key + ("adj_jac",), lambda: adj_jac)
-        self._sens = host_jit(key + ("sens",), lambda: sens)
-        self._sens_jac = host_jit(key + ("sens_jac",), lambda: sens_jac)
+        roles = {"f": f, "jac": jac_y, "adj": adj, "adj_jac": adj_jac, "sens": sens,
+                 "sens_jac": sens_jac}
+        self._j = {r: host_jit(key + (r,), (lambda g: lambda: g)(g)) for r, g in roles.items()}
+
+    def __call__(self, role: str, *xs: Any) -> Any:
+        return self._j[role](self.fixed, *xs)
 
     # SciPy-facing callables (float64 NumPy in and out)
-    def f(self, t, y):
-        return f64(self._f(t, y, self.params))
+    def f(self, t: float, y: np.ndarray) -> np.ndarray:
+        return f64(self("f", t, y, self.params))
 
-    def jac(self, t, y):
-        return f64(self._jac(t, y, self.params))
+    def jac(self, t: float, y: np.ndarray) -> np.ndarray:
+        return f64(self("jac", self.jac_ops, t, y, self.params))
 
-    def jac_kw(self, method, jac):
+    def jac_kw(self, method: str, jac: Any) -> dict:
         if method in IMPLICIT_METHODS and jac is not False:
             return {"jac": self.jac}
         return {}
 
-    def sensitivities(self, t0, y0, t_eval, S0, dp, *, method, rtol, atol, sens_rtol,
+    def sensitivities(self, t0, y0, t1, t_eval, S0, dp, *, method, rtol, atol, sens_rtol,
                       sens_atol, jac, options):
         """`S(t_i)` (T, n, K) of `S' = f_y S + f_p dp`, `S(t0) = S0` (n, K); dp (P, K).
 
@@ -143,9 +166,9 @@ class _Ode:
         params = self.params
         kw = {}
         if method in IMPLICIT_METHODS and jac is not False:
-            kw["jac"] = lambda t, z: f64(self._sens_jac(t, z, params, dp))
+            kw["jac"] = lambda t, z: f64(self("sens_jac", t, z, params, dp))
         sol = scipy.integrate.solve_ivp(
-            lambda t, z: f64(self._sens(t, z, params, dp)), (t0, t_eval[-1]),
+            lambda t, z: f64(self("sens", t, z, params, dp)), (t0, t1),
             np.concatenate([y0, np.ravel(S0)]), method=method, t_eval=t_eval,
             rtol=min(rtol, sens_rtol), atol=np.concatenate([np.full(n, atol),
                                                             np.full(n * K, sens_atol)]),
@@ -155,8 +178,9 @@ class _Ode:
         return sol.y[n:].T.reshape(T, n, K), None
 
 
-def _ivp_result(t0, y0, t_eval, params, **_):
-    return jax.ShapeDtypeStruct((t_eval.shape[0], *y0.shape), y0.dtype)
+def _ivp_result(t0, t1, y0, t_eval, params, fixed, jac_ops, **_):
+    return (jax.ShapeDtypeStruct((t_eval.shape[0], *y0.shape), y0.dtype),
+            jax.ShapeDtypeStruct((4,), jnp.int32))  # status, nfev, njev, nlu
 
 
 def _fail(name, method, message, on_failure):
@@ -164,47 +188,54 @@ def _fail(name, method, message, on_failure):
         raise failure(name, f"solve_ivp(method={method!r}): {message}")
 
 
+def _ode(primals, fun, jac):
+    t0, t1, y0, t_eval, params, fixed, jac_ops = primals
+    return _Ode(fun, jac, y0.shape, y0.dtype, np.asarray(t_eval).dtype, params, fixed,
+                jac_ops)
+
+
 @_foreign.foreign(_ivp_result)
-def _ivp(t0, y0, t_eval, params, *, fun, has_args, method, rtol, atol, jac, adjoint_rtol,
-         adjoint_atol, sensitivity, on_failure, options):
-    """The forward solve: y(t_eval) of y' = fun(t, y, params), y(t0) = y0."""
-    t0, t_eval = float(t0), f64(t_eval)
+def _ivp(t0, t1, y0, t_eval, params, fixed, jac_ops, *, fun, jac, method, rtol, atol,
+         adjoint_rtol, adjoint_atol, sensitivity, on_failure, options):
+    """The forward solve: y(t_eval) of y' = fun(t, y), y(t0) = y0, on [t0, t1]."""
+    t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
     T = t_eval.shape[0]
     nan = np.full((T, *y0.shape), np.nan, y0.dtype)
+    if T == 0 or np.all(t_eval == t0):
+        ys = np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype) if T else nan
+        return ys, np.zeros(4, np.int32)
     with on_cpu():
-        ode = _Ode(fun, has_args, y0.shape, jac, params)
-        y0f = np.ravel(f64(y0))
-        if T == 0:
-            return nan
-        if np.all(t_eval == t0):
-            return np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype)
+        ode = _ode((t0, t1, y0, t_eval, params, fixed, jac_ops), fun, jac)
         sol = scipy.integrate.solve_ivp(
-            ode.f, (t0, t_eval[-1]), y0f, method=method, t_eval=t_eval, rtol=rtol, atol=atol,
-            **ode.jac_kw(method, jac), **dict(options))
+            ode.f, (t0, t1), np.ravel(f64(y0)), method=method, t_eval=t_eval, rtol=rtol,
+            atol=atol, **ode.jac_kw(method, jac), **dict(options))
+    stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu], np.int32)
     if sol.status != 0:
         _fail("integrate.solve_ivp", method, sol.message, on_failure)
-        return nan
+        return nan, stats
     if not np.all(np.isfinite(sol.y)):
         _fail("integrate.solve_ivp", method, "the solution is not finite", on_failure)
-        return nan
-    return sol.y.T.reshape(T, *y0.shape).astype(y0.dtype)
+        stats[0] = -1
+        return nan, stats
+    return sol.y.T.reshape(T, *y0.shape).astype(y0.dtype), stats
 
 
 @_ivp.defvjp
-def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint_rtol,
-             adjoint_atol, sensitivity, on_failure, options):
+def _ivp_vjp(primals, out, ct, *, fun, jac, method, rtol, atol, adjoint_rtol, adjoint_atol,
+             sensitivity, on_failure, options):
     """Reverse mode: forward sensitivities, or the continuous adjoint with checkpoints
     at the evaluation times (`sensitivity`; see the module docstring)."""
-    t0, y0, t_eval, params = primals
-    t0, t_eval = float(t0), f64(t_eval)
+    t0, t1, y0, t_eval, params, fixed, jac_ops = primals
+    ys, ct = out[0], ct[0]
+    t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
     T = t_eval.shape[0]
     if T == 0:  # no outputs, nothing to differentiate
-        return tuple(jax.tree_util.tree_map(lambda x: np.zeros_like(np.asarray(x)), p)
-                     for p in primals)
+        return _ivp_cotangents(primals, None, np.zeros(np.shape(y0)), np.zeros(0),
+                               np.zeros(np_ravel(params).size), zero_t0=True)
     if not np.all(np.isfinite(ys)):  # failed forward solve ("nan" policy)
         return _ivp_vjp_nan(primals)
     with on_cpu():
-        ode = _Ode(fun, has_args, y0.shape, jac, params)
+        ode = _ode(primals, fun, jac)
         n, P = ode.n, ode.P
         Y = f64(ys).reshape(T, n)
         G = f64(ct).reshape(T, n)
@@ -213,16 +244,15 @@ def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint
             # The whole Jacobian d y(t_i) / d(y0, params) in one solve, then contracted.
             eye = np.eye(n + P)
             S, message = ode.sensitivities(
-                t0, np.ravel(f64(y0)), t_eval, eye[:n], eye[n:], method=method, rtol=rtol,
-                atol=atol, sens_rtol=adjoint_rtol, sens_atol=adjoint_atol, jac=jac,
-                options=options)
+                t0, np.ravel(f64(y0)), t1, t_eval, eye[:n], eye[n:], method=method,
+                rtol=rtol, atol=atol, sens_rtol=adjoint_rtol, sens_atol=adjoint_atol,
+                jac=jac, options=options)
             if S is None:
                 _fail("integrate.solve_ivp", method, f"sensitivity solve: {message}",
                       on_failure)
                 return _ivp_vjp_nan(primals)
             g = np.einsum("ti,tik->k", G, S)
-            a, mu = g[:n], g[n:]
-            return _ivp_cotangents(primals, ode, t0, y0, a, t_bar, mu)
+            return _ivp_cotangents(primals, ode, g[:n], t_bar, g[n:])
         implicit = method in IMPLICIT_METHODS
         a, mu = np.zeros(n), np.zeros(P)
         # The parameter-gradient quadrature mu is left out of the step-size control
@@ -248,12 +278,12 @@ def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint
             y_of = fwd.sol
 
             def rhs(t, z, y_of=y_of):
-                return f64(ode._adj(t, y_of(t), z[:n], ode.params))
+                return f64(ode("adj", t, y_of(t), z[:n], ode.params))
 
             kw = {}
             if implicit and jac is not False:
                 def adj_jac(t, z, y_of=y_of):
-                    jy, jp = ode._adj_jac(t, y_of(t), ode.params)
+                    jy, jp = ode("adj_jac", t, y_of(t), ode.params)
                     jy, jp = f64(jy), f64(jp)
                     if P > _SPARSE_ADJOINT_JAC and method != "LSODA":
                         col = scipy.sparse.vstack([scipy.sparse.csc_matrix(jy),
@@ -272,35 +302,38 @@ def _ivp_vjp(primals, ys, ct, *, fun, has_args, method, rtol, atol, jac, adjoint
                       on_failure)
                 return _ivp_vjp_nan(primals)
             a, mu = back.y[:n, -1], back.y[n:, -1]
-        return _ivp_cotangents(primals, ode, t0, y0, a, t_bar, mu)
+        return _ivp_cotangents(primals, ode, a, t_bar, mu)
 
 
-def _ivp_cotangents(primals, ode, t0, y0, a, t_bar, mu):
-    """(t0, y0, t_eval, params) cotangents from a = dL/dy0, dL/dt_eval and dL/dparams."""
-    t0_bar = -(a @ ode.f(t0, np.ravel(f64(y0))))  # moving t0 = moving y0 by -f dt0
-    return (np.asarray(t0_bar, np.asarray(primals[0]).dtype),
-            a.reshape(y0.shape).astype(y0.dtype),
-            t_bar.astype(np.asarray(primals[2]).dtype),
-            np_unravel(mu, ode.params))
+def _ivp_cotangents(primals, ode, a, t_bar, mu, zero_t0=False):
+    """Cotangents of (t0, t1, y0, t_eval, params, fixed, jac_ops) from a = dL/dy0,
+    t_bar = dL/dt_eval and mu = dL/dparams (flat)."""
+    t0, t1, y0, t_eval, params, fixed, jac_ops = primals
+    t0_bar = 0.0 if zero_t0 else -(a @ ode.f(float(t0), np.ravel(f64(y0))))
+    return (np.asarray(t0_bar, np.asarray(t0).dtype), None,  # y(t_eval) does not depend on t1
+            np.reshape(a, y0.shape).astype(y0.dtype),
+            np.asarray(t_bar, np.asarray(t_eval).dtype),
+            np_unravel(mu, params), None, None)
 
 
 def _ivp_vjp_nan(primals):
-    nan = lambda x: np.full(np.shape(x), np.nan, np.asarray(x).dtype)  # noqa: E731
-    return tuple(jax.tree_util.tree_map(nan, p) for p in primals)
+    t0, t1, y0, t_eval, params, fixed, jac_ops = primals
+    return (*nan_like((t0, None, y0, t_eval, params)), None, None)
 
 
 @_ivp.defjvp
-def _ivp_jvp(primals, ys, tangents, *, fun, has_args, method, rtol, atol, jac, adjoint_rtol,
+def _ivp_jvp(primals, out, tangents, *, fun, jac, method, rtol, atol, adjoint_rtol,
              adjoint_atol, sensitivity, on_failure, options):
     """Forward sensitivities: (y, s)' = (f, df/dy s + df/dp dp), s(t0) = dy0 - f dt0."""
-    t0, y0, t_eval, params = primals
-    dt0, dy0, dt_eval, dparams = tangents
-    t0, t_eval = float(t0), f64(t_eval)
+    t0, t1, y0, t_eval, params, fixed, jac_ops = primals
+    dt0, _, dy0, dt_eval, dparams, _, _ = tangents
+    ys = out[0]
+    t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
     T = t_eval.shape[0]
     if T == 0 or not np.all(np.isfinite(ys)):
-        return np.full(np.shape(ys), np.nan, ys.dtype)
+        return np.full(np.shape(ys), np.nan, ys.dtype), None
     with on_cpu():
-        ode = _Ode(fun, has_args, y0.shape, jac, params)
+        ode = _ode(primals, fun, jac)
         n = ode.n
         y0f = np.ravel(f64(y0))
         s0 = np.zeros(n) if dy0 is None else np.ravel(f64(dy0))
@@ -308,16 +341,16 @@ def _ivp_jvp(primals, ys, tangents, *, fun, has_args, method, rtol, atol, jac, a
             s0 = s0 - ode.f(t0, y0f) * float(dt0)
         Y = f64(ys).reshape(T, n)
         S, message = ode.sensitivities(
-            t0, y0f, t_eval, s0[:, None], np_ravel(fill_zeros(dparams, params))[:, None],
+            t0, y0f, t1, t_eval, s0[:, None], np_ravel(fill_zeros(dparams, params))[:, None],
             method=method, rtol=rtol, atol=atol, sens_rtol=rtol, sens_atol=atol, jac=jac,
             options=options)
         if S is None:
             _fail("integrate.solve_ivp", method, f"sensitivity solve: {message}", on_failure)
-            return np.full(np.shape(ys), np.nan, ys.dtype)
+            return np.full(np.shape(ys), np.nan, ys.dtype), None
         S = S[..., 0]
         if dt_eval is not None:
             S = S + np.stack([ode.f(t, y) for t, y in zip(t_eval, Y)]) * f64(dt_eval)[:, None]
-    return S.reshape(ys.shape).astype(ys.dtype)
+    return S.reshape(ys.shape).astype(ys.dtype), None
 
 
 SENSITIVITIES = ("auto", "adjoint", "forward")
@@ -333,135 +366,201 @@ def _sensitivity_choice(sensitivity: str, n: int, P: int) -> str:
     return sensitivity
 
 
-def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, t_eval: Any, args: Any = None,
-              *, method: str = "RK45", rtol: float = 1e-6, atol: float = 1e-9,
-              jac: Callable[..., Any] | bool | None = None, adjoint_rtol: float | None = None,
-              adjoint_atol: float | None = None, sensitivity: str = "auto",
-              on_failure: str = "raise", **options: Any) -> OdeResult:
-    """Solve `y' = fun(t, y, args)` with SciPy; differentiable in y0, args, t_span[0], t_eval.
+def _check_method(method: Any, name: str) -> None:
+    if isinstance(method, str) and method in METHODS:
+        return
+    if not isinstance(method, str) and (hasattr(method, "shape") or
+                                        isinstance(method, (list, tuple))):
+        raise TypeError(
+            f"jaxbridge.scipy.{name}: the 4th positional argument is `method`, as in SciPy's "
+            f"solve_ivp(fun, t_span, y0, method='RK45', t_eval=None, ...); got an array. "
+            f"Pass the evaluation times as t_eval=...")
+    raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS}, "
+                     f"got {method!r}")
+
+
+def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
+              t_eval: Any = None, dense_output: bool = False, events: Any = None,
+              vectorized: bool = False, args: tuple | None = None, *, rtol: float = 1e-3,
+              atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
+              adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
+              sensitivity: str = "auto", on_failure: str = "raise",
+              **options: Any) -> OdeResult:
+    """`scipy.integrate.solve_ivp`, differentiable in y0, args, closed-over arrays, t0, t_eval.
+
+    Same signature, defaults and `args` convention as SciPy: `fun(t, y, *args)`.
 
     Args:
-      fun: the right-hand side, written in JAX: `fun(t, y, args)` (or `fun(t, y)` when
-        `args` is None), returning an array shaped like `y`. Must be hashable (any
-        function is); it selects a compiled version, so pass the same function object
-        across calls.
-      t_span: `(t0, t1)`. The integration runs from `t0` to `t_eval[-1]`; `t0` is
-        differentiable, `t1` is not used beyond SciPy's conventions.
+      fun: the right-hand side, written in JAX, returning an array shaped like `y0`.
+        It may close over arrays and traced values (e.g. `lambda t, y: -k * y` inside
+        a function differentiated w.r.t. `k`): they are differentiated like `args`.
+      t_span: `(t0, tf)`: SciPy integrates from `t0` (differentiable) to `tf`.
       y0: initial state, any shape (float).
-      t_eval: the times at which the solution is returned (required: JAX needs a
-        fixed output shape); monotone in the direction of integration.
-      args: a pytree of float arrays passed as the third argument of `fun` (one
-        argument, not unpacked as in SciPy); the parameters gradients flow to.
       method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA".
-      rtol, atol: forward tolerances (scalars; tighter than SciPy's defaults because
-        gradients inherit the solution's error).
-      jac: for the implicit methods. None: the exact Jacobian computed by JAX
-        (`jax.jacfwd(fun)`); a JAX function `jac(t, y, args)`; False: SciPy's finite
-        differences (forward solve only; the adjoint always uses JAX's Jacobian).
-      adjoint_rtol, adjoint_atol: tolerances of the gradient solve: the backward
-        adjoint solve, or the sensitivity components of the forward-sensitivity solve
-        (default: rtol, atol).
+      t_eval: the times at which the solution is returned. **Required** (unlike in
+        SciPy, where None returns SciPy's own step times): JAX needs the output shape
+        before the solve runs. Within `t_span`, monotone.
+      dense_output, events: not supported (they return host-side objects whose size
+        is only known after the solve); passing them raises with the reason.
+      vectorized: accepted and ignored (Jacobians come from JAX, not from finite
+        differences, so SciPy's vectorized evaluation has nothing to speed up).
+      args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
+        float leaves (pytrees are fine) are traced and differentiable; Python ints,
+        bools and other objects are passed unchanged (static).
+      rtol, atol: SciPy's tolerances and defaults (1e-3, 1e-6: loose; gradients
+        inherit the solution's error, so pass tighter ones for training).
+      jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
+        JAX); None (default): the exact Jacobian from JAX; False: SciPy's finite
+        differences (forward solve only; gradient solves always use JAX's Jacobian).
+      adjoint_rtol, adjoint_atol: tolerances of the gradient solve (default: rtol, atol).
       sensitivity: how reverse mode (grad, vjp, jacrev) computes the gradient.
         "adjoint": the continuous adjoint (one backward solve; memory independent of
         the number of steps; the choice for large systems). "forward": forward
         sensitivities for every input at once (one augmented forward solve of size
-        `n (1 + n + P)` for `n` states and `P` parameters; no restarts and no backward
-        transients, so much cheaper for small stiff systems). "auto" (default):
+        `n (1 + n + P)` for `n` states and `P` parameters). "auto" (default):
         "forward" when `n (1 + n + P) <= 64`, else "adjoint". Forward mode (jvp,
         jacfwd) always uses forward sensitivities.
-      on_failure: "raise" (default): a failed SciPy solve raises an error naming the
-        solver and SciPy's message; "nan": the outputs (and gradients) are NaN.
-      **options: passed on to `scipy.integrate.solve_ivp` (e.g. max_step,
-        first_step); static, so hashable.
+      on_failure: "raise" (default): a failed solve raises
+        `jaxbridge.scipy.SolverError` with SciPy's message (eager and under `jit`);
+        "nan": the outputs and gradients are NaN and `status` is -1.
+      **options: passed on to `scipy.integrate.solve_ivp` (first_step, max_step, ...);
+        static, so hashable.
 
     Returns:
-      `OdeResult(t, y)` with `t = t_eval` and `y` of shape `y0.shape + (len(t_eval),)`.
-
-    Gradients: continuous adjoint or forward sensitivities (reverse mode, see
-    `sensitivity`) and forward sensitivities (forward mode); see the module docstring.
+      :class:`OdeResult` with SciPy's fields: `t` (= t_eval), `y` of shape
+      `y0.shape + (len(t_eval),)`, `status`, `success`, `nfev`, `njev`, `nlu`.
 
     Example:
       >>> import jax, jax.numpy as jnp
       >>> from jaxbridge.scipy.integrate import solve_ivp
       >>> decay = lambda t, y, k: -k * y
-      >>> grad = jax.grad(lambda k: solve_ivp(decay, (0.0, 1.0), jnp.ones(1),
-      ...                                     jnp.array([1.0]), k).y[0, 0])
+      >>> grad = jax.grad(lambda k: solve_ivp(decay, (0.0, 1.0), jnp.ones(1), t_eval=[1.0],
+      ...                                     args=(k,), rtol=1e-8).y[0, 0])
       >>> round(float(grad(1.0)), 4)  # d/dk exp(-k) at k = 1
       -0.3679
     """
     name = "integrate.solve_ivp"
     check_policy(on_failure, name)
-    if method not in METHODS:
-        raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS}, "
-                         f"got {method!r}")
+    _check_method(method, name)
+    if t_eval is None:
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: t_eval is required (SciPy's default, None, returns the "
+            f"solver's own step times, whose number is only known after the solve; JAX needs "
+            f"the output shape first). Pass the times you need, e.g. "
+            f"t_eval=jnp.linspace(t0, tf, 50).")
+    if dense_output:
+        raise unsupported(name, "dense_output", "the continuous solution is a host-side "
+                          "object, not a JAX value; pass the times you need as t_eval")
+    if events is not None:
+        raise unsupported(name, "events", "the number of events is only known after the "
+                          "solve, and JAX needs output shapes first")
+    del vectorized  # Jacobians come from JAX
+    call = "fun(t, y, *args)"
+    args = check_args(args, name, call)
     y0 = as_float_array(y0)
     t_eval = jnp.asarray(t_eval)
     if t_eval.ndim != 1:
         raise ValueError(f"jaxbridge.scipy.{name}: t_eval must be 1-D, got shape {t_eval.shape}")
+    if len(t_span) != 2:
+        raise ValueError(f"jaxbridge.scipy.{name}: t_span must be (t0, tf), got {t_span!r}")
     tdtype = jnp.result_type(t_eval.dtype, float)
     t_eval = t_eval.astype(tdtype)
-    t0 = jnp.asarray(t_span[0], tdtype)
-    has_args = args is not None
-    params = as_params(args, name) if has_args else _NO_ARGS()
-    sensitivity = _sensitivity_choice(sensitivity, y0.size,
-                                      sum(x.size for x in jax.tree_util.tree_leaves(params)))
-    ys = _ivp(t0, y0, t_eval, params, fun=fun, has_args=has_args, method=method,
-              rtol=float(rtol), atol=float(atol), jac=jac,
-              adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
-              adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
-              sensitivity=sensitivity, on_failure=on_failure, options=static_options(options))
-    return OdeResult(t=t_eval, y=jnp.moveaxis(ys, 0, -1))
+    t0, t1 = jnp.asarray(t_span[0], tdtype), jnp.asarray(t_span[1], tdtype)
+    _check_t_eval(t0, t1, t_eval, name)
+    t_aval = jax.ShapeDtypeStruct((), tdtype)
+    y_aval = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
+    rhs, ops = convert(fun, name, "fun", (t_aval, y_aval), args, call)
+    _check_out(rhs, y0, name, "fun")
+    params, fixed = rhs.split(ops)
+    jac_hf, jac_ops = jac, ()
+    if callable(jac):
+        jac_hf, jac_ops = convert(jac, name, "jac", (t_aval, y_aval), args,
+                                  "jac(t, y, *args)")
+        jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
+    sensitivity = _sensitivity_choice(sensitivity, y0.size, sum(p.size for p in params))
+    ys, stats = _ivp(t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), fun=rhs, jac=jac_hf,
+                     method=method, rtol=float(rtol), atol=float(atol),
+                     adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
+                     adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
+                     sensitivity=sensitivity, on_failure=on_failure,
+                     options=static_options(options, name))
+    return OdeResult(t=t_eval, y=jnp.moveaxis(ys, 0, -1), status=stats[0], nfev=stats[1],
+                     njev=stats[2], nlu=stats[3], success=stats[0] == 0)
+
+
+def _check_t_eval(t0: jax.Array, t1: jax.Array, t_eval: jax.Array, name: str) -> None:
+    """SciPy's check that t_eval lies in t_span (when the values are concrete)."""
+    try:
+        t0, t1, te = float(t0), float(t1), np.asarray(t_eval)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return
+    lo, hi = min(t0, t1), max(t0, t1)
+    if te.size and (te.min() < lo or te.max() > hi):
+        raise ValueError(f"jaxbridge.scipy.{name}: values in t_eval are not within t_span "
+                         f"({t0}, {t1})")
+
+
+def _check_out(hf: HostFun, like: jax.Array, name: str, what: str, shape: tuple | None = None
+               ) -> None:
+    want = like.shape if shape is None else shape
+    outs = hf.jaxpr.outvars
+    got = [tuple(v.aval.shape) for v in outs]
+    if len(outs) != 1 or got[0] != tuple(want):
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must return one array of shape "
+                         f"{tuple(want)}; it returned shapes {got}")
 
 
 # =================================================================== quad
 class _Integrand:
-    def __init__(self, fun, has_args, params, dtype_key):
-        call = call_args(has_args)
-        key = (fun, has_args, dtype_key)
-        self.params = params
+    def __init__(self, fun: HostFun, xdtype: Any, params: tuple, fixed: tuple):
+        key = (fun, np.dtype(xdtype))
+        self.params, self.fixed = params, fixed
 
-        def f(x, p):
-            return jnp.asarray(fun(*call(x, p=p))).astype(jnp.result_type(float))
+        def f(fx, x, p):
+            return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(
+                jnp.result_type(float))
 
-        def df_dp(x, p):
-            return jnp_ravel(jax.grad(f, argnums=1)(x, p))
+        def df_dp(fx, x, p):
+            return jnp_ravel(jax.grad(f, argnums=2)(fx, x, p))
 
-        def jvp_p(x, p, dp):
-            return jax.jvp(lambda q: f(x, q), (p,), (dp,))[1]
+        def jvp_p(fx, x, p, dp):
+            return jax.jvp(lambda q: f(fx, x, q), (p,), (dp,))[1]
 
         self._f = host_jit(key + ("f",), lambda: f)
         self._df = host_jit(key + ("df",), lambda: df_dp)
         self._jvp = host_jit(key + ("jvp",), lambda: jvp_p)
 
-    def f(self, x):
-        return float(self._f(x, self.params))
+    def f(self, x: float) -> float:
+        return float(self._f(self.fixed, x, self.params))
+
+    def df(self, x: float) -> np.ndarray:
+        return f64(self._df(self.fixed, x, self.params))
+
+    def jvp(self, x: float, dp: Any) -> float:
+        return float(self._jvp(self.fixed, x, self.params, dp))
 
 
-def _quad_result(a, b, params, **_):
-    return jax.ShapeDtypeStruct((), jnp.result_type(a.dtype, b.dtype))
+def _quad_result(a, b, params, fixed, **_):
+    dtype = jnp.result_type(a.dtype, b.dtype)
+    return jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((), dtype)
 
 
-def _scalar_fun_check(out, name):
-    if np.shape(out) != ():
-        raise TypeError(f"jaxbridge.scipy.{name}: the integrand must return a scalar")
-
-
-def _quad_run(integrand, a, b, epsabs, epsrel, limit, on_failure, what):
-    res = scipy.integrate.quad(integrand, a, b, epsabs=epsabs, epsrel=epsrel, limit=limit,
-                               full_output=1)
+def _quad_run(integrand, a, b, options, on_failure, what):
+    res = scipy.integrate.quad(integrand, a, b, full_output=1, **dict(options))
     if len(res) > 3:  # SciPy appends a message when ier != 0
         if on_failure == "raise":
             raise failure("integrate.quad", f"quad{what}: {res[3]}")
-        return np.nan
-    return res[0]
+        return np.nan, np.nan
+    return res[0], res[1]
 
 
 @_foreign.foreign(_quad_result)
-def _quad(a, b, params, *, fun, has_args, epsabs, epsrel, limit, on_failure):
+def _quad(a, b, params, fixed, *, fun, options, on_failure):
+    dtype = np.result_type(a.dtype, b.dtype)
     with on_cpu():
-        q = _Integrand(fun, has_args, params, ())
-        val = _quad_run(q.f, float(a), float(b), epsabs, epsrel, limit, on_failure, "")
-    return np.asarray(val, np.result_type(a.dtype, b.dtype))
+        q = _Integrand(fun, a.dtype, params, fixed)
+        val, err = _quad_run(q.f, float(a), float(b), options, on_failure, "")
+    return np.asarray(val, dtype), np.asarray(err, dtype)
 
 
 def _f_at(q, x):
@@ -469,69 +568,99 @@ def _f_at(q, x):
 
 
 @_quad.defvjp
-def _quad_vjp(primals, out, ct, *, fun, has_args, epsabs, epsrel, limit, on_failure):
-    a, b, params = primals
-    ct = float(ct)
-    if not np.isfinite(out):
-        nan = lambda x: np.full(np.shape(x), np.nan, np.asarray(x).dtype)  # noqa: E731
-        return nan(a), nan(b), jax.tree_util.tree_map(nan, params)
+def _quad_vjp(primals, out, ct, *, fun, options, on_failure):
+    a, b, params, fixed = primals
+    ct_val, ct_err = float(ct[0]), float(ct[1])
+    if not np.isfinite(out[0]) or ct_err != 0.0:  # failure, or abserr differentiated
+        return (*nan_like((a, b, params)), None)
     with on_cpu():
-        q = _Integrand(fun, has_args, params, ())
-        a_bar, b_bar = -ct * _f_at(q, a), ct * _f_at(q, b)
-        p_bar = ()
-        if has_args and np_ravel(params).size:
-            res = scipy.integrate.quad_vec(lambda x: f64(q._df(x, q.params)), float(a),
-                                           float(b), epsabs=epsabs, epsrel=epsrel,
-                                           limit=limit, full_output=True)
+        q = _Integrand(fun, a.dtype, params, fixed)
+        a_bar, b_bar = -ct_val * _f_at(q, a), ct_val * _f_at(q, b)
+        p_bar = nan_like(params)
+        if params:
+            kw = {k: v for k, v in options if k in ("epsabs", "epsrel", "limit")}
+            res = scipy.integrate.quad_vec(q.df, float(a), float(b), full_output=True, **kw)
             if not res[2].success:
                 if on_failure == "raise":
                     raise failure("integrate.quad", f"quad_vec of the parameter gradient: "
                                   f"{res[2].message}")
                 res = (np.full_like(res[0], np.nan),) + res[1:]
-            p_bar = np_unravel(ct * f64(res[0]), params)
-    return (np.asarray(a_bar, a.dtype), np.asarray(b_bar, b.dtype),
-            p_bar if has_args else None)
+            p_bar = np_unravel(ct_val * f64(res[0]), params)
+    return np.asarray(a_bar, a.dtype), np.asarray(b_bar, b.dtype), p_bar, None
 
 
 @_quad.defjvp
-def _quad_jvp(primals, out, tangents, *, fun, has_args, epsabs, epsrel, limit, on_failure):
-    a, b, params = primals
-    da, db, dparams = tangents
-    if not np.isfinite(out):
-        return np.asarray(np.nan, out.dtype)
+def _quad_jvp(primals, out, tangents, *, fun, options, on_failure):
+    a, b, params, fixed = primals
+    da, db, dparams, _ = tangents
+    nan = np.asarray(np.nan, out[0].dtype)
+    if not np.isfinite(out[0]):
+        return nan, nan
     with on_cpu():
-        q = _Integrand(fun, has_args, params, ())
+        q = _Integrand(fun, a.dtype, params, fixed)
         total = 0.0
         if da is not None:
             total -= float(da) * _f_at(q, a)
         if db is not None:
             total += float(db) * _f_at(q, b)
-        if has_args and dparams is not None:
+        if dparams is not None:
             dp = fill_zeros(dparams, params)
-            total += _quad_run(lambda x: float(q._jvp(x, q.params, dp)), float(a), float(b),
-                               epsabs, epsrel, limit, on_failure, " of the tangent")
-    return np.asarray(total, out.dtype)
+            total += _quad_run(lambda x: q.jvp(x, dp), float(a), float(b), options,
+                               on_failure, " of the tangent")[0]
+    # abserr has no derivative: NaN (never a silent zero)
+    return np.asarray(total, out[0].dtype), nan
 
 
-def quad(fun: Callable[..., Any], a: Any, b: Any, args: Any = None, *,
+def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output: int = 0,
          epsabs: float = 1.49e-8, epsrel: float = 1.49e-8, limit: int = 50,
-         on_failure: str = "raise") -> jax.Array:
-    """`int_a^b fun(x, args) dx` by `scipy.integrate.quad`; differentiable in a, b, args.
+         points: Any = None, weight: Any = None, wvar: Any = None, wopts: Any = None,
+         maxp1: int = 50, limlst: int = 50, complex_func: bool = False, *,
+         on_failure: str = "raise") -> tuple[jax.Array, jax.Array]:
+    """`scipy.integrate.quad`: `(y, abserr)` of `int_a^b func(x, *args) dx`; differentiable.
 
-    `fun(x, args)` (or `fun(x)` when `args` is None) is written in JAX and returns a
-    scalar. Gradients: w.r.t. `args`, the integral of the gradient (SciPy's
-    `quad_vec` over JAX's `grad`); w.r.t. the limits, the Leibniz rule
-    (`dI/db = fun(b)`, `dI/da = -fun(a)`; zero for infinite limits). Forward mode
-    (`jvp`) likewise. `on_failure` as in :func:`solve_ivp` (SciPy's `ier != 0`,
-    e.g. "the maximum number of subdivisions has been achieved", is a failure).
+    Same signature and `args` convention as SciPy (`func(x, *args)`, written in JAX,
+    returning a scalar; it may close over traced values). Gradients of `y`: w.r.t.
+    `args` and closed-over arrays, the integral of the gradient (SciPy's `quad_vec`
+    over JAX's `grad`); w.r.t. the limits, the Leibniz rule (`dy/db = func(b)`,
+    `dy/da = -func(a)`; zero for infinite limits). Forward mode likewise. `abserr`
+    has no derivative: its gradient is NaN, never a silent zero.
 
-    Returns only the value (SciPy's `abserr` is dropped).
+    `points` (static) is passed to SciPy. Not supported, with the reason in the
+    error: `full_output` (a host-side dict), `weight`/`wvar`/`wopts` and
+    `complex_func`. `on_failure` as in :func:`solve_ivp` (SciPy's `ier != 0`, e.g.
+    "the maximum number of subdivisions has been achieved", is a failure).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxbridge.scipy.integrate import quad
+      >>> y, err = quad(lambda x, c: jnp.exp(-c * x), 0.0, 1.0, args=(2.0,))
+      >>> print(f"{float(y):.6f}")
+      0.432332
+      >>> print(f"{float(jax.grad(lambda c: quad(lambda x: jnp.exp(-c * x), 0.0, 1.0)[0])(2.0)):.6f}")
+      -0.148499
     """
     name = "integrate.quad"
     check_policy(on_failure, name)
+    if full_output:
+        raise unsupported(name, "full_output", "SciPy's infodict is a host-side dict of "
+                          "variable size; the error estimate is returned as abserr")
+    for arg, value in (("weight", weight), ("wvar", wvar), ("wopts", wopts)):
+        if value is not None:
+            raise unsupported(name, arg, "weighted integrals (QAWO/QAWF/QAWS/QAWC) have no "
+                              "derivative rule here; write the weight into func")
+    if complex_func:
+        raise unsupported(name, "complex_func", "only real integrands are differentiable here")
+    call = "func(x, *args)"
+    args = check_args(args, name, call)
     dtype = jnp.result_type(jnp.asarray(a).dtype, jnp.asarray(b).dtype, float)
     a, b = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
-    has_args = args is not None
-    params = as_params(args, name) if has_args else _NO_ARGS()
-    return _quad(a, b, params, fun=fun, has_args=has_args, epsabs=float(epsabs),
-                 epsrel=float(epsrel), limit=int(limit), on_failure=on_failure)
+    f_hf, ops = convert(func, name, "func", (jax.ShapeDtypeStruct((), dtype),), args, call)
+    _check_out(f_hf, a, name, "func", ())
+    params, fixed = f_hf.split(ops)
+    options = {"epsabs": float(epsabs), "epsrel": float(epsrel), "limit": int(limit),
+               "maxp1": int(maxp1), "limlst": int(limlst)}
+    if points is not None:
+        options["points"] = tuple(float(p) for p in np.ravel(points))
+    y, err = _quad(a, b, params, fixed, fun=f_hf, options=static_options(options, name),
+                   on_failure=on_failure)
+    return y, err

@@ -1,25 +1,35 @@
-"""Differentiable `scipy.optimize`: `root` and `minimize` by the implicit function theorem.
+"""Differentiable `scipy.optimize`: `root`, `minimize`, `least_squares` (implicit function theorem).
 
-SciPy finds `x*(p)`; its derivative comes from the optimality condition, not from
-the iterations. For `root`, `F(x*, p) = 0` gives `dx*/dp = -(dF/dx)^{-1} dF/dp`; for
-`minimize`, the condition is `grad_x f(x*, p) = 0` and `dF/dx` is the Hessian.
+SciPy finds `x*(p)`; its derivative comes from the optimality condition `G(x*, p) = 0`,
+not from the iterations: `G = F` for `root`, `G = grad_x f` for `minimize`, and
+`G = grad_x C` for `least_squares`, with `C(x) = 1/2 sum rho(f_i(x)^2)` SciPy's cost
+(robust `loss` and `f_scale` included). Then `dx*/dp = -(dG/dx)^{-1} dG/dp`:
 
 * reverse mode (grad): one linear solve with the transposed Jacobian,
-  `(dF/dx)^T lam = x_bar`, then `p_bar = -(dF/dp)^T lam` (a JAX vector-Jacobian
+  `(dG/dx)^T lam = x_bar`, then `p_bar = -(dG/dp)^T lam` (a JAX vector-Jacobian
   product);
-* forward mode (jvp/jacfwd): one solve `(dF/dx) dx = -(dF/dp) dp`.
+* forward mode (jvp/jacfwd): one solve `(dG/dx) dx = -(dG/dp) dp`.
+
+`p` is everything the function depends on: SciPy's `args` (called as
+`fun(x, *args)`) and arrays it closes over, traced or not -- both get the same,
+correct gradients. With `bounds`, coordinates at an active bound are held there:
+the solve runs on the free coordinates, and the gradient flows to the bounds
+themselves (`x*_i = lb_i`).
 
 The linear solves are dense (`scipy.linalg.solve` on the Jacobian JAX computes) for
 `n <= 1000` or `linear_solver="direct"`, and matrix-free otherwise or with
 `linear_solver="gmres"` / `"cg"` (SciPy's Krylov solvers driven by JAX's
 Jacobian-vector products; `cg` needs a symmetric positive definite matrix, which a
 strict minimum's Hessian is). The starting point `x0` gets a zero gradient: the
-solution does not depend on it.
+solution does not depend on it (it is correct, not a silent zero).
+
+The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX at
+`x*`, so they are differentiable by the chain rule.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -29,256 +39,547 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from .. import _foreign
-from ._common import (_NO_ARGS, as_float_array, as_params, call_args, check_policy, f64, failure, fill_zeros,
-                      host_jit, jnp_ravel, np_unravel, on_cpu, static_options)
+from ._common import (Result, as_float_array, check_policy, f64, failure, fill_zeros,
+                      host_jit, jnp_ravel, nan_like, np_ravel, np_unravel, on_cpu,
+                      static_options, unsupported)
+from ._trace import HostFun, check_args, convert
 
-__all__ = ["root", "minimize", "OptimizeResult"]
+__all__ = ["root", "minimize", "least_squares", "OptimizeResult", "LINEAR_SOLVERS"]
 
 LINEAR_SOLVERS = ("auto", "direct", "gmres", "cg")
 _DENSE_MAX = 1000
 ROOT_JAC_METHODS = ("hybr", "lm")
 MIN_GRAD_FREE = ("Nelder-Mead", "Powell", "COBYLA", "COBYQA")
 MIN_HESS = ("Newton-CG", "dogleg", "trust-ncg", "trust-krylov", "trust-exact")
+MIN_BOUNDS = ("Nelder-Mead", "L-BFGS-B", "TNC", "SLSQP", "Powell", "trust-constr", "COBYLA",
+              "COBYQA")
+LOSSES = ("linear", "soft_l1", "huber", "cauchy", "arctan")
 
 
-class OptimizeResult(NamedTuple):
-    """What :func:`root` and :func:`minimize` return (a subset of SciPy's)."""
+class OptimizeResult(Result):
+    """What :func:`root`, :func:`minimize` and :func:`least_squares` return.
 
-    x: jax.Array        #: the solution, shaped like x0 (differentiable)
-    fun: jax.Array      #: F(x) for root, f(x) for minimize (differentiable)
-    success: jax.Array  #: SciPy's flag (False only with on_failure="nan")
+    SciPy's field names: `x` (differentiable), `fun` (F(x*) for root, f(x*) for
+    minimize, the residuals for least_squares; differentiable), `success`,
+    `status`, `nfev`, `njev`, `nit` (SciPy's counters, -1 where the method does not
+    report one), and for least_squares `cost`, `jac`, `grad`, `optimality`,
+    `active_mask`. Fields SciPy computes on the host only (`hess_inv`, ...) are None.
+    """
+
+    _fields = ("x", "fun", "jac", "cost", "grad", "optimality", "active_mask", "success",
+               "status", "nfev", "njev", "nit", "hess_inv")
+    _messages: ClassVar[dict[int, str]] = {}
+
+
+# ------------------------------------------------------------------ losses (least_squares)
+def _rho(loss: str, z: jax.Array) -> jax.Array:
+    """SciPy's robust loss rho(z), z = f^2 (scipy.optimize._lsq.least_squares)."""
+    if loss == "linear":
+        return z
+    if loss == "soft_l1":
+        return 2 * (jnp.sqrt(1 + z) - 1)
+    if loss == "huber":
+        safe = jnp.where(z <= 1, 1.0, z)
+        return jnp.where(z <= 1, z, 2 * jnp.sqrt(safe) - 1)
+    if loss == "cauchy":
+        return jnp.log1p(z)
+    return jnp.arctan(z)  # "arctan"
 
 
 class _Problem:
-    """Host-side `F(x, p)` (root) or `f(x, p)` (minimize) and its JAX derivatives.
+    """Host-side optimality condition `G(x, p)` and its JAX derivatives.
 
-    `G` is the optimality condition: `F` itself for root, `grad_x f` for minimize.
+    `kind`: "root" (G = F), "minimize" (G = grad f) or "lsq" (G = grad of the cost).
+    `free` masks the coordinates not held at a bound (all of them without bounds).
     """
 
-    def __init__(self, kind, fun, has_args, shape, params, jac):
+    def __init__(self, kind: str, fun: HostFun, jac: Any, shape: tuple, xdtype: Any,
+                 params: tuple, fixed: tuple, jac_ops: tuple, loss: str = "linear",
+                 f_scale: float = 1.0):
         self.shape = tuple(shape)
-        self.params = params
-        call = call_args(has_args)
-        key = (kind, fun, has_args, self.shape, jac)
+        self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
+        key = (kind, fun, jac, self.shape, np.dtype(xdtype), loss, f_scale)
         shape_ = self.shape
 
-        def F(x, p):  # root: residual; minimize: objective (scalar)
-            out = fun(*call(x.reshape(shape_), p=p))
-            return jnp.ravel(out).astype(x.dtype) if kind == "root" else \
+        def F(fx, x, p):  # root: residual; minimize: objective; lsq: residuals
+            out = fun(fun.merge(p, fx), x.reshape(shape_).astype(xdtype))
+            if isinstance(out, tuple):  # minimize(jac=True): (f, g)
+                out = out[0]
+            return jnp.ravel(out).astype(x.dtype) if kind != "minimize" else \
                 jnp.asarray(out).astype(x.dtype)
+
+        def cost(fx, x, p):
+            r = F(fx, x, p) / f_scale
+            return 0.5 * f_scale ** 2 * jnp.sum(_rho(loss, r * r))
 
         if kind == "root":
             G = F
+        elif kind == "minimize":
+            G = jax.grad(F, argnums=1)
         else:
-            G = jax.grad(F, argnums=0)
+            G = jax.grad(cost, argnums=1)
 
-        def G_jac(x, p):
-            if kind == "root" and callable(jac):
-                return jnp.reshape(jac(*call(x.reshape(shape_), p=p)), (x.size, x.size))
-            return jax.jacfwd(G, argnums=0)(x, p)
+        def G_jac(fx, jo, x, p):
+            if kind == "root" and isinstance(jac, HostFun):
+                out = jac(jo, x.reshape(shape_).astype(xdtype))
+                return jnp.reshape(out, (x.size, x.size)).astype(x.dtype)
+            return jax.jacfwd(G, argnums=1)(fx, x, p)
 
-        def G_vjp_x(x, p, v):
-            return jax.vjp(lambda x: G(x, p), x)[1](v)[0]
+        def user_grad(fx, jo, x, p):  # minimize: the gradient the optimizer uses
+            if jac is True:
+                return jnp.ravel(fun(fun.merge(p, fx), x.reshape(shape_).astype(xdtype))[1])
+            if isinstance(jac, HostFun):
+                return jnp.ravel(jac(jo, x.reshape(shape_).astype(xdtype))).astype(x.dtype)
+            return G(fx, x, p)
 
-        def G_jvp_x(x, p, v):
-            return jax.jvp(lambda x: G(x, p), (x,), (v,))[1]
+        def value_and_grad(fx, jo, x, p):
+            return F(fx, x, p), user_grad(fx, jo, x, p)
 
-        def G_vjp_p(x, p, v):
-            return jnp_ravel(jax.vjp(lambda p: G(x, p), p)[1](v)[0])
+        def lsq_jac(fx, jo, x, p):
+            if isinstance(jac, HostFun):
+                out = jac(jo, x.reshape(shape_).astype(xdtype))
+                return jnp.reshape(out, (-1, x.size)).astype(x.dtype)
+            return jax.jacfwd(F, argnums=1)(fx, x, p)
 
-        def G_jvp_p(x, p, dp):
-            return jax.jvp(lambda p: G(x, p), (p,), (dp,))[1]
+        roles = dict(
+            F=F, G=G, G_jac=G_jac, value_and_grad=value_and_grad, lsq_jac=lsq_jac,
+            G_vjp_x=lambda fx, x, p, v: jax.vjp(lambda x: G(fx, x, p), x)[1](v)[0],
+            G_jvp_x=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1],
+            G_vjp_p=lambda fx, x, p, v: jnp_ravel(jax.vjp(lambda p: G(fx, x, p), p)[1](v)[0]),
+            G_jvp_p=lambda fx, x, p, dp: jax.jvp(lambda p: G(fx, x, p), (p,), (dp,))[1],
+            hess=jax.hessian(F, argnums=1) if kind == "minimize" else F,
+            hessp=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1])
+        self._j = {r: host_jit(key + (r,), (lambda g: lambda: g)(g)) for r, g in roles.items()}
 
-        def F_vjp(x, p, v):  # cotangent of the `fun` output, pulled back to (x, p)
-            gx, gp = jax.vjp(F, x, p)[1](v)
-            return gx, jnp_ravel(gp)
-
-        def F_jvp(x, p, dx, dp):
-            return jax.jvp(F, (x, p), (dx, dp))[1]
-
-        def value_and_grad(x, p):
-            return jax.value_and_grad(F)(x, p)
-
-        roles = dict(F=F, G=G, G_jac=G_jac, G_vjp_x=G_vjp_x, G_jvp_x=G_jvp_x,
-                     G_vjp_p=G_vjp_p, G_jvp_p=G_jvp_p, F_vjp=F_vjp, F_jvp=F_jvp,
-                     value_and_grad=value_and_grad,
-                     hess=jax.hessian(F, argnums=0) if kind == "minimize" else F,
-                     hessp=lambda x, p, v: G_jvp_x(x, p, v))
-        self._j = {r: host_jit(key + (r,), (lambda f: lambda: f)(f)) for r, f in roles.items()}
-
-    def __call__(self, role, *xs):
-        out = self._j[role](*xs[:1], self.params, *xs[1:])
+    def __call__(self, role: str, *xs: Any) -> Any:
+        if role in ("G_jac", "value_and_grad", "lsq_jac"):
+            out = self._j[role](self.fixed, self.jac_ops, xs[0], self.params, *xs[1:])
+        else:
+            out = self._j[role](self.fixed, xs[0], self.params, *xs[1:])
         return jax.tree_util.tree_map(f64, out)
 
-    # ---- the implicit-function-theorem solves ----
-    def solve(self, x, rhs, transpose, linear_solver, name, on_failure):
-        """(dG/dx)^{T if transpose} z = rhs."""
-        n = x.size
+    # ---- the implicit-function-theorem solves, on the free coordinates ----
+    def solve(self, x: np.ndarray, rhs: np.ndarray, transpose: bool, free: np.ndarray,
+              linear_solver: str, name: str, on_failure: str) -> np.ndarray:
+        """z with z[~free] = 0 and ((dG/dx)^{T if transpose} z)[free] = rhs[free]."""
+        n = int(free.sum())
+        z = np.zeros(x.size)
+        if n == 0:
+            return z
         method = linear_solver
         if method == "auto":
-            method = "direct" if n <= _DENSE_MAX else ("cg" if name == "minimize" else "gmres")
+            method = "direct" if n <= _DENSE_MAX else ("gmres" if name == "root" else "cg")
         if method == "direct":
-            J = self("G_jac", x)
+            J = self("G_jac", x)[np.ix_(free, free)]
             try:
-                return scipy.linalg.solve(J.T if transpose else J, rhs)
+                z[free] = scipy.linalg.solve(J.T if transpose else J, rhs[free])
             except (scipy.linalg.LinAlgError, ValueError) as exc:
                 if on_failure == "raise":
-                    raise failure(f"optimize.{name}",
-                                  f"implicit differentiation: singular Jacobian ({exc})") from None
-                return np.full(n, np.nan)
+                    raise failure(f"optimize.{name}", f"implicit differentiation: singular "
+                                  f"Jacobian of the optimality condition ({exc})") from None
+                z[:] = np.nan
+            return z
         role = "G_vjp_x" if transpose else "G_jvp_x"
-        op = scipy.sparse.linalg.LinearOperator((n, n), matvec=lambda v: self(role, x, v),
-                                                dtype=np.float64)
+
+        def matvec(v):
+            full = np.zeros(x.size)
+            full[free] = v
+            return self(role, x, full)[free]
+        op = scipy.sparse.linalg.LinearOperator((n, n), matvec=matvec, dtype=np.float64)
         solver = scipy.sparse.linalg.cg if method == "cg" else scipy.sparse.linalg.gmres
-        z, info = solver(op, rhs, rtol=1e-10, atol=0.0, maxiter=10 * n)
+        zf, info = solver(op, rhs[free], rtol=1e-10, atol=0.0, maxiter=10 * n)
         if info != 0:
             if on_failure == "raise":
                 raise failure(f"optimize.{name}", f"implicit differentiation: "
                               f"scipy.sparse.linalg.{method} did not converge (info={info})")
-            return np.full(n, np.nan)
+            zf = np.full(n, np.nan)
+        z[free] = zf
         return z
 
 
-def _result(x0, params, *, kind, **_):
-    fun_shape = x0.shape if kind == "root" else ()
-    return OptimizeResult(jax.ShapeDtypeStruct(x0.shape, x0.dtype),
-                          jax.ShapeDtypeStruct(fun_shape, x0.dtype),
-                          jax.ShapeDtypeStruct((), jnp.bool_))
+def _count(sol: Any, field: str) -> int:
+    value = sol.get(field, -1) if hasattr(sol, "get") else getattr(sol, field, -1)
+    return -1 if value is None else int(value)
+
+
+def _stats(sol: Any) -> np.ndarray:
+    return np.array([int(getattr(sol, "status", 0) or 0), _count(sol, "nfev"),
+                     _count(sol, "njev"), _count(sol, "nit")], np.int32)
+
+
+def _result(x0, lb, ub, params, fixed, jac_ops, *, kind, **_):
+    return (jax.ShapeDtypeStruct(x0.shape, x0.dtype),
+            jax.ShapeDtypeStruct(x0.shape, jnp.int8),    # active bound: -1, 0, 1
+            jax.ShapeDtypeStruct((4,), jnp.int32),       # status, nfev, njev, nit
+            jax.ShapeDtypeStruct((), jnp.bool_))         # success
+
+
+def _problem(primals, kind, fun, jac, options):
+    x0, lb, ub, params, fixed, jac_ops = primals
+    opts = dict(options)
+    return _Problem(kind, fun, jac, x0.shape, x0.dtype, params, fixed, jac_ops,
+                    loss=opts.get("loss", "linear"), f_scale=opts.get("f_scale", 1.0))
+
+
+def _run_root(pr, xf, method, jac, tol, opts, callback):
+    kw = {"jac": (lambda x: pr("G_jac", x))} if (
+        method in ROOT_JAC_METHODS and jac is not False) else {}
+    return scipy.optimize.root(lambda x: pr("F", x), xf, method=method, tol=tol,
+                               callback=callback, options=opts or None, **kw)
+
+
+def _run_minimize(pr, xf, method, lb, ub, tol, opts, callback):
+    kw = {}
+    if method not in MIN_GRAD_FREE:
+        kw["jac"] = True
+        obj = lambda x: pr("value_and_grad", x)  # noqa: E731
+    else:
+        obj = lambda x: float(pr("F", x))  # noqa: E731
+    if method in MIN_HESS:
+        if method in ("dogleg", "trust-exact"):
+            kw["hess"] = lambda x: pr("hess", x)
+        else:
+            kw["hessp"] = lambda x, v: pr("hessp", x, v)
+    if np.isfinite(lb).any() or np.isfinite(ub).any():
+        kw["bounds"] = scipy.optimize.Bounds(lb, ub)
+    return scipy.optimize.minimize(obj, xf, method=method, tol=tol, callback=callback,
+                                   options=opts or None, **kw)
+
+
+def _run_lsq(pr, xf, lb, ub, opts, callback):
+    if "tr_options" in opts:
+        opts["tr_options"] = dict(opts["tr_options"])
+    if isinstance(opts.get("x_scale"), tuple):
+        opts["x_scale"] = np.asarray(opts["x_scale"])
+    return scipy.optimize.least_squares(
+        lambda x: pr("F", x), xf, jac=lambda x: pr("lsq_jac", x), bounds=(lb, ub),
+        callback=callback, **opts)
+
+
+def _active(kind, sol, x, lb, ub, pr):
+    """-1/+1 where x* is held at its lower/upper bound, else 0."""
+    if kind == "lsq":
+        return np.asarray(sol.active_mask, np.int8)
+    if kind == "root" or not (np.isfinite(lb).any() or np.isfinite(ub).any()):
+        return np.zeros(x.size, np.int8)
+    g = pr("G", x)  # at an active bound the gradient pushes outwards
+    tol_lb = 1e-10 * (1 + np.abs(np.where(np.isfinite(lb), lb, 0)))
+    tol_ub = 1e-10 * (1 + np.abs(np.where(np.isfinite(ub), ub, 0)))
+    at_lb = (x <= lb + tol_lb) & (g > 0)
+    at_ub = (x >= ub - tol_ub) & (g < 0)
+    return (at_ub.astype(np.int8) - at_lb.astype(np.int8))
 
 
 @_foreign.foreign(_result)
-def _solve(x0, params, *, kind, fun, has_args, method, jac, tol, options, linear_solver,
-           on_failure):
-    name = f"optimize.{kind}"
+def _solve(x0, lb, ub, params, fixed, jac_ops, *, kind, fun, method, jac, tol, options,
+           callback, linear_solver, on_failure):
+    name = {"lsq": "least_squares"}.get(kind, kind)
+    primals = (x0, lb, ub, params, fixed, jac_ops)
+    lbf, ubf = np.ravel(f64(lb)), np.ravel(f64(ub))
     with on_cpu():
-        pr = _Problem(kind, fun, has_args, x0.shape, params, jac)
+        pr = _problem(primals, kind, fun, jac, options)
         xf = np.ravel(f64(x0))
         opts = dict(options)
         if kind == "root":
-            kw = {"jac": (lambda x: pr("G_jac", x))} if (
-                method in ROOT_JAC_METHODS and jac is not False) else {}
-            sol = scipy.optimize.root(lambda x: pr("F", x), xf, method=method, tol=tol,
-                                      options=opts or None, **kw)
+            sol = _run_root(pr, xf, method, jac, tol, opts, callback)
+        elif kind == "minimize":
+            sol = _run_minimize(pr, xf, method, lbf, ubf, tol, opts, callback)
         else:
-            kw = {}
-            if method not in MIN_GRAD_FREE:
-                kw["jac"] = True
-                obj = lambda x: pr("value_and_grad", x)  # noqa: E731
-            else:
-                obj = lambda x: float(pr("F", x))  # noqa: E731
-            if method in MIN_HESS:
-                if method in ("dogleg", "trust-exact"):
-                    kw["hess"] = lambda x: pr("hess", x)
-                else:
-                    kw["hessp"] = lambda x, v: pr("hessp", x, v)
-            sol = scipy.optimize.minimize(obj, xf, method=method, tol=tol,
-                                          options=opts or None, **kw)
+            sol = _run_lsq(pr, xf, lbf, ubf, opts, callback)
         x = np.asarray(sol.x, np.float64)
         ok = bool(sol.success) and bool(np.all(np.isfinite(x)))
-        fval = pr("F", x) if ok else None
+        active = _active(kind, sol, x, lbf, ubf, pr) if ok else np.zeros(x.size, np.int8)
+    stats = _stats(sol)
     if not ok:
         if on_failure == "raise":
-            raise failure(name, f"{kind}(method={method!r}): {sol.message}")
-        nan = np.full(x0.shape, np.nan, x0.dtype)
-        fshape = x0.shape if kind == "root" else ()
-        return OptimizeResult(nan, np.full(fshape, np.nan, x0.dtype), np.bool_(False))
-    fshape = x0.shape if kind == "root" else ()
-    return OptimizeResult(x.reshape(x0.shape).astype(x0.dtype),
-                          np.reshape(fval, fshape).astype(x0.dtype), np.bool_(True))
+            raise failure(f"optimize.{name}", f"{name}(method={method!r}): {sol.message}")
+        return (np.full(x0.shape, np.nan, x0.dtype), active.reshape(x0.shape), stats,
+                np.bool_(False))
+    return x.reshape(x0.shape).astype(x0.dtype), active.reshape(x0.shape), stats, np.bool_(True)
+
+
+def _free_and_x(out):
+    x, active = out[0], out[1]
+    return np.ravel(f64(x)), np.ravel(np.asarray(active)) == 0
 
 
 @_solve.defvjp
-def _solve_vjp(primals, out, ct, *, kind, fun, has_args, method, jac, tol, options,
+def _solve_vjp(primals, out, ct, *, kind, fun, method, jac, tol, options, callback,
                linear_solver, on_failure):
-    x0, params = primals
-    if not bool(out.success):
-        return None, jax.tree_util.tree_map(
-            lambda p: np.full(np.shape(p), np.nan, np.asarray(p).dtype), params)
+    x0, lb, ub, params, fixed, jac_ops = primals
+    name = {"lsq": "least_squares"}.get(kind, kind)
+    if not bool(out[3]):
+        return (None, *nan_like((lb, ub, params)), None, None)
     with on_cpu():
-        pr = _Problem(kind, fun, has_args, x0.shape, params, jac)
-        x = np.ravel(f64(out.x))
-        g = np.ravel(f64(ct.x))
-        ct_fun = f64(ct.fun).reshape(-1 if kind == "root" else ())
-        fun_x, fun_p = pr("F_vjp", x, ct_fun)  # the `fun` output's own dependence
-        lam = pr.solve(x, g + fun_x, True, linear_solver, kind, on_failure)
-        p_bar = fun_p - pr("G_vjp_p", x, lam)
-    return None, (np_unravel(p_bar, params) if has_args else None)
+        pr = _problem(primals, kind, fun, jac, options)
+        x, free = _free_and_x(out)
+        g = np.ravel(f64(ct[0]))
+        lam = pr.solve(x, g, True, free, linear_solver, name, on_failure)
+        p_bar = -pr("G_vjp_p", x, lam)
+        # x*_i = bound_i where active; the bound also moves the free coordinates.
+        b_bar = np.where(free, 0.0, g - pr("G_vjp_x", x, lam))
+        active = np.ravel(np.asarray(out[1]))
+    lb_bar = np.where(active < 0, b_bar, 0.0).reshape(lb.shape).astype(lb.dtype)
+    ub_bar = np.where(active > 0, b_bar, 0.0).reshape(ub.shape).astype(ub.dtype)
+    return None, lb_bar, ub_bar, np_unravel(p_bar, params), None, None
 
 
 @_solve.defjvp
-def _solve_jvp(primals, out, tangents, *, kind, fun, has_args, method, jac, tol, options,
+def _solve_jvp(primals, out, tangents, *, kind, fun, method, jac, tol, options, callback,
                linear_solver, on_failure):
-    x0, params = primals
-    _, dparams = tangents
-    fshape = x0.shape if kind == "root" else ()
-    if not bool(out.success):
-        return OptimizeResult(np.full(x0.shape, np.nan, x0.dtype),
-                              np.full(fshape, np.nan, x0.dtype), None)
-    if not has_args or dparams is None:
-        return None
+    x0, lb, ub, params, fixed, jac_ops = primals
+    _, dlb, dub, dparams, _, _ = tangents
+    name = {"lsq": "least_squares"}.get(kind, kind)
+    if not bool(out[3]):
+        return np.full(x0.shape, np.nan, x0.dtype), None, None, None
     with on_cpu():
-        pr = _Problem(kind, fun, has_args, x0.shape, params, jac)
-        x = np.ravel(f64(out.x))
-        dp = fill_zeros(dparams, params)
-        dx = -pr.solve(x, pr("G_jvp_p", x, dp), False, linear_solver, kind, on_failure)
-        dfun = pr("F_jvp", x, dx, dp)
-    return OptimizeResult(dx.reshape(x0.shape).astype(x0.dtype),
-                          np.reshape(dfun, fshape).astype(x0.dtype), None)
+        pr = _problem(primals, kind, fun, jac, options)
+        x, free = _free_and_x(out)
+        active = np.ravel(np.asarray(out[1]))
+        dx_bound = np.zeros(x.size)
+        if dlb is not None:
+            dx_bound += np.where(active < 0, np.ravel(f64(dlb)), 0.0)
+        if dub is not None:
+            dx_bound += np.where(active > 0, np.ravel(f64(dub)), 0.0)
+        rhs = pr("G_jvp_p", x, fill_zeros(dparams, params)) + pr("G_jvp_x", x, dx_bound)
+        dx = dx_bound - pr.solve(x, rhs, False, free, linear_solver, name, on_failure)
+    return dx.reshape(x0.shape).astype(x0.dtype), None, None, None
 
 
-def _call(kind, fun, x0, args, method, jac, tol, options, linear_solver, on_failure):
-    name = f"optimize.{kind}"
-    check_policy(on_failure, name)
+# ------------------------------------------------------------------ public functions
+def _bounds(bounds: Any, x0: jax.Array, name: str) -> tuple[jax.Array, jax.Array]:
+    """(lb, ub) shaped like x0 from SciPy's forms: Bounds, (lb, ub), or [(lo, hi), ...]."""
+    inf = jnp.full(x0.shape, jnp.inf, x0.dtype)
+    if bounds is None:
+        return -inf, inf
+    if isinstance(bounds, scipy.optimize.Bounds):
+        lo, hi = bounds.lb, bounds.ub
+    elif name != "least_squares" and isinstance(bounds, (list, tuple)) and bounds and \
+            all(isinstance(b, (list, tuple)) and len(b) == 2 for b in bounds):
+        lo = [(-np.inf if b[0] is None else b[0]) for b in bounds]
+        hi = [(np.inf if b[1] is None else b[1]) for b in bounds]
+    elif isinstance(bounds, (list, tuple)) and len(bounds) == 2:
+        lo, hi = bounds
+    else:
+        raise TypeError(f"jaxbridge.scipy.optimize.{name}: bounds must be a "
+                        f"scipy.optimize.Bounds, (lb, ub) or a sequence of (min, max) pairs, "
+                        f"got {type(bounds).__name__}")
+    def full(v: Any, which: str) -> jax.Array:
+        if isinstance(v, (list, tuple)):  # entries may be traced (differentiable bounds)
+            v = jnp.stack([jnp.asarray(e, x0.dtype).reshape(()) for e in v])
+        v = jnp.asarray(v, x0.dtype)
+        if v.size not in (1, x0.size):
+            raise ValueError(f"jaxbridge.scipy.optimize.{name}: the {which} bounds must be a "
+                             f"scalar or have x0's {x0.size} entries, got shape {v.shape}")
+        return jnp.broadcast_to(v.reshape(-1), (x0.size,)).reshape(x0.shape)
+    return full(lo, "lower"), full(hi, "upper")
+
+
+def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, tol: Any,
+          options: dict, callback: Any, linear_solver: str, on_failure: str,
+          bounds: Any = None) -> tuple:
+    name = {"lsq": "least_squares"}.get(kind, kind)
+    qual = f"optimize.{name}"
+    check_policy(on_failure, qual)
     if linear_solver not in LINEAR_SOLVERS:
-        raise ValueError(f"jaxbridge.scipy.{name}: linear_solver must be one of "
+        raise ValueError(f"jaxbridge.scipy.{qual}: linear_solver must be one of "
                          f"{LINEAR_SOLVERS}, got {linear_solver!r}")
+    if callback is not None:
+        try:
+            hash(callback)
+        except TypeError:
+            raise TypeError(f"jaxbridge.scipy.{qual}: callback must be hashable (it is "
+                            f"static); got {type(callback).__name__}") from None
+    call = "fun(x, *args)"
+    args = check_args(args, qual, call)
     x0 = as_float_array(x0)
-    has_args = args is not None
-    params = as_params(args, name) if has_args else _NO_ARGS()
-    return _solve(x0, params, kind=kind, fun=fun, has_args=has_args, method=method, jac=jac,
-                  tol=None if tol is None else float(tol), options=static_options(options),
-                  linear_solver=linear_solver, on_failure=on_failure)
+    x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
+    hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
+    params, fixed = hf.split(ops)
+    jac_hf, jac_ops = (jac if jac in (None, True, False) else None), ()
+    if callable(jac):
+        jac_hf, jac_ops = convert(jac, qual, "jac", (x_aval,), args, "jac(x, *args)")
+        jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
+    lb, ub = _bounds(bounds, x0, name)
+    out = _solve(x0, lb, ub, params, fixed, tuple(jac_ops), kind=kind, fun=hf, method=method,
+                 jac=jac_hf, tol=None if tol is None else float(tol),
+                 options=static_options(options, qual), callback=callback,
+                 linear_solver=linear_solver, on_failure=on_failure)
+    x, active, stats, success = out
+
+    def user_fun(x: jax.Array) -> Any:
+        y = fun(x, *args)
+        return y[0] if jac is True and isinstance(y, tuple) else y
+    return x, active, stats, success, user_fun
 
 
-def root(fun: Callable[..., Any], x0: Any, args: Any = None, *, method: str = "hybr",
+def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr",
          jac: Callable[..., Any] | bool | None = None, tol: float | None = None,
-         options: dict | None = None, linear_solver: str = "auto",
-         on_failure: str = "raise") -> OptimizeResult:
-    """Solve `fun(x, args) = 0` with `scipy.optimize.root`; differentiable in `args`.
+         callback: Callable[..., Any] | None = None, options: dict | None = None, *,
+         linear_solver: str = "auto", on_failure: str = "raise") -> OptimizeResult:
+    """`scipy.optimize.root`: solve `fun(x, *args) = 0`; differentiable in args and closures.
+
+    Same signature and `args` convention as SciPy. `fun` is written in JAX and may
+    close over traced values (their gradients equal those through `args`).
 
     Args:
-      fun: the residual, in JAX: `fun(x, args)` (or `fun(x)` when args is None),
-        returning an array shaped like `x`.
-      x0: the starting point (its gradient is zero).
-      args: a pytree of float arrays (one argument, not unpacked as in SciPy).
+      fun: the residual, returning an array shaped like `x`.
+      x0: the starting point (the solution does not depend on it: zero gradient).
+      args: a tuple, passed as `fun(x, *args)`; array and float leaves (pytrees are
+        fine) are differentiable, Python ints and other objects static.
       method: any of SciPy's root methods. "hybr" and "lm" get the Jacobian from JAX
-        (`jax.jacfwd`) unless `jac` is a JAX function `jac(x, args)` or False.
-      tol, options: as in SciPy (options must have hashable values).
+        (`jax.jacfwd`) unless `jac` is a JAX function `jac(x, *args)`, or False
+        (SciPy's finite differences).
+      tol, callback, options: as in SciPy (static: options must be hashable).
       linear_solver: for the implicit-function-theorem solve: "auto" (dense up to
         n = 1000, then "gmres"), "direct", "gmres" (matrix-free), "cg".
-      on_failure: "raise" (SciPy's success flag is False: an error naming the
-        method and SciPy's message) or "nan" (NaN outputs, `success=False`).
+      on_failure: "raise" (`jaxbridge.scipy.SolverError` with SciPy's message, eager
+        and under `jit`) or "nan" (NaN outputs, `success=False`).
 
     Returns:
-      `OptimizeResult(x, fun, success)`.
+      :class:`OptimizeResult` with `x`, `fun`, `success`, `status`, `nfev`, `njev`,
+      `nit`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxbridge.scipy.optimize import root
+      >>> sol = root(lambda x, a: x ** 3 + a * x - 1.0, jnp.zeros(1), args=(2.0,))
+      >>> print(f"{float(sol.x[0]):.6f}")
+      0.453398
+      >>> g = jax.grad(lambda a: root(lambda x: x ** 3 + a * x - 1.0, jnp.zeros(1)).x[0])
+      >>> print(f"{float(g(2.0)):.5f}")  # -x / (3 x^2 + a)
+      -0.17327
     """
-    return _call("root", fun, x0, args, method, jac, tol, options, linear_solver, on_failure)
+    x, _, stats, success, user_fun = _call("root", fun, x0, args, method, jac, tol, options,
+                                           callback, linear_solver, on_failure)
+    return OptimizeResult(x=x, fun=user_fun(x), success=success, status=stats[0],
+                          nfev=stats[1], njev=stats[2], nit=stats[3])
 
 
-def minimize(fun: Callable[..., Any], x0: Any, args: Any = None, *, method: str = "BFGS",
-             tol: float | None = None, options: dict | None = None,
-             linear_solver: str = "auto", on_failure: str = "raise") -> OptimizeResult:
-    """Minimize scalar `fun(x, args)` with `scipy.optimize.minimize`; differentiable in args.
+def minimize(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str | None = None,
+             jac: Callable[..., Any] | bool | str | None = None, hess: Any = None,
+             hessp: Any = None, bounds: Any = None, constraints: Any = (),
+             tol: float | None = None, callback: Callable[..., Any] | None = None,
+             options: dict | None = None, *, linear_solver: str = "auto",
+             on_failure: str = "raise") -> OptimizeResult:
+    """`scipy.optimize.minimize` of scalar `fun(x, *args)`; differentiable in args and closures.
 
-    Unconstrained methods: the gradient-based ones get JAX's gradient (and Hessian or
-    Hessian-vector products for Newton-CG, dogleg, trust-*); the gradient-free ones
-    (Nelder-Mead, Powell, ...) only function values. The gradient of `x*` w.r.t.
-    `args` uses the stationarity condition `grad_x fun = 0` (implicit function
-    theorem with the Hessian); the optimal value's gradient follows by the chain
-    rule. `linear_solver` "auto" is dense up to n = 1000, then "cg". Other arguments
-    as in :func:`root`.
+    Same signature and `args` convention as SciPy. The gradient-based methods get
+    JAX's gradient (and Hessian or Hessian-vector products for Newton-CG, dogleg,
+    trust-*) unless `jac` is a JAX function `jac(x, *args)` or True (`fun` returns
+    `(f, g)`); a finite-difference string ("2-point", ...) also means JAX's exact
+    gradient. The gradient-free methods (Nelder-Mead, Powell, ...) use values only.
+    `method=None` picks as SciPy does: "BFGS", or "L-BFGS-B" with bounds.
+
+    Gradients of `x*`: the stationarity condition `grad_x fun = 0` on the free
+    coordinates (implicit function theorem with the Hessian); coordinates held at a
+    bound follow the bound. Not supported, with the reason in the error:
+    `constraints` (the KKT system's multipliers are not returned), `hess`/`hessp`
+    functions (JAX's exact ones are used; pass None). `linear_solver` "auto" is dense
+    up to n = 1000, then "cg". Other arguments as in :func:`root`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxbridge.scipy.optimize import minimize
+      >>> f = lambda x, c: jnp.sum((x - c) ** 2) + 0.1 * jnp.sum(x ** 4)
+      >>> g = jax.grad(lambda c: minimize(f, jnp.zeros(2), args=(c,), method="Newton-CG",
+      ...                                 tol=1e-12).x.sum())
+      >>> [round(float(v), 4) for v in g(jnp.array([1.0, -1.0]))]
+      [0.6883, 0.6883]
     """
-    return _call("minimize", fun, x0, args, method, None, tol, options, linear_solver,
-                 on_failure)
+    name = "optimize.minimize"
+    if constraints not in ((), None, []):
+        raise unsupported(name, "constraints", "the implicit function theorem needs the "
+                          "KKT system's Lagrange multipliers; use bounds, or a penalty term")
+    if hess is not None or hessp is not None:
+        raise unsupported(name, "hess/hessp", "JAX's exact Hessian is used; pass None")
+    if method is None:
+        method = "L-BFGS-B" if bounds is not None else "BFGS"
+    if bounds is not None and method not in MIN_BOUNDS:
+        raise ValueError(f"jaxbridge.scipy.{name}: method {method!r} does not take bounds "
+                         f"(SciPy's bounded methods: {MIN_BOUNDS})")
+    if isinstance(jac, str):
+        jac = None
+    x, _, stats, success, user_fun = _call("minimize", fun, x0, args, method, jac, tol,
+                                           options, callback, linear_solver, on_failure,
+                                           bounds)
+    return OptimizeResult(x=x, fun=user_fun(x), success=success, status=stats[0],
+                          nfev=stats[1], njev=stats[2], nit=stats[3])
 
 
+def least_squares(fun: Callable[..., Any], x0: Any, jac: Any = "2-point",
+                  bounds: Any = (-np.inf, np.inf), method: str = "trf", ftol: float = 1e-8,
+                  xtol: float = 1e-8, gtol: float = 1e-8, x_scale: Any = None,
+                  loss: str = "linear", f_scale: float = 1.0, diff_step: Any = None,
+                  tr_solver: str | None = None, tr_options: dict | None = None,
+                  jac_sparsity: Any = None, max_nfev: int | None = None, verbose: int = 0,
+                  args: tuple = (), kwargs: dict | None = None, callback: Any = None,
+                  workers: Any = None, *, linear_solver: str = "auto",
+                  on_failure: str = "raise") -> OptimizeResult:
+    """`scipy.optimize.least_squares`: minimize `1/2 sum rho(fun(x, *args)^2)`; differentiable.
+
+    Same signature as SciPy (trust-region "trf", "dogbox" or "lm"; `bounds`; robust
+    `loss` and `f_scale`). `fun` is written in JAX; its Jacobian comes from JAX
+    (exact) unless `jac` is a JAX function `jac(x, *args)` (a finite-difference
+    string also means JAX's Jacobian). Gradients of the optimum w.r.t. `args`, arrays
+    `fun` closes over, and active bounds: implicit function theorem on the
+    stationarity of the cost (its full Hessian, from JAX, not the Gauss-Newton
+    approximation, so the gradient is exact also for nonzero residuals).
+
+    Not supported, with the reason in the error: `kwargs` (use `args` or a
+    closure), a callable `loss` (write it into `fun`), `jac_sparsity`, `workers`.
+
+    Returns:
+      :class:`OptimizeResult` with `x`, `cost`, `fun` (residuals), `jac`, `grad`,
+      `optimality`, `active_mask`, `success`, `status`, `nfev`, `njev`; all but the
+      counters are differentiable (recomputed in JAX at `x*`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxbridge.scipy.optimize import least_squares
+      >>> t = jnp.linspace(0.0, 1.0, 8)
+      >>> def residual(theta, data):
+      ...     return theta[0] * jnp.exp(-theta[1] * t) - data
+      >>> data = 2.0 * jnp.exp(-1.5 * t)
+      >>> fit = least_squares(residual, jnp.ones(2), args=(data,))
+      >>> [round(float(v), 6) for v in fit.x]
+      [2.0, 1.5]
+      >>> float(jnp.abs(jax.jacobian(lambda d: least_squares(residual, jnp.ones(2),
+      ...     args=(d,)).x)(data)).max()) > 0
+      True
+    """
+    name = "optimize.least_squares"
+    if kwargs:
+        raise unsupported(name, "kwargs", "pass extra arguments through args, or close over "
+                          "them")
+    if callable(loss) or loss not in LOSSES:
+        raise unsupported(name, "loss", f"only SciPy's named losses {LOSSES} have a JAX form "
+                          f"here; got {loss!r}")
+    for arg, value in (("jac_sparsity", jac_sparsity), ("workers", workers)):
+        if value is not None:
+            raise unsupported(name, arg, "the Jacobian comes from JAX, dense")
+    if isinstance(jac, str):
+        jac = None
+    options = {"method": method, "ftol": ftol, "xtol": xtol, "gtol": gtol, "loss": loss,
+               "f_scale": float(f_scale), "max_nfev": max_nfev, "verbose": int(verbose),
+               "tr_solver": tr_solver, "diff_step": None}
+    if x_scale is not None:
+        options["x_scale"] = x_scale if isinstance(x_scale, str) else \
+            tuple(np.ravel(np.asarray(x_scale, np.float64)))
+    if tr_options:
+        options["tr_options"] = tuple(sorted(tr_options.items()))
+    del diff_step  # the Jacobian is JAX's
+    x, active, stats, success, user_fun = _call("lsq", fun, x0, args, method, jac, None,
+                                                options, callback, linear_solver,
+                                                on_failure, bounds)
+    r = jnp.ravel(user_fun(x))
+    J = jax.jacfwd(lambda x: jnp.ravel(user_fun(x)))(x).reshape(r.size, -1)
+    z = (r / f_scale) ** 2
+    rho1 = jax.grad(lambda z: jnp.sum(_rho(loss, z)))(z)
+    cost = 0.5 * f_scale ** 2 * jnp.sum(_rho(loss, z))
+    grad = (J.T @ (rho1 * r)).reshape(jnp.shape(x))
+    free = active == 0
+    optimality = jnp.max(jnp.abs(jnp.where(free, grad, 0.0))) if grad.size else jnp.zeros(())
+    return OptimizeResult(x=x, cost=cost, fun=r, jac=J, grad=grad, optimality=optimality,
+                          active_mask=active.astype(jnp.int32), success=success,
+                          status=stats[0], nfev=stats[1], njev=stats[2], nit=None)

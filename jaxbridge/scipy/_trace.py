@@ -1,0 +1,217 @@
+"""Closure conversion: a user's JAX function -> a hashable static half + array operands.
+
+SciPy calls the user's function (a right-hand side, a residual, an objective) many
+times from inside one host call, where no JAX tracer may appear. Before the call,
+on the JAX side, the function is traced once to a jaxpr (`jax.make_jaxpr`), and
+*every* array it uses that is not an argument -- closed-over tracers (from `jit`,
+`grad`, `vmap`), closed-over concrete arrays, array leaves of SciPy-style `args` --
+is lifted out as an operand of the host call. The jaxpr, without those arrays, is
+the static half (:class:`HostFun`); the operands are ordinary inputs of the foreign
+function, so JAX differentiates and batches through them like through any input:
+gradients with respect to closed-over values are the same as through `args`.
+
+`HostFun` compares *structurally* (same primitives, wiring, parameters and abstract
+values), not by the Python function's identity: a fresh lambda per call with the same
+body reuses every compiled program and cache entry, and no user function is kept
+alive (issue #13). Jaxpr parameters that are not plain values (functions, e.g. a
+`custom_jvp` rule) compare by identity, so two functions never share a program
+unless they compute the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
+
+_SMALL_CONST = 4096  # bytes: constants inside nested jaxprs up to this size compare by value
+
+
+class _Identity:
+    """A key part that compares by object identity (and keeps the object alive)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Identity and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+def _array_key(x: Any) -> Any:
+    try:
+        a = np.asarray(x)
+    except Exception:  # noqa: BLE001 - a tracer: compare by identity
+        return _Identity(x)
+    if a.nbytes <= _SMALL_CONST and a.dtype != object:
+        return ("array", a.dtype.str, a.shape, a.tobytes())
+    return _Identity(x)
+
+
+def _value_key(v: Any) -> Any:
+    """A hashable key for a jaxpr parameter value: by value where that is safe."""
+    if isinstance(v, ClosedJaxpr):
+        return ("closed_jaxpr", jaxpr_key(v.jaxpr), tuple(_array_key(c) for c in v.consts))
+    if isinstance(v, Jaxpr):
+        return ("jaxpr", jaxpr_key(v))
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_value_key(x) for x in v))
+    if isinstance(v, dict):
+        return ("dict", tuple(sorted((k, _value_key(x)) for k, x in v.items())))
+    if isinstance(v, (np.ndarray, jax.Array)):
+        return _array_key(v)
+    try:
+        hash(v)
+    except TypeError:
+        return _Identity(v)
+    return (type(v), v)
+
+
+def jaxpr_key(jaxpr: Jaxpr) -> tuple:
+    """The structure of `jaxpr` as a hashable tuple (variables numbered by first use)."""
+    ids: dict[Any, int] = {}
+
+    def var(v: Any) -> Any:
+        if isinstance(v, Literal):
+            return ("literal", v.aval, _array_key(v.val))
+        n = ids.get(v)
+        if n is None:
+            n = ids[v] = len(ids)
+        return n
+
+    head = (tuple((var(v), v.aval) for v in jaxpr.constvars),
+            tuple((var(v), v.aval) for v in jaxpr.invars))
+    eqns = tuple(
+        (e.primitive, tuple(var(v) for v in e.invars),
+         tuple((var(v), v.aval) for v in e.outvars),
+         tuple(sorted((k, _value_key(p)) for k, p in e.params.items())))
+        for e in jaxpr.eqns)
+    return head, eqns, tuple(var(v) for v in jaxpr.outvars)
+
+
+class HostFun:
+    """The static half of a traced user function; call it as `hf(ops, *xs)`.
+
+    `ops` are the operands lifted out at conversion (SciPy `args` leaves first, then
+    closed-over arrays), `xs` the function's own arguments (e.g. `t, y`). `diff` marks
+    the floating-point operands (differentiable); the others (integer index arrays,
+    ...) are carried as fixed inputs.
+    """
+
+    __slots__ = ("name", "jaxpr", "out_tree", "n_args_ops", "diff", "_key", "_hash",
+                 "__weakref__")
+
+    def __init__(self, name: str, jaxpr: Jaxpr, out_tree: Any, n_args_ops: int):
+        self.name = name
+        self.jaxpr = jaxpr
+        self.out_tree = out_tree
+        self.n_args_ops = n_args_ops
+        avals = [v.aval for v in jaxpr.invars[:n_args_ops]] + \
+            [v.aval for v in jaxpr.constvars]
+        self.diff = tuple(bool(jnp.issubdtype(a.dtype, jnp.inexact)) for a in avals)
+        self._key = (out_tree, n_args_ops, jaxpr_key(jaxpr))
+        self._hash = hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is HostFun and self._hash == other._hash
+                                 and self._key == other._key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"<HostFun {self.name} ({len(self.jaxpr.eqns)} equations)>"
+
+    def __call__(self, ops: Sequence[Any], *xs: Any) -> Any:
+        n = self.n_args_ops
+        consts = list(ops[n:])
+        flat = list(ops[:n]) + jax.tree_util.tree_leaves(xs)
+        outs = jaxpr_as_fun(ClosedJaxpr(self.jaxpr, consts))(*flat)
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+    def split(self, ops: Sequence[Any]) -> tuple[tuple, tuple]:
+        """(differentiable operands, fixed operands)."""
+        return (tuple(o for o, d in zip(ops, self.diff) if d),
+                tuple(o for o, d in zip(ops, self.diff) if not d))
+
+    def merge(self, diff: Sequence[Any], fixed: Sequence[Any]) -> list:
+        """The inverse of :meth:`split`."""
+        diff, fixed = iter(diff), iter(fixed)
+        return [next(diff) if d else next(fixed) for d in self.diff]
+
+
+def _is_dynamic(leaf: Any) -> bool:
+    """SciPy `args` leaves that become traced operands: arrays and Python floats.
+
+    Python ints and bools (sizes, counts, flags) and any other object stay static,
+    as they are in SciPy: the function sees them unchanged.
+    """
+    if isinstance(leaf, (bool, int)) and not isinstance(leaf, np.generic):
+        return False
+    return isinstance(leaf, (float, complex, np.ndarray, np.generic, jax.Array))
+
+
+def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any],
+            args: tuple = (), call: str = "") -> tuple[HostFun, list]:
+    """Trace `fun(*example, *args)`; return its static half and its operands.
+
+    Args:
+      fun: the user's function (any callable: function, lambda, partial, module).
+      name: the public function, for messages (e.g. "integrate.solve_ivp").
+      what: the argument's name (e.g. "fun", "jac").
+      example: `jax.ShapeDtypeStruct`s (or arrays) of the function's own arguments.
+      args: SciPy's `args` tuple, passed after them as `fun(*xs, *args)`.
+      call: how SciPy calls it, e.g. "fun(t, y, *args)", for error notes.
+    """
+    if not callable(fun):
+        raise TypeError(f"jaxbridge.scipy.{name}: `{what}` must be callable, got "
+                        f"{type(fun).__name__}")
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    dyn_at = [i for i, leaf in enumerate(leaves) if _is_dynamic(leaf)]
+    dyn = [jnp.asarray(leaves[i]) for i in dyn_at]
+
+    def traced(dyn_values: list, *xs: Any) -> Any:
+        full = list(leaves)
+        for i, v in zip(dyn_at, dyn_values):
+            full[i] = v
+        return fun(*xs, *jax.tree_util.tree_unflatten(tree, full))
+
+    try:
+        closed, shape = jax.make_jaxpr(traced, return_shape=True)(dyn, *example)
+    except Exception as exc:
+        if isinstance(exc, (IndexError, TypeError)) and call:
+            exc.add_note(
+                f"(raised while jaxbridge.scipy.{name} traced `{what}` as {call}, as SciPy "
+                f"calls it, with args={_describe_args(args)})")
+        raise
+    consts = [c if isinstance(c, jax.Array) else jnp.asarray(c) for c in closed.consts]
+    hf = HostFun(f"{name}:{what}", closed.jaxpr, jax.tree_util.tree_structure(shape),
+                 len(dyn))
+    return hf, dyn + consts
+
+
+def _describe_args(args: tuple) -> str:
+    if not args:
+        return "()"
+    return "(" + ", ".join(type(a).__name__ for a in args) + ("," if len(args) == 1 else "") \
+        + ")"
+
+
+def check_args(args: Any, name: str, call: str) -> tuple:
+    """SciPy's `args`: a tuple (or list) unpacked after the function's own arguments."""
+    if args is None:
+        return ()
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(
+            f"jaxbridge.scipy.{name}: `args` must be a tuple, as in SciPy, because the "
+            f"function is called as {call}; got {type(args).__name__}. To pass one "
+            f"parameter (a pytree is fine) write args=(p,).")
+    return tuple(args)
