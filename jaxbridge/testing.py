@@ -46,12 +46,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._testing._checker import run_checks
-from ._testing._report import CHECKS, CheckOptions, CheckResult, RuleCheckError, RuleReport
+from ._testing._report import CHECKS, CheckOptions, CheckResult, RuleReport, failure_message
+from .errors import RuleCheckError
 
 if TYPE_CHECKING:
     from ._testing import strategies as strategies
 
-for _cls in (CheckOptions, CheckResult, RuleCheckError, RuleReport):
+for _cls in (CheckOptions, CheckResult, RuleReport):
     _cls.__module__ = __name__  # shown as jaxbridge.testing.X in reprs and tracebacks
 del _cls
 
@@ -99,13 +100,13 @@ def check_rules(f: Callable[..., Any], *args: Any,
         >>> cube.defvjp(lambda x: (x ** 3, x), lambda x, ct: (-3 * x ** 2 * ct,))  # bug
         >>> check_rules(cube, jnp.arange(1.0, 4.0))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        jaxbridge.testing.RuleCheckError: check_rules(cube): ... failed ...
+        jaxbridge.errors.RuleCheckError: check_rules(cube): ... failed ...
         ... vjp_fd [arg x, output out] -- ... -- hint: sign flipped (rule ~ -reference) ...
     """
     opts = CheckOptions.coerce(check_options)
     report = run_checks(f, args, static, opts)
     if not report.passed:
-        raise RuleCheckError(report)
+        raise RuleCheckError(failure_message(report), report=report)
     return report
 
 

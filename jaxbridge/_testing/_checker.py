@@ -6,13 +6,15 @@ boolean ones are held fixed), other leaves are static. Outputs are flattened the
 way. Each check compares what JAX computes with the user's rules against an
 independent reference (finite differences, the other rule, an eager loop) and records
 one `CheckResult` per (argument leaf, output leaf) pair.
+
+This module holds the set-up and the derivative checks; `_transforms` holds the
+checks of transformations (jit, vmap, export, ...); `_fd` the finite differences.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,13 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._foreign import ForeignFunction
-from .._rules import MissingRuleError
+from .. import ForeignFunction
+from . import _diagnose
+from ._fd import Derivative, complex_step, direction, element_scales, ridders
 from ._report import CHECKS, CheckOptions, CheckResult, RuleReport
+from ._transforms import TransformChecks
 
 _PY_NUMBERS = (bool, int, float, complex)
-# Fourth-order central difference: f'(x) ~ sum(c * f(x + s h)) / h.
-_STENCIL = ((-2.0, 1 / 12), (-1.0, -8 / 12), (1.0, 8 / 12), (2.0, -1 / 12))
 
 
 def _is_array(x: Any) -> bool:
@@ -38,65 +40,44 @@ def _inexact(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
+def _complex(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.complexfloating)
+
+
 def _upcast_dtype(dtype: Any) -> np.dtype:
-    return np.dtype(np.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else np.float64)
+    return np.dtype(np.complex128 if _complex(dtype) else np.float64)
 
 
 def _defaults(eps_mach: float) -> dict[str, float]:
-    """Tolerances and step for the precision whose machine epsilon is `eps_mach`."""
+    """Tolerances for the precision whose machine epsilon is `eps_mach`."""
     if eps_mach <= 1e-15:
-        return {"rtol": 1e-6, "exact_rtol": 1e-10, "eps": 1e-3}
+        return {"rtol": 1e-6, "exact_rtol": 1e-10}
     if eps_mach <= 1e-6:
-        return {"rtol": 5e-3, "exact_rtol": 1e-4, "eps": 2e-2}
-    return {"rtol": 5e-2, "exact_rtol": 1e-2, "eps": 1e-1}
+        return {"rtol": 5e-3, "exact_rtol": 1e-4}
+    return {"rtol": 5e-2, "exact_rtol": 1e-2}
+
+
+#: The first (largest) finite-difference step, relative to each element (CheckOptions.eps).
+FIRST_STEP = 0.1
+
+
+def _wide(v: Any) -> np.ndarray:
+    v = np.asarray(v)
+    return v.astype(np.result_type(v.dtype, np.float64))
 
 
 def _pair(a: Any, b: Any) -> float:
     """JAX's (bilinear) pairing of tangents and cotangents: Re(sum(a * b))."""
-    a = np.asarray(a)
-    b = np.asarray(b)
-    return float(np.real(np.sum(a.astype(np.result_type(a.dtype, np.float64))
-                                * b.astype(np.result_type(b.dtype, np.float64)))))
+    return float(np.real(np.sum(_wide(a) * _wide(b))))
 
 
 def _abs_pair(a: Any, b: Any) -> float:
-    return float(np.sum(np.abs(np.asarray(a, dtype=np.complex128)
-                               * np.asarray(b, dtype=np.complex128))))
-
-
-def _exception_note(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()
-    first = " ".join(line.strip() for line in msg[:3])
-    first = re.sub(r"^INTERNAL: ", "", first)
-    if len(first) > 400:
-        first = first[:397] + "..."
-    return f"raised {type(exc).__name__}: {first}"
-
-
-def _exception_hint(exc: BaseException) -> str:
-    msg = str(exc)
-    if "shapes do not match" in msg or "shape mismatch" in msg or "incompatible shapes" in msg:
-        return "wrong shape"
-    m = re.search(r"has shape (\[[^\]]*\]) and dtype (\w+); declared (\w+)(\[[^\]]*\])", msg)
-    if m:
-        return "wrong shape" if m.group(1) != m.group(4) else "wrong dtype"
-    if "structure" in msg:
-        return "wrong structure"
-    if "dtype" in msg:
-        return "wrong dtype"
-    if "shape" in msg:
-        return "wrong shape"
-    return ""
+    return float(np.sum(np.abs(_wide(a)) * np.abs(_wide(b))))
 
 
 def _dtype_name(dtype: Any) -> str:
     dtype = np.dtype(dtype)
     return "float0" if dtype == jax.dtypes.float0 else dtype.name
-
-
-def _no_forward(exc: BaseException) -> bool:
-    msg = str(exc)
-    return isinstance(exc, MissingRuleError) or "custom_vjp" in msg or "forward-mode" in msg
 
 
 def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
@@ -106,6 +87,9 @@ def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
         return f"wrong shape: got {list(rule.shape)}, expected {list(ref.shape)}"
     if not np.all(np.isfinite(rule)):
         return "non-finite values"
+    if not np.all(np.isfinite(ref)) or not np.all(np.isfinite(tol)):
+        return ("no finite-difference estimate: the function is not finite (or not "
+                "smooth) near these inputs")
     big = np.abs(ref) > 1e-3 * np.max(np.abs(ref), initial=0.0)
     if not big.any():
         return "rule is non-zero where the reference is zero"
@@ -115,8 +99,7 @@ def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
         return "cotangent looks transposed"
     if np.all(rule == 0):
         return "rule returns zeros"
-    k = np.median((rule[big] / ref[big]).real) if np.iscomplexobj(rule) or np.iscomplexobj(ref) \
-        else np.median(rule[big] / ref[big])
+    k = np.median((rule[big] / ref[big]).real)
     if np.isfinite(k) and abs(k - 1) > 1e-3 and k != 0 and \
             np.all(np.abs(rule - k * ref) <= np.asarray(tol) * max(1.0, abs(k)) * 10):
         return f"off by a constant factor ~{k:.3g}"
@@ -125,7 +108,7 @@ def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
     return ""
 
 
-class _Checker:
+class _Checker(TransformChecks):
     """One `check_rules` run: the flat view of the call plus every check."""
 
     def __init__(self, f: Callable[..., Any], args: tuple, static: dict, opts: CheckOptions):
@@ -155,6 +138,9 @@ class _Checker:
         self.dyn = [self.leaves[k] for k in self.dyn_pos]
         self.diff = [i for i, x in enumerate(self.dyn) if _inexact(x.dtype)]   # dyn indices
         self.ints = [i for i, x in enumerate(self.dyn) if not _inexact(x.dtype)]
+        # What the inputs held before any call (see check_inputs_unchanged).
+        self.snapshot = [np.array(x, copy=True) for x in self.dyn]
+        self._complex_ok: dict[int, bool] = {}
 
     def _arg_names(self, n: int) -> list[str]:
         try:
@@ -235,15 +221,15 @@ class _Checker:
 
     def compare(self, name: str, arg: str | None, output: str | None, rule: Any, ref: Any,
                 tol: Any, scale: Any, note: str = "", transposed: Any = None) -> None:
-        """Record pass/fail of |rule - ref| <= tol (elementwise; tol broadcasts)."""
+        """Record pass/fail of |rule - ref| <= tol (elementwise; tol broadcasts). A
+        reference or tolerance that is not finite fails: nothing was verified there."""
         rule, ref = np.asarray(rule), np.asarray(ref)
         if rule.shape != ref.shape:
             self.add(name, "fail", arg, output, hint=_hint(rule, ref, tol), note=note)
             return
         if rule.dtype == jax.dtypes.float0 or ref.dtype == jax.dtypes.float0:
             return
-        rule = rule.astype(np.result_type(rule.dtype, np.float64))
-        ref = ref.astype(np.result_type(ref.dtype, np.float64))
+        rule, ref = _wide(rule), _wide(ref)
         tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), ref.shape)
         scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), ref.shape)
         diff = np.abs(rule - ref)
@@ -251,10 +237,10 @@ class _Checker:
         if diff.size == 0:
             self.add(name, "pass", arg, output, abs_err=0.0, rel_err=0.0, tol=0.0, note=note)
             return
-        worst = int(np.argmax(diff.ravel() - tol.ravel()))
+        worst = int(np.argmax(np.where(np.isfinite(tol), diff - tol, np.inf).ravel()))
         with np.errstate(divide="ignore", invalid="ignore"):
             rel = np.where(diff == 0, 0.0, diff / scale)
-        ok = bool(np.all(diff <= tol))
+        ok = bool(np.all((diff <= tol) & np.isfinite(tol) & np.isfinite(ref)))
         self.add(name, "pass" if ok else "fail", arg, output, abs_err=float(diff.max()),
                  rel_err=float(np.max(rel)), tol=float(tol.ravel()[worst]),
                  hint="" if ok else _hint(rule, ref, tol, transposed), note=note)
@@ -265,8 +251,8 @@ class _Checker:
         try:
             fun()
         except Exception as exc:  # noqa: BLE001 - every failure is reported
-            self.add(name, "error", arg, output, hint=_exception_hint(exc),
-                     note=(note + ": " if note else "") + _exception_note(exc))
+            self.add(name, "error", arg, output, hint=_diagnose.hint(exc),
+                     note=(note + ": " if note else "") + _diagnose.note(exc))
             return False
         if record_pass:
             self.add(name, "pass", arg, output, note=note)
@@ -289,8 +275,8 @@ class _Checker:
             self.outs = [jnp.asarray(o) for o in jax.tree_util.tree_leaves(out)]
             self.out_tree = jax.tree_util.tree_structure(out)
         except Exception as exc:  # noqa: BLE001
-            self.add("output_shapes", "error", hint=_exception_hint(exc),
-                     note="the eager call " + _exception_note(exc))
+            self.add("output_shapes", "error", hint=_diagnose.hint(exc),
+                     note="the eager call " + _diagnose.note(exc))
             for name in CHECKS[1:]:
                 if self.want(name):
                     self.skip(name, "the eager call failed")
@@ -300,22 +286,28 @@ class _Checker:
         self._modes()
         self._precision()
 
-        steps = [
-            ("output_shapes", self.check_output_shapes),
-            ("cotangent_shapes", self.check_cotangent_shapes),
-            ("tangent_shapes", self.check_tangent_shapes),
-            ("integer_inputs", self.check_integer_inputs),
-            ("vjp_fd", self.check_vjp_fd),
-            ("jvp_fd", self.check_jvp_fd),
-            ("vjp_jacobian", self.check_vjp_jacobian),
-            ("jvp_jacobian", self.check_jvp_jacobian),
-            ("jvp_vjp_consistency", self.check_consistency),
-            ("symbolic_zeros", self.check_symbolic_zeros),
-            ("jit", self.check_jit),
-            ("vmap", self.check_vmap),
-            ("second_order", self.check_second_order),
-        ]
-        for name, step in steps:
+        steps = {
+            "output_shapes": self.check_output_shapes,
+            "cotangent_shapes": self.check_cotangent_shapes,
+            "tangent_shapes": self.check_tangent_shapes,
+            "integer_inputs": self.check_integer_inputs,
+            "vjp_fd": self.check_vjp_fd,
+            "jvp_fd": self.check_jvp_fd,
+            "vjp_jacobian": self.check_vjp_jacobian,
+            "jvp_jacobian": self.check_jvp_jacobian,
+            "jvp_vjp_consistency": self.check_consistency,
+            "symbolic_zeros": self.check_symbolic_zeros,
+            "jit": self.check_jit,
+            "vmap": self.check_vmap,
+            "batched_grad": self.check_batched_grad,
+            "deterministic": self.check_deterministic,
+            "no_retrace": self.check_no_retrace,
+            "export": self.check_export,
+            "second_order": self.check_second_order,
+            "inputs_unchanged": self.check_inputs_unchanged,
+        }
+        assert tuple(steps) == CHECKS
+        for name, step in steps.items():
             if opts.enabled(name):
                 self.guarded(name, step)
         return self.report(self.precision)
@@ -339,21 +331,24 @@ class _Checker:
         else:
             self.auto_second = False
             if self.diff and self.dout:
+                tans = [jnp.zeros_like(self.dyn[i]) for i in self.diff]
                 try:
-                    tans = [jnp.zeros_like(self.dyn[i]) for i in self.diff]
                     self.jitted["jvp_all"](self.dyn, tans)
                 except Exception as exc:  # noqa: BLE001
-                    if _no_forward(exc):
-                        self.fwd_reason = f"no forward rule ({_exception_note(exc)})"
+                    if _diagnose.is_missing_rule(exc):
+                        self.fwd_reason = f"no forward rule ({_diagnose.note(exc)})"
+                    elif _diagnose.has_custom_vjp(self.diffout, self.dyn):
+                        self.fwd_reason = ("no forward rule (the function uses jax.custom_vjp, "
+                                           "which JAX cannot differentiate in forward mode)")
         self.fwd = not self.fwd_reason
         self.rev = not self.rev_reason
 
     def _precision(self) -> None:
-        """Pick the dtype of the finite-difference checks, their step and tolerances."""
+        """Pick the dtype of the finite-difference checks, their steps and tolerances."""
         opts = self.opts
         self.work = list(self.dyn)
         low = [i for i in self.diff if np.dtype(self.dyn[i].dtype).itemsize * (
-            1 if jnp.issubdtype(self.dyn[i].dtype, jnp.floating) else 0.5) < 8]
+            0.5 if _complex(self.dyn[i].dtype) else 1) < 8]
         note = ""
         if low and opts.upcast and self.x64:
             up = list(self.dyn)
@@ -380,10 +375,13 @@ class _Checker:
         self.eps_mach = eps_mach
         d = _defaults(eps_mach)
         self.rtol = opts.rtol if opts.rtol is not None else d["rtol"]
-        self.atol = opts.atol if opts.atol is not None else self.rtol * 1e-3
+        self.atol = opts.atol if opts.atol is not None else 0.0
         self.xrtol = opts.exact_rtol if opts.exact_rtol is not None else d["exact_rtol"]
         self.xatol = opts.exact_atol if opts.exact_atol is not None else self.xrtol * 1e-3
-        self.h = opts.eps if opts.eps is not None else d["eps"]
+        self.nondet = float(opts.nondet_tol)
+        self.h0 = opts.eps if opts.eps is not None else FIRST_STEP
+        # A complex step has no cancellation: any tiny step will do.
+        self.hc = 1e-20 if eps_mach < 1e-10 else 1e-10
         worst = max(dtypes, key=lambda t: float(jnp.finfo(t).eps)) if dtypes else "float64"
         self.precision = np.dtype(worst).name + note
         # Exact tolerances of checks run at the original dtypes (jit, vmap).
@@ -392,16 +390,12 @@ class _Checker:
         d0 = _defaults(max([float(jnp.finfo(t).eps) for t in orig] or [1e-16]))
         self.xrtol0 = opts.exact_rtol if opts.exact_rtol is not None else d0["exact_rtol"]
         self.xatol0 = opts.exact_atol if opts.exact_atol is not None else self.xrtol0 * 1e-3
-        # Directions: per inexact input leaf, scaled by its RMS value.
-        self.scale = []
-        for i in self.diff:
-            x = np.asarray(self.work[i])
-            rms = float(np.sqrt(np.mean(np.abs(x) ** 2))) if x.size else 0.0
-            self.scale.append(rms if rms > 0 and np.isfinite(rms) else 1.0)
+        # Finite-difference steps are relative to each element (see _fd.element_scales).
+        self.escale = [element_scales(np.asarray(self.work[i])) for i in self.diff]
 
     def randn(self, like: Any, scale: float = 1.0) -> np.ndarray:
         shape, dtype = np.shape(like), np.dtype(like.dtype)
-        if jnp.issubdtype(dtype, jnp.complexfloating):
+        if _complex(dtype):
             z = (self.rng.standard_normal(shape) + 1j * self.rng.standard_normal(shape))
             z = z / np.sqrt(2)
         else:
@@ -409,9 +403,11 @@ class _Checker:
         return np.asarray(z * scale).astype(dtype)
 
     def directions(self) -> list[list[np.ndarray]]:
-        """`n_directions` sets of (one tangent per inexact input leaf)."""
+        """`n_directions` sets of (one tangent per inexact input leaf), each element
+        scaled to its input element's magnitude."""
         if not hasattr(self, "_dirs"):
-            self._dirs = [[self.randn(self.work[i], s) for i, s in zip(self.diff, self.scale)]
+            self._dirs = [[direction(self.rng, s, self.work[i].dtype)
+                           for i, s in zip(self.diff, self.escale)]
                           for _ in range(self.opts.n_directions)]
             self._cts = [[self.randn(self.outs_work[o]) for o in range(len(self.dout))]
                          for _ in range(self.opts.n_directions)]
@@ -425,25 +421,42 @@ class _Checker:
         self.directions()
         return self._cts
 
-    def fd(self, j: int, t: np.ndarray) -> tuple[list[np.ndarray], list[float]]:
-        """Finite-difference derivative of every inexact output along tangent `t` of input
-        leaf `j`, and a round-off estimate for each."""
-        F = self.jitted["diffout"]
-        x = np.asarray(self.work[self.diff[j]])
-        acc: list[np.ndarray] | None = None
-        mags = [0.0] * len(self.dout)
-        for s, c in _STENCIL:
+    def fd(self, j: int, t: np.ndarray) -> Derivative:
+        """Every inexact output's derivative along tangent `t` of input leaf `j`, by
+        Richardson extrapolation, refined by a complex step where possible."""
+        F, i = self.jitted["diffout"], self.diff[j]
+        x = np.asarray(self.work[i])
+
+        def at(h: float) -> list[Any]:
             dyn = list(self.work)
-            dyn[self.diff[j]] = (x + (s * self.h) * t).astype(x.dtype)
-            vals = [np.asarray(v).astype(np.result_type(v.dtype, np.float64)) for v in F(dyn)]
-            mags = [max(m, float(np.max(np.abs(v), initial=0.0))) for m, v in zip(mags, vals)]
-            acc = [c * v for v in vals] if acc is None else [a + c * v for a, v in zip(acc, vals)]
-        assert acc is not None
-        noise = [50 * self.eps_mach * m / self.h for m in mags]
-        return [a / self.h for a in acc], noise
+            dyn[i] = (x + h * t).astype(x.dtype)
+            return F(dyn)
+
+        est = ridders(at, self.h0, self.eps_mach, self.nondet)
+        return complex_step(self._complex_at(j, x, t), self.outs_work, est, self.hc,
+                            self.eps_mach)
+
+    def _complex_at(self, j: int, x: np.ndarray, t: np.ndarray
+                    ) -> Callable[[complex], list[Any]] | None:
+        """``z -> f(x + z t)`` with complex inputs, or None where that is known to fail."""
+        if not self.opts.complex_step or _complex(x.dtype) or self._complex_ok.get(j) is False:
+            return None
+        F, i = self.jitted["diffout"], self.diff[j]
+        cdtype = np.result_type(x.dtype, np.complex64)
+
+        def at(z: complex) -> list[Any]:
+            dyn = list(self.work)
+            dyn[i] = (x + z * t).astype(cdtype)
+            try:
+                return F(dyn)
+            except Exception:
+                self._complex_ok[j] = False  # don't try again for other directions
+                raise
+
+        return at
 
     @functools.cached_property
-    def fd_dirs(self) -> list[list[tuple[list[np.ndarray], list[float]]]]:
+    def fd_dirs(self) -> list[list[Derivative]]:
         """fd_dirs[k][j]: finite differences along direction k of input leaf j."""
         return [[self.fd(j, t) for j, t in enumerate(ts)] for ts in self.directions()]
 
@@ -463,7 +476,16 @@ class _Checker:
         if mode == "both" and not (self.fwd and self.rev):
             self.skip(name, self.fwd_reason or self.rev_reason)
             return False
+        if mode == "any" and not (self.fwd or self.rev):
+            self.skip(name, self.fwd_reason)
+            return False
         return True
+
+    def fd_tol(self, ref: np.ndarray, err: np.ndarray | float) -> np.ndarray:
+        """Tolerance of a rule's value against finite-difference reference `ref` whose
+        error bound is `err`: `rtol` relative to each element (so small elements are
+        checked as strictly as large ones), plus `err` and `atol`."""
+        return self.atol + self.rtol * np.abs(np.asarray(ref)) + err + self.nondet
 
     def _jlabel(self, j: int) -> str:
         return self.labels[self.diff[j]]
@@ -556,26 +578,27 @@ class _Checker:
                 try:
                     rule_cts.append(self.jitted["vjp_out"](o, self.work, cts[k][o]))
                 except Exception as exc:  # noqa: BLE001
-                    self.add("vjp_fd", "error", "*", self._olabel(o), hint=_exception_hint(exc),
-                             note=_exception_note(exc))
+                    self.add("vjp_fd", "error", "*", self._olabel(o), hint=_diagnose.hint(exc),
+                             note=_diagnose.note(exc))
                     break
             else:
                 for j in range(len(self.diff)):
                     rule, ref, tol, scale, trans = [], [], [], [], []
                     for k in range(len(dirs)):
                         c = np.asarray(rule_cts[k][j])
-                        fd, noise = fds[k][j]
+                        fd = fds[k][j]
                         if c.shape != dirs[k][j].shape:
                             self.add("vjp_fd", "fail", self._jlabel(j), self._olabel(o),
                                      hint="wrong shape", note=f"cotangent shape "
                                      f"{list(c.shape)}, input shape {list(dirs[k][j].shape)}")
                             break
+                        ct = cts[k][o]
                         rule.append(_pair(c, dirs[k][j]))
-                        ref.append(_pair(cts[k][o], fd[o]))
-                        s = _abs_pair(cts[k][o], fd[o]) + _abs_pair(c, dirs[k][j])
+                        ref.append(_pair(ct, fd.value[o]))
+                        s = _abs_pair(ct, fd.value[o]) + _abs_pair(c, dirs[k][j])
                         scale.append(s)
-                        tol.append(self.atol + self.rtol * s
-                                   + noise[o] * float(np.sum(np.abs(cts[k][o]))))
+                        tol.append(float(self.fd_tol(np.asarray(s), _abs_pair(ct, fd.error[o])))
+                                   + self.nondet * float(np.sum(np.abs(dirs[k][j]))))
                         ct_t = self._transpose_of(j, c)
                         trans.append(None if ct_t is None else _pair(ct_t, dirs[k][j]))
                     else:
@@ -591,22 +614,21 @@ class _Checker:
             try:
                 tans = [self.jitted["jvp_leaf"](j, self.work, dirs[k][j]) for k in range(len(dirs))]
             except Exception as exc:  # noqa: BLE001
-                self.add("jvp_fd", "error", self._jlabel(j), "*", hint=_exception_hint(exc),
-                         note=_exception_note(exc))
+                self.add("jvp_fd", "error", self._jlabel(j), "*", hint=_diagnose.hint(exc),
+                         note=_diagnose.note(exc))
                 continue
             for o in range(len(self.dout)):
                 rule = np.stack([np.asarray(tans[k][o]) for k in range(len(dirs))])
-                ref = np.stack([fds[k][j][0][o] for k in range(len(dirs))])
+                ref = np.stack([fds[k][j].value[o] for k in range(len(dirs))])
                 if rule.shape != ref.shape:
                     self.add("jvp_fd", "fail", self._jlabel(j), self._olabel(o),
                              hint="wrong shape", note=f"tangent shape {list(rule.shape[1:])}, "
                              f"output shape {list(ref.shape[1:])}")
                     continue
-                noise = max(fds[k][j][1][o] for k in range(len(dirs)))
+                err = np.stack([fds[k][j].error[o] for k in range(len(dirs))])
                 scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
                 self.compare("jvp_fd", self._jlabel(j), self._olabel(o), rule, ref,
-                             self.atol + self.rtol * scale + noise, scale,
-                             note="jvp(t) vs fd(t)")
+                             self.fd_tol(ref, err), scale, note="jvp(t) vs fd(t)")
 
     def _small(self, name: str) -> bool:
         n_in = sum(int(np.size(self.work[i])) for i in self.diff)
@@ -615,32 +637,40 @@ class _Checker:
             self.skip(name, f"inputs too large for a full Jacobian ({n_in} elements > "
                             f"jacobian_max_size={self.opts.jacobian_max_size})")
             return False
-        if any(jnp.issubdtype(self.work[i].dtype, jnp.complexfloating) for i in self.diff) or \
-                any(jnp.issubdtype(o.dtype, jnp.complexfloating) for o in self.outs_work):
+        if any(_complex(self.work[i].dtype) for i in self.diff) or \
+                any(_complex(o.dtype) for o in self.outs_work):
             self.skip(name, "complex values: checked along random directions only")
             return False
         return True
 
     @functools.cached_property
-    def fd_jacobian(self) -> list[tuple[list[np.ndarray], list[float]]]:
-        """Per input leaf j: per output o, the matrix [out_size, in_size] and noise."""
+    def fd_jacobian(self) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+        """Per input leaf j: per output o, the matrix [out_size, in_size] and its
+        elementwise error bound. Column e perturbs element e alone, by a step relative
+        to its own magnitude."""
         jac = []
         for j, i in enumerate(self.diff):
             x = self.work[i]
-            cols, noise = [], [0.0] * len(self.dout)
+            scales = self.escale[j].ravel()
+            cols = []
             for e in range(int(np.size(x))):
                 t = np.zeros(np.size(x), x.dtype)
-                t[e] = self.scale[j]
-                d, nz = self.fd(j, t.reshape(np.shape(x)))
-                cols.append([v.ravel() / self.scale[j] for v in d])
-                noise = [max(a, b / self.scale[j]) for a, b in zip(noise, nz)]
-            mats = [np.stack([c[o] for c in cols], axis=1) if cols else
-                    np.zeros((int(np.size(self.outs_work[o])), 0)) for o in range(len(self.dout))]
-            jac.append((mats, noise))
+                t[e] = scales[e]
+                d = self.fd(j, t.reshape(np.shape(x)))
+                cols.append([(v.ravel() / scales[e], r.ravel() / scales[e])
+                             for v, r in zip(d.value, d.error)])
+            mats, errs = [], []
+            for o in range(len(self.dout)):
+                size = int(np.size(self.outs_work[o]))
+                mats.append(np.stack([c[o][0] for c in cols], axis=1) if cols
+                            else np.zeros((size, 0)))
+                errs.append(np.stack([c[o][1] for c in cols], axis=1) if cols
+                            else np.zeros((size, 0)))
+            jac.append((mats, errs))
         return jac
 
     def _compare_jac(self, name: str, j: int, o: int, rule: np.ndarray) -> None:
-        ref, noise = self.fd_jacobian[j][0][o], self.fd_jacobian[j][1][o]
+        ref, err = self.fd_jacobian[j][0][o], self.fd_jacobian[j][1][o]
         x = self.work[self.diff[j]]
         trans = None
         if np.ndim(x) == 2 and x.shape[0] == x.shape[1] and x.shape[0] > 1:
@@ -648,9 +678,9 @@ class _Checker:
             perm = np.arange(n * n).reshape(n, n).T.ravel()
             trans = rule[:, perm]
         scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
-        self.compare(name, self._jlabel(j), self._olabel(o), rule, ref,
-                     self.atol + self.rtol * scale + noise, scale,
-                     note=f"Jacobian {list(ref.shape)} vs finite differences", transposed=trans)
+        self.compare(name, self._jlabel(j), self._olabel(o), rule, ref, self.fd_tol(ref, err),
+                     scale, note=f"Jacobian {list(ref.shape)} vs finite differences",
+                     transposed=trans)
 
     def check_vjp_jacobian(self) -> None:
         if not self._need_diff("vjp_jacobian", "rev") or not self._small("vjp_jacobian"):
@@ -706,7 +736,8 @@ class _Checker:
                     rhs.append(_pair(ct, jt))
                     s = _abs_pair(vc, t) + _abs_pair(ct, jt)
                     scale.append(s)
-                    tol.append(self.xatol + self.xrtol * s)
+                    tol.append(self.xatol + self.xrtol * s + self.nondet * float(
+                        np.sum(np.abs(t)) + np.sum(np.abs(ct))))
                 self.compare("jvp_vjp_consistency", self._jlabel(j), self._olabel(o), lhs, rhs,
                              tol, scale, note="<vjp(ct), t> vs <ct, jvp(t)>")
 
@@ -719,7 +750,7 @@ class _Checker:
         if not (self.fwd or self.rev):
             return self.skip(name, self.fwd_reason)
         J = self.jitted
-        zero_tol = self.xatol
+        zero_tol = self.xatol + self.nondet
         if self.fwd:
             for j in range(len(self.diff)):
                 t = self.directions()[0][j]
@@ -742,114 +773,6 @@ class _Checker:
                 self.compare(name, self._jlabel(j), "*", c, np.zeros_like(np.asarray(c)),
                              zero_tol, 1.0, note="vjp with all-zero cotangents must be zero")
 
-    # ------------------------------------------------------------ transforms
-    def _close(self, name: str, arg: str | None, output: str | None, got: Any, want: Any,
-               note: str) -> None:
-        got, want = np.asarray(got), np.asarray(want)
-        if got.dtype == jax.dtypes.float0:
-            return
-        scale = max(float(np.max(np.abs(want.astype(np.result_type(want.dtype, np.float64))),
-                                 initial=0.0)), 1e-300)
-        self.compare(name, arg, output, got, want, self.xatol0 + self.xrtol0 * scale, scale,
-                     note=note)
-
-    def check_jit(self) -> None:
-        name = "jit"
-        eager = self.outs
-        jitted = jax.jit(lambda d: self.call_dyn(d))(self.dyn)
-        for o, (a, b) in enumerate(zip(jitted, eager)):
-            self._close(name, None, self.out_labels[o], a, b, "values: jit vs eager")
-        if not self.diff or not self.dout:
-            return
-        if self.rev:
-            cts = [self.randn(self.outs[o]) for o in self.dout]
-            e = self.vjp_all(self.dyn, cts)
-            g = jax.jit(self.vjp_all)(self.dyn, cts)
-            for j, (a, b) in enumerate(zip(g, e)):
-                self._close(name, self._jlabel(j), None, a, b, "vjp: jit vs eager")
-        if self.fwd:
-            tans = [self.randn(self.dyn[i]) for i in self.diff]
-            e = self.jvp_all(self.dyn, tans)
-            g = jax.jit(self.jvp_all)(self.dyn, tans)
-            for o, (a, b) in enumerate(zip(g, e)):
-                self._close(name, None, self._olabel(o), a, b, "jvp: jit vs eager")
-
-    def _batch(self, which: set[int]) -> list[Any]:
-        """The dynamic inputs with a leading axis: `batch_size` perturbed copies of the
-        leaves of positional arguments in `which` (others are unbatched)."""
-        out = []
-        B = self.opts.batch_size
-        for i, x in enumerate(self.dyn):
-            if self.arg_of[i] not in which:
-                out.append(x)
-                continue
-            xn = np.asarray(x)
-            if _inexact(x.dtype):
-                rms = float(np.sqrt(np.mean(np.abs(xn) ** 2))) if xn.size else 1.0
-                copies = [xn] + [xn + self.randn(x, 0.05 * (rms or 1.0)) for _ in range(B - 1)]
-            else:
-                copies = [xn] * B
-            out.append(jnp.asarray(np.stack(copies).astype(xn.dtype)))
-        return out
-
-    def check_vmap(self) -> None:
-        name = "vmap"
-        if not self.dyn:
-            return self.skip(name, "no array inputs")
-        B = self.opts.batch_size
-        groups = [({a}, self.arg_names[a]) for a in range(self.n_args)
-                  if any(self.arg_of[i] == a for i in range(len(self.dyn)))]
-        if len(groups) > 1:
-            groups.append((set(range(self.n_args)), "*"))
-        for which, label in groups:
-            bdyn = self._batch(which)
-            axes = [0 if self.arg_of[i] in which else None for i in range(len(self.dyn))]
-            every = label == "*"
-
-            def pick(k: int, dyn: list = bdyn, axes: list = axes) -> list[Any]:
-                return [d[k] if a == 0 else d for d, a in zip(dyn, axes)]
-
-            def vals() -> None:
-                got = jax.jit(jax.vmap(self.call_dyn, in_axes=(axes,)))(bdyn)
-                want = [self.jitted["f"](pick(k)) for k in range(B)]
-                for o in range(len(self.outs)):
-                    self._close(name, label, self.out_labels[o], got[o],
-                                np.stack([np.asarray(w[o]) for w in want]),
-                                f"values: vmap over {label} vs a loop")
-
-            self.guarded(name, vals, label, None, note="vmap of the function")
-            if not self.diff or not self.dout:
-                continue
-
-            if self.rev:
-                def grads() -> None:
-                    cts = [np.stack([self.randn(self.outs[o]) for _ in range(B)]) if every
-                           else self.randn(self.outs[o]) for o in self.dout]
-                    ct_ax = [0 if every else None] * len(cts)
-                    got = jax.jit(jax.vmap(self.vjp_all, in_axes=(axes, ct_ax)))(bdyn, cts)
-                    want = [self.jitted["vjp_all"](pick(k), [c[k] if every else c for c in cts])
-                            for k in range(B)]
-                    for j in range(len(self.diff)):
-                        self._close(name, label, None, got[j],
-                                    np.stack([np.asarray(w[j]) for w in want]),
-                                    f"vjp: cotangent of {self._jlabel(j)}, vmap over {label} "
-                                    f"vs a loop")
-                self.guarded(name, grads, label, None, note="vmap of the vjp")
-
-            if self.fwd:
-                def tangents() -> None:
-                    tans = [np.stack([self.randn(self.dyn[i]) for _ in range(B)]) if every
-                            else self.randn(self.dyn[i]) for i in self.diff]
-                    t_ax = [0 if every else None] * len(tans)
-                    got = jax.jit(jax.vmap(self.jvp_all, in_axes=(axes, t_ax)))(bdyn, tans)
-                    want = [self.jitted["jvp_all"](pick(k), [t[k] if every else t for t in tans])
-                            for k in range(B)]
-                    for o in range(len(self.dout)):
-                        self._close(name, label, self._olabel(o), got[o],
-                                    np.stack([np.asarray(w[o]) for w in want]),
-                                    f"jvp: vmap over {label} vs a loop")
-                self.guarded(name, tangents, label, None, note="vmap of the jvp")
-
     # ------------------------------------------------------------ second order
     def check_second_order(self) -> None:
         name = "second_order"
@@ -861,8 +784,8 @@ class _Checker:
                              "automatic for foreign functions whose rules all have kind='jax')")
         if not self._need_diff(name, "rev"):
             return
-        if any(jnp.issubdtype(self.work[i].dtype, jnp.complexfloating) for i in self.diff) or \
-                any(jnp.issubdtype(o.dtype, jnp.complexfloating) for o in self.outs_work):
+        if any(_complex(self.work[i].dtype) for i in self.diff) or \
+                any(_complex(o.dtype) for o in self.outs_work):
             return self.skip(name, "complex values are not supported by the Hessian check")
         weights = [self.randn(o) for o in self.outs_work]
 
@@ -884,24 +807,21 @@ class _Checker:
             hvp(x, self.directions()[0])
         except Exception:  # noqa: BLE001 - try reverse-over-reverse instead
             how, hvp = "jax.grad(jax.grad(...)) (reverse-over-reverse)", jax.jit(rev_over_rev)
-        gots, refs, noises = [], [], []
+        gots, refs, errs = [], [], []
         for t in self.directions():
             gots.append([np.asarray(v) for v in hvp(x, t)])
-            acc, mags = None, 0.0
-            for sgn, c in _STENCIL:
-                g = [np.asarray(v) for v in grad([xi + (sgn * self.h) * ti
-                                                  for xi, ti in zip(x, t)])]
-                mags = max([mags] + [float(np.max(np.abs(v), initial=0.0)) for v in g])
-                acc = [c * v for v in g] if acc is None else [a + c * v for a, v in zip(acc, g)]
-            refs.append([a / self.h for a in acc])
-            noises.append(50 * self.eps_mach * mags / self.h)
+            d = ridders(lambda h, t=t: grad([(xi + h * ti).astype(xi.dtype)
+                                             for xi, ti in zip(x, t)]),
+                        self.h0, self.eps_mach, self.nondet)
+            refs.append(d.value)
+            errs.append(d.error)
         for j in range(len(self.diff)):
             got = np.stack([g[j] for g in gots])
             ref = np.stack([r[j] for r in refs])
+            err = np.stack([e[j] for e in errs])
             scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
-            self.compare(name, self._jlabel(j), "sum(w*out)", got, ref,
-                         self.atol + self.rtol * scale + max(noises), scale,
-                         note=f"Hessian-vector products via {how} vs fd of the gradient")
+            self.compare(name, self._jlabel(j), "sum(w*out)", got, ref, self.fd_tol(ref, err),
+                         scale, note=f"Hessian-vector products via {how} vs fd of the gradient")
 
 
 def run_checks(f: Callable[..., Any], args: tuple, static: dict,

@@ -1,4 +1,5 @@
-"""Options, per-check results, the report and the error of `jaxbridge.testing.check_rules`."""
+"""Options, per-check results, the report and the failure message of
+`jaxbridge.testing.check_rules` (its exception is `jaxbridge.errors.RuleCheckError`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ CHECKS: tuple[str, ...] = (
     "symbolic_zeros",       # rules with unperturbed inputs / zero output cotangents
     "jit",                  # eager vs jax.jit: values and gradients
     "vmap",                 # jax.vmap vs a loop: values, vjp (and jvp)
+    "batched_grad",         # vmap of the rules over cotangents/tangents alone vs a loop
+    "deterministic",        # the same call twice gives the same values and derivatives
+    "no_retrace",           # a second eager call with equal shapes compiles nothing
+    "export",               # jax.export round trip of programs calling FFI kernels
     "second_order",         # Hessian-vector products vs finite differences of the gradient
+    "inputs_unchanged",     # no call wrote into its inputs' buffers
 )
 
 Status = Literal["pass", "fail", "error", "skip"]
@@ -35,23 +41,45 @@ class CheckOptions:
       checks: run only these checks (names from ``jaxbridge.testing.CHECKS``); None = all.
       skip: checks not to run.
       rtol, atol: tolerances of the finite-difference checks (``*_fd``, ``*_jacobian``,
-        ``second_order``). Default: rtol 1e-6 when evaluating in float64, 5e-3 in
-        float32, 5e-2 in 16-bit; atol = rtol * 1e-3. A finite-difference round-off
-        estimate is always added to the tolerance.
+        ``second_order``): an element passes when ``|rule - fd| <= atol + rtol * |fd| +
+        bound``, where ``bound`` is the finite differences' own error bound, estimated
+        per element (so small elements are checked as strictly as large ones, and a
+        reference that could not be computed accurately never fails a rule). Default:
+        rtol 1e-6 when evaluating in float64, 5e-3 in float32, 5e-2 in 16-bit; atol 0.
+        The ``vjp_fd`` check compares sums ``<vjp(ct), t>``: there rtol is relative to
+        the sum of the magnitudes of their terms.
       exact_rtol, exact_atol: tolerances of the checks that involve no finite differences
-        (``jvp_vjp_consistency``, ``jit``, ``vmap``, zero results). Default: rtol 1e-10 in
-        float64, 1e-4 in float32, 1e-2 in 16-bit; atol = exact_rtol * 1e-3.
+        (``jvp_vjp_consistency``, ``jit``, ``vmap``, ``batched_grad``, ``export``, zero
+        results). Default: rtol 1e-10 in float64, 1e-4 in float32, 1e-2 in 16-bit;
+        atol = exact_rtol * 1e-3.
+      nondet_tol: how much repeated calls with identical inputs may differ (absolute),
+        for rules that are nondeterministic on purpose (atomics, randomized solvers).
+        Default 0: they must agree exactly. It widens every other tolerance by as much.
       seed: seed of the random directions, cotangents and batch perturbations.
       n_directions: random directions per (argument, output) pair.
-      eps: relative finite-difference step (scaled by each input's RMS value). Default:
-        1e-3 in float64, 2e-2 in float32, 1e-1 in 16-bit (a fourth-order stencil).
+      eps: the first (largest) finite-difference step, relative to each input element's
+        magnitude (see below); Richardson extrapolation halves it up to 11 times and
+        keeps the most accurate estimate per output element. Default 0.1.
+      complex_step: refine the finite differences with a complex step where the
+        function accepts complex inputs and agrees with them (default True).
       second_order: True/False forces the Hessian check on/off; None (default) runs it
         for foreign functions whose rules all have ``kind="jax"``.
+      export: True/False forces the ``jax.export`` round trip on/off; None (default)
+        runs it when the program calls FFI kernels and no host (Python) function.
       jacobian_max_size: the full-Jacobian checks run when the differentiable inputs have
         at most this many elements in total (and the outputs at most 4x as many).
-      batch_size: number of perturbed copies stacked for the vmap check.
+      batch_size: number of perturbed copies stacked for the vmap checks.
       upcast: evaluate the finite-difference checks in float64 when the function accepts
         float64 inputs (default True; needs ``jax_enable_x64``).
+
+    Finite-difference steps are per element: element i of an input moves by at most
+    ``eps * |x_i|`` (elements that are zero, or negligible next to the largest, move
+    relative to the smallest non-negligible magnitude instead), so inputs that span
+    orders of magnitude are differentiated accurately everywhere.
+
+    Example:
+        >>> CheckOptions(n_directions=5, seed=1, skip=("export",)).enabled("export")
+        False
     """
 
     checks: Collection[str] | None = None
@@ -62,8 +90,11 @@ class CheckOptions:
     exact_atol: float | None = None
     seed: int = 0
     n_directions: int = 3
+    nondet_tol: float = 0.0
     eps: float | None = None
+    complex_step: bool = True
     second_order: bool | None = None
+    export: bool | None = None
     jacobian_max_size: int = 50
     batch_size: int = 3
     upcast: bool = True
@@ -76,6 +107,11 @@ class CheckOptions:
                              f"known: {', '.join(CHECKS)}")
         if self.n_directions < 1 or self.batch_size < 1:
             raise ValueError("jaxbridge.testing: n_directions and batch_size must be >= 1")
+        if not self.nondet_tol >= 0:
+            raise ValueError(f"jaxbridge.testing: nondet_tol must be >= 0, got {self.nondet_tol}")
+        if self.eps is not None and not 0 < self.eps < 1:
+            raise ValueError(f"jaxbridge.testing: eps (the first relative step) must be in "
+                             f"(0, 1), got {self.eps}")
 
     def enabled(self, name: str) -> bool:
         """Whether check `name` is selected by `checks` and `skip`."""
@@ -223,23 +259,21 @@ class RuleReport:
         return "\n".join([title, *lines])
 
 
-class RuleCheckError(AssertionError):
-    """Raised by `check_rules` when a check fails; ``.report`` holds the full report."""
-
-    def __init__(self, report: RuleReport):
-        self.report = report
-        failures = report.failures
-        lines = [f"check_rules({report.function}): {len(failures)} of {len(report.results)} "
-                 f"checks failed (evaluated in {report.precision}):"]
-        seen: dict[str, str] = {}
-        for r in failures:
-            if r.status == "error" and r.note:
-                key = r.note.split("raised ", 1)[-1]
-                if key in seen:  # the same exception again: name it once
-                    where = r.describe().split(" -- ")[0]
-                    lines.append(f"  {where} -- the same error as {seen[key]}")
-                    continue
-                seen[key] = r.name
-            lines.append(f"  {r.describe()}")
-        lines.append("(the full table is str(err.report))")
-        super().__init__("\n".join(lines))
+def failure_message(report: RuleReport) -> str:
+    """The message of the `RuleCheckError` for `report`: one line per failure (an
+    exception seen again is named once)."""
+    failures = report.failures
+    lines = [f"check_rules({report.function}): {len(failures)} of {len(report.results)} "
+             f"checks failed (evaluated in {report.precision}):"]
+    seen: dict[str, str] = {}
+    for r in failures:
+        if r.status == "error" and r.note:
+            key = r.note.split("raised ", 1)[-1]
+            if key in seen:  # the same exception again: name it once
+                where = r.describe().split(" -- ")[0]
+                lines.append(f"  {where} -- the same error as {seen[key]}")
+                continue
+            seen[key] = r.name
+        lines.append(f"  {r.describe()}")
+    lines.append("(the full table is str(err.report))")
+    return "\n".join(lines)
