@@ -122,3 +122,100 @@ def test_singular_failure_policy():
     assert np.isnan(spsolve((d, (r, c)), jnp.ones(3), on_failure="nan")).all()
     with pytest.raises(TypeError, match="BCOO"):
         spsolve(jnp.eye(3), jnp.ones(3))
+
+
+# ------------------------------------------------------------------ eigsh
+from jaxbridge.scipy import SolverError  # noqa: E402
+from jaxbridge.scipy.sparse.linalg import eigsh  # noqa: E402
+from jaxbridge.testing import check_rules  # noqa: E402
+
+M = 10
+
+
+def laplacian_like(theta):
+    """A symmetric tridiagonal matrix with well-separated eigenvalues, as BCOO (both
+    triangles stored; each off-diagonal parameter feeds both entries)."""
+    diag = jnp.arange(1.0, M + 1.0) * theta[0]
+    off = theta[1] * jnp.linspace(0.5, 1.0, M - 1)
+    i = jnp.arange(M)
+    rows = jnp.concatenate([i, i[:-1], i[1:]])
+    cols = jnp.concatenate([i, i[1:], i[:-1]])
+    return jsparse.BCOO((jnp.concatenate([diag, off, off]), jnp.stack([rows, cols], 1)),
+                        shape=(M, M))
+
+
+def eig_loss(theta, k=3, which="LA"):
+    w, v = eigsh(laplacian_like(theta), k=k, which=which)
+    return jnp.sum(w * jnp.arange(1.0, k + 1)) + jnp.sum(v[:, 0] ** 3) + jnp.sum(
+        v[:, -1] * jnp.arange(M))
+
+
+def eig_loss_dense(theta, k=3):
+    w, v = jnp.linalg.eigh(laplacian_like(theta).todense())
+    w, v = w[-k:], v[:, -k:]
+    v = v * jnp.sign(v[jnp.argmax(jnp.abs(v), axis=0), jnp.arange(k)])[None, :]
+    return jnp.sum(w * jnp.arange(1.0, k + 1)) + jnp.sum(v[:, 0] ** 3) + jnp.sum(
+        v[:, -1] * jnp.arange(M))
+
+
+TH_E = jnp.array([1.0, 0.3])
+
+
+def test_eigsh_values_match_scipy_and_dense():
+    A = laplacian_like(TH_E)
+    w, v = eigsh(A, k=3, which="LA")
+    ref_w = scipy.sparse.linalg.eigsh(scipy.sparse.csr_matrix(np.asarray(A.todense())), k=3,
+                                      which="LA", return_eigenvectors=False)
+    np.testing.assert_allclose(w, np.sort(ref_w), rtol=1e-10)
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(np.asarray(A.todense()))[-3:], rtol=1e-10)
+    np.testing.assert_allclose(A.todense() @ v, v * w[None, :], atol=1e-9)
+    # every input form: dense array, SciPy sparse (a constant)
+    np.testing.assert_allclose(eigsh(A.todense(), k=3, which="LA")[0], w, rtol=1e-10)
+    sp = scipy.sparse.csr_matrix(np.asarray(A.todense()))
+    np.testing.assert_allclose(eigsh(sp, 3, which="LA", return_eigenvectors=False), w,
+                               rtol=1e-10)
+
+
+def test_eigsh_gradients_vs_dense_jax_and_fd():
+    ref = jax.grad(eig_loss_dense)(TH_E)
+    np.testing.assert_allclose(jax.grad(eig_loss)(TH_E), ref, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(jax.jit(jax.grad(eig_loss))(TH_E), ref, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(jax.jacfwd(eig_loss)(TH_E), ref, rtol=1e-8, atol=1e-10)
+    eps = 1e-6
+    fd_ = [(eig_loss(TH_E + eps * e) - eig_loss(TH_E - eps * e)) / (2 * eps) for e in np.eye(2)]
+    np.testing.assert_allclose(ref, fd_, rtol=1e-6)
+    # shift-invert mode (sigma) gives the same pairs and gradients
+    g_si = jax.grad(lambda th: jnp.sum(eigsh(laplacian_like(th), k=2, sigma=0.0)[0]))(TH_E)
+    g_d = jax.grad(lambda th: jnp.sum(jnp.linalg.eigvalsh(laplacian_like(th).todense())[:2]))(
+        TH_E)
+    np.testing.assert_allclose(g_si, g_d, rtol=1e-8)
+
+
+def test_eigsh_vmap_and_check_rules():
+    ths = jnp.stack([TH_E, TH_E * 1.2])
+    g = jax.vmap(jax.grad(eig_loss))(ths)
+    np.testing.assert_allclose(g[1], jax.grad(eig_loss_dense)(ths[1]), rtol=1e-8, atol=1e-10)
+    # ARPACK's eigenvectors are accurate to ~1e-13: finite differences of them are too
+    report = check_rules(lambda th: eigsh(laplacian_like(th), k=2, which="LA"), np.asarray(TH_E),
+                         check_options={"atol": 1e-10})
+    assert report.passed, report
+
+
+def test_eigsh_degenerate_eigenvector_gradient_is_an_error():
+    A = jnp.diag(jnp.array([1.0, 2.0, 3.0, 3.0, 5.0, 6.0]))
+    # eigenvalues alone, both copies of 3 computed and weighted equally: fine
+    g = jax.grad(lambda A: jnp.sum(eigsh(A, k=4, which="LA")[0]))(A)
+    np.testing.assert_allclose(jnp.diag(g), [0, 0, 1, 1, 1, 1], atol=1e-12)
+    # one copy of 3 computed (k=3), or the copies weighted differently: basis-dependent
+    with pytest.raises(SolverError, match="not computed"):
+        jax.grad(lambda A: jnp.sum(eigsh(A, k=3, which="LA")[0]))(A)
+    with pytest.raises(SolverError, match="cotangents of its 2 copies differ"):
+        jax.grad(lambda A: eigsh(A, k=4, which="LA")[0][0])(A)
+    with pytest.raises(SolverError, match="eigsh: eigenvalue .* is degenerate"):
+        jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum())(A)
+    with pytest.raises(SolverError, match="degenerate"):
+        jax.jit(jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum()))(A)
+    with pytest.raises(ValueError, match=r"eigsh: k must satisfy 0 < k < n = 6"):
+        eigsh(A, k=6)
+    with pytest.raises(NotImplementedError, match="`M` is not supported"):
+        eigsh(A, k=2, M=jnp.eye(6))

@@ -258,6 +258,33 @@ def _degenerate(w: np.ndarray, i: int) -> float | None:
     return gap if gap <= 1e-9 * max(1.0, float(np.max(np.abs(w)))) else None
 
 
+def _eigenspace_problem(A: Any, w: np.ndarray, v: np.ndarray, w_bar: np.ndarray,
+                        i: int) -> str | None:
+    """Why the derivative of eigenvalue i is basis-dependent, or None if it is not.
+
+    It is not when the eigenvalue is simple, or when all its copies were computed and
+    have equal cotangents; the bordered matrix `[[A - lam, Vc], [Vc^T, 0]]` with the
+    computed copies `Vc` is nonsingular exactly when no copy is missing.
+    """
+    scale = 1e-9 * max(1.0, float(np.max(np.abs(w))))
+    cluster = np.flatnonzero(np.abs(w - w[i]) <= scale)
+    if np.ptp(w_bar[cluster]) > 0:
+        return (f"eigenvalue {i} ({w[i]:.6g}) is degenerate and the cotangents of its "
+                f"{cluster.size} copies differ")
+    n, Vc = v.shape[0], v[:, cluster]
+    B = scipy.sparse.bmat([[A - w[i] * scipy.sparse.identity(n, format="csr"), Vc],
+                           [Vc.T, None]], format="csc")
+    rhs = np.concatenate([np.ones(n), np.zeros(cluster.size)])
+    try:
+        u = scipy.sparse.linalg.splu(B).solve(rhs)
+    except RuntimeError:
+        u = np.full(rhs.size, np.inf)
+    if np.all(np.isfinite(u)) and np.linalg.norm(u) < 1e12 * np.sqrt(n):
+        return None
+    return (f"eigenvalue {i} ({w[i]:.6g}) is degenerate with an eigenvalue that was not "
+            f"computed")
+
+
 def _pinv_solve(A: Any, lam: float, v: np.ndarray, rhs: np.ndarray, i: int,
                 w: np.ndarray, on_failure: str) -> np.ndarray:
     """`u` with `(A - lam) u = (I - v v^T) rhs`, `v^T u = 0` (the bordered system)."""
@@ -286,13 +313,19 @@ def _pinv_solve(A: Any, lam: float, v: np.ndarray, rhs: np.ndarray, i: int,
     return np.full(v.size, np.nan)
 
 
+def _start(n: int) -> np.ndarray:
+    """ARPACK's starting vector when none is given: generic, but the same every call
+    (SciPy draws a random one; a JAX function must be deterministic)."""
+    return np.random.default_rng(20240607).uniform(-1.0, 1.0, n)
+
+
 @_foreign.foreign(_eig_result)
 def _eigsh(data, row, col, v0, *, n, k, sigma, which, ncv, maxiter, tol, mode,
            on_failure):
     A = _csr(data, row, col, n)
     try:
         w, v = scipy.sparse.linalg.eigsh(
-            A, k=k, sigma=sigma, which=which, v0=None if v0.size == 0 else f64(v0),
+            A, k=k, sigma=sigma, which=which, v0=_start(n) if v0.size == 0 else f64(v0),
             ncv=ncv, maxiter=maxiter, tol=tol, mode=mode)
     except scipy.sparse.linalg.ArpackError as exc:  # includes ArpackNoConvergence
         if on_failure == "raise":
@@ -312,19 +345,18 @@ def _eigsh_vjp(primals, out, ct, *, n, k, on_failure, **_):
     w_bar, v_bar = f64(ct[0]), f64(ct[1])
     if not np.all(np.isfinite(w)):
         return np.full(data.shape, np.nan, data.dtype), None, None, None
-    for i in range(k):  # a split of a degenerate eigenspace is basis-dependent
-        gap = _degenerate(w, i)
-        if gap is not None and np.any(np.abs(w - w[i]) <= gap + 1e-300) and \
-                np.ptp(w_bar[np.abs(w - w[i]) <= 1e-9 * max(1.0, np.max(np.abs(w)))]) > 0:
+    A = _csr(data, row, col, n)
+    for i in np.flatnonzero(w_bar):  # an eigenvalue's derivative needs its whole eigenspace
+        problem = _eigenspace_problem(A, w, v, w_bar, i)
+        if problem is not None:
             if on_failure == "raise":
                 raise SolverError(
-                    f"jaxbridge.scipy.sparse.linalg.eigsh: eigenvalue {i} ({w[i]:.6g}) is "
-                    f"degenerate and the cotangents of its copies differ, so the gradient "
-                    f"depends on an arbitrary basis. Weight degenerate eigenvalues equally "
-                    f"(e.g. differentiate their sum).")
+                    f"jaxbridge.scipy.sparse.linalg.eigsh: {problem}, so the gradient depends "
+                    f"on an arbitrary basis of the eigenspace. Compute (with k) and weight "
+                    f"all copies of a degenerate eigenvalue equally, e.g. differentiate "
+                    f"their sum.")
             return np.full(data.shape, np.nan, data.dtype), None, None, None
     d_bar = _sym_outer(row, col, v * w_bar, v)
-    A = _csr(data, row, col, n)
     for i in range(k):
         if np.any(v_bar[:, i]):
             u = _pinv_solve(A, w[i], v[:, i], v_bar[:, i], i, w, on_failure)
@@ -365,7 +397,8 @@ def eigsh(A: Any, k: int = 6, M: Any = None, sigma: float | None = None, which: 
         matrix (a constant). Perturbations are symmetrized, as in `jnp.linalg.eigh`.
       k, sigma, which, v0, ncv, maxiter, tol, mode: as in SciPy (ARPACK; `sigma`
         selects shift-invert mode). The result does not depend on `v0` (zero
-        gradient, correctly).
+        gradient, correctly); without one, a fixed generic start vector is used
+        (SciPy draws a random one), so results are deterministic.
       M, Minv, OPinv, rng: the generalized problem and custom operators are not
         supported (raises, naming the argument).
       on_failure: "raise" (ARPACK's failure, or an eigenvector derivative asked of a

@@ -1,0 +1,111 @@
+"""jaxbridge.scipy.signal.lfilter: values vs SciPy, derivatives vs a pure-JAX twin."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal
+
+from jaxbridge.scipy.signal import lfilter
+from jaxbridge.testing import check_rules
+from conftest import fd
+
+B = jnp.array([0.3, 0.2, -0.1])
+A = jnp.array([1.2, -0.4, 0.1, 0.05])  # a0 != 1: SciPy normalizes by it
+X = jnp.sin(jnp.arange(12.0)) + 0.1 * jnp.arange(12.0)
+ZI = jnp.array([0.1, -0.2, 0.3])
+W = jnp.cos(jnp.arange(12.0))
+V = jnp.array([1.0, 2.0, -1.0])
+
+
+def twin(b, a, x, zi):
+    """SciPy's direct form II transposed, written as a lax.scan (differentiated by JAX)."""
+    K = max(len(a), len(b)) - 1
+    b = jnp.zeros(K + 1).at[:len(b)].set(b) / a[0]
+    a = jnp.zeros(K + 1).at[:len(a)].set(a) / a[0]
+
+    def step(z, xn):
+        yn = b[0] * xn + z[0]
+        return jnp.concatenate([z[1:], jnp.zeros(1)]) + b[1:] * xn - a[1:] * yn, yn
+    zf, y = jax.lax.scan(step, zi, x)
+    return y, zf
+
+
+def L(b, a, x, zi):
+    y, zf = lfilter(b, a, x, zi=zi)
+    return jnp.sum(W * y) + jnp.sum(V * zf) + 0.1 * jnp.sum(y ** 2)
+
+
+def L_twin(b, a, x, zi):
+    y, zf = twin(b, a, x, zi)
+    return jnp.sum(W * y) + jnp.sum(V * zf) + 0.1 * jnp.sum(y ** 2)
+
+
+def test_values_match_scipy():
+    y = lfilter(B, A, X)
+    np.testing.assert_allclose(y, scipy.signal.lfilter(B, A, X), rtol=1e-13, atol=1e-15)
+    y, zf = lfilter(B, A, X, zi=ZI)
+    yr, zfr = scipy.signal.lfilter(B, A, X, zi=ZI)
+    np.testing.assert_allclose(y, yr, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(zf, zfr, rtol=1e-12, atol=1e-15)
+    # N-D input along an axis, and an FIR filter (a = [1])
+    X2 = jnp.stack([X, 2 * X, -X], 1)
+    np.testing.assert_allclose(lfilter(B, A, X2, axis=0), scipy.signal.lfilter(B, A, X2, axis=0),
+                               rtol=1e-13, atol=1e-15)
+    zi2 = jnp.ones((3, 3))
+    got = lfilter(B, A, X2, axis=0, zi=zi2)
+    ref = scipy.signal.lfilter(B, A, X2, axis=0, zi=zi2)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lfilter(B, jnp.ones(1), X), np.convolve(X, B)[:12], rtol=1e-13)
+
+
+def test_gradients_all_arguments_match_pure_jax_twin():
+    args = (B, A, X, ZI)
+    ref = jax.grad(L_twin, (0, 1, 2, 3))(*args)
+    for got in (jax.grad(L, (0, 1, 2, 3))(*args), jax.jit(jax.grad(L, (0, 1, 2, 3)))(*args),
+                jax.jacfwd(L, (0, 1, 2, 3))(*args)):
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-13)
+    # second order: the rules are JAX, so Hessians work
+    np.testing.assert_allclose(jax.hessian(L, 1)(*args), jax.hessian(L_twin, 1)(*args),
+                               rtol=1e-10, atol=1e-12)
+    # finite differences in float64
+    np.testing.assert_allclose(ref[1], fd(lambda a: L(B, a, X, ZI), A), rtol=1e-7)
+
+
+def test_short_signal_longer_state_and_no_zi():
+    """N < K: the state outlives the signal; zf then carries part of zi."""
+    b, a = jnp.array([0.5, 0.1, 0.2, 0.3]), jnp.array([1.0, 0.2])
+    x, zi = jnp.array([1.0, -1.0]), jnp.array([0.3, 0.2, -0.4])
+    got, ref = lfilter(b, a, x, zi=zi), scipy.signal.lfilter(b, a, x, zi=zi)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-13, atol=1e-15)
+    f = lambda b, a, x, zi: jnp.sum(lfilter(b, a, x, zi=zi)[1] ** 2)  # noqa: E731
+    g = lambda b, a, x, zi: jnp.sum(twin(b, a, x, zi)[1] ** 2)  # noqa: E731
+    for p, q in zip(jax.grad(f, (0, 1, 2, 3))(b, a, x, zi), jax.grad(g, (0, 1, 2, 3))(b, a, x, zi)):
+        np.testing.assert_allclose(p, q, rtol=1e-12, atol=1e-14)
+    h = lambda x: jnp.sum(lfilter(b, a, x) ** 2)  # noqa: E731
+    np.testing.assert_allclose(jax.grad(h)(x), fd(h, x), rtol=1e-8)
+
+
+def test_vmap_and_check_rules():
+    xs = jnp.stack([X, X ** 2 / 10, -X])
+    out = jax.vmap(lambda a, x: lfilter(B, a, x))(jnp.stack([A, A * 1.1, A]), xs)
+    for i, a in enumerate((A, A * 1.1, A)):
+        np.testing.assert_allclose(out[i], scipy.signal.lfilter(B, a, xs[i]), rtol=1e-13)
+    g = jax.vmap(jax.grad(lambda a: jnp.sum(W * lfilter(B, a, X))))(jnp.stack([A, 1.1 * A]))
+    np.testing.assert_allclose(g[1], jax.grad(lambda a: jnp.sum(W * twin(B, a, X, jnp.zeros(3))[0]))(
+        1.1 * A), rtol=1e-11)
+    report = check_rules(lambda b, a, x, zi: lfilter(b, a, x, zi=zi), np.asarray(B), np.asarray(A),
+                         np.asarray(X), np.asarray(ZI))
+    assert report.passed, report
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match=r"lfilter: a\[0\] must be nonzero"):
+        lfilter(B, jnp.array([0.0, 1.0]), X)
+    with pytest.raises(ValueError, match=r"lfilter: `zi` must have shape \(3,\)"):
+        lfilter(B, A, X, zi=jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"lfilter: `b` must be a non-empty 1-D array"):
+        lfilter(jnp.ones((2, 2)), A, X)
