@@ -305,7 +305,7 @@ def test_kept_input_view_is_an_error_and_the_kept_array_stays_valid():
 
     big = jnp.ones(8 << 20)  # 64 MiB, as measured in issue 13
     with pytest.raises(KeptViewError, match=r"kept input 0.*copy what you keep"):
-        keeps(big)
+        jax.jit(keeps)(big)
     del big
     for _ in range(5):  # XLA reuses the freed buffer for other arrays
         jnp.full(8 << 20, 7.0).block_until_ready()
@@ -313,6 +313,20 @@ def test_kept_input_view_is_an_error_and_the_kept_array_stays_valid():
     # From now on the function gets copies: keeping them is fine and correct.
     np.testing.assert_allclose(jax.jit(keeps)(jnp.full(3, 2.0)), 2.0)
     np.testing.assert_allclose(cache["x"], 2.0)
+
+
+def test_eager_calls_lend_arrays_that_may_be_kept():
+    # Eager calls run on the host directly: the function gets arrays of its own.
+    cache = {}
+
+    @jb.foreign(lambda x: x)
+    def keeps(x):
+        cache["x"] = x
+        return np.asarray(x) * 1.0
+
+    keeps(jnp.arange(4.0))
+    jnp.full(4, 9.0).block_until_ready()
+    np.testing.assert_allclose(cache["x"], np.arange(4.0))
 
 
 def test_kept_derived_view_is_an_error():

@@ -27,6 +27,8 @@ __all__ = [
     "zero_tangent",
     "is_zero",
     "mark_host_callback",
+    "is_exporting",
+    "hold_weakly_in_jax_caches",
     "ffi_lowering_aliased",
     "auto_partitioned_devices",
     "set_num_batch_dims",
@@ -68,6 +70,29 @@ def mark_host_callback(ctx: Any, callback: Any) -> None:
         return
     add(callback)
     ctx.module_context.add_keepalive(callback)
+
+
+def is_exporting(ctx: Any) -> bool:
+    """True while `jax.export` lowers a function (the module outlives this process)."""
+    params = getattr(ctx.module_context, "lowering_parameters", None)
+    return bool(getattr(params, "for_export", False))
+
+
+def hold_weakly_in_jax_caches(cls: type) -> None:
+    """Let JAX's tracing caches hold instances of `cls` (primitive parameters) weakly.
+
+    JAX caches abstract evaluation on (primitive, avals, params), keeping params that
+    are not registered weak-key types alive for the cache's 2048 entries -- for our
+    signatures, the user's function, its closure and its registered host callable,
+    long after the function was dropped. JAX registers its own jaxpr parameters this
+    way; where the registry does not exist (a JAX that changed it), the cache is
+    merely bounded.
+    """
+    try:
+        from jax._src import util as _jax_util
+        _jax_util.weakref_cache_key_types.add(cls)
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the JAX release
+        pass
 
 
 def ffi_lowering_aliased(target: str, aliases: Sequence[tuple[int, int]]) -> Any:

@@ -51,8 +51,8 @@ class Signature(Protocol):
     tangent_outs: tuple             # per forward result: does it get a tangent?
     prune_zero_tangents: bool       # tangent gets only the non-zero tangents (else zeros)
     vectorized: bool                # vmap: one call with a batch axis (else a loop)
-    cache: dict                     # per-signature cache (compiled eager calls)
 
+    def eager(self, role: str, args: Sequence[Any], nz: tuple) -> list | None: ...
     def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list: ...
     def rule(self, role: str) -> str | None: ...            # "native" | "traced" | None
     def traced(self, role: str, nz: tuple) -> Callable[..., list]: ...
@@ -120,21 +120,19 @@ class Pair:
         over the same mesh axes)."""
         return self.forward.bind(*join_varying(list(args)), sig=sig)
 
-    # ---- eager evaluation: compiled, like JAX's own primitives
-    def _eager(self, prim: Primitive, *args: Any, **params: Any) -> Any:
-        """Compile the primitive once per signature and run it, so eager calls take the
-        same lowering path as traced ones. Under `jax.disable_jit()` too (else `jit`
-        would call this `impl` again, for ever). A host function's exception that
-        crossed XLA as a status (it ran on a worker thread) is re-raised as itself."""
-        sig = params["sig"]
-        key = (self.role[prim], params.get("nz"))
-        fn = sig.cache.get(key)
-        if fn is None:
-            fn = jax.jit(lambda *xs: prim.bind(*xs, **params))
-            sig.cache[key] = fn
+    # ---- eager evaluation
+    def _eager(self, prim: Primitive, *args: Any, sig: Signature, nz: tuple | None = None
+               ) -> Any:
+        """Run the signature's own eager path if it has one (host functions run
+        directly), else compile the primitive like JAX's own eager primitives -- under
+        `jax.disable_jit()` too, or `jit` would call this `impl` again, for ever. A host
+        function's exception that crossed XLA as a status is re-raised as itself."""
+        direct = sig.eager(self.role[prim], args, nz or ())
+        if direct is not None:
+            return direct
         with jax.disable_jit(False):
             try:
-                return fn(*args)
+                return _compiled(prim, sig, nz, *args)
             except Exception as err:  # noqa: BLE001 - re-raised unless it carries a failure
                 original = original_exception(err)
                 if original is None:
@@ -245,6 +243,14 @@ class Pair:
 
             outs = jax.lax.map(one, batched)
         return list(outs), [0] * len(outs)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _compiled(prim: Primitive, sig: Signature, nz: tuple | None, *args: Any) -> Any:
+    # One jitted function for every eager call: JAX's cache (bounded, and emptied by
+    # jax.clear_caches) holds the signature, which a per-signature jitted function
+    # would keep alive for ever (its traced jaxpr refers back to it).
+    return prim.bind(*args, sig=sig, **({} if nz is None else {"nz": nz}))
 
 
 def make_pair(prefix: str) -> Pair:

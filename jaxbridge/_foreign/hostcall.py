@@ -217,6 +217,17 @@ class HostCallable:
             f"XLA's buffers, valid only during the call: copy what you keep "
             f"(np.array(x)). From now on this function gets copies of its inputs (slower).")
 
+    # -- eager calls: arrays in, arrays out, on the calling thread
+    def run_eagerly(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        """Run the host computation directly (exceptions propagate as themselves)."""
+        outs = tuple(np.empty(a.shape, a.dtype) for a in self.out_avals)
+        try:
+            self.fill(tuple(np.asarray(a) for a in arrays), outs)
+        except BaseException as exc:
+            self.annotate(exc)
+            raise
+        return outs
+
     # -- jax.pure_callback protocol
     def call_pure(self, *arrays: Any) -> tuple[np.ndarray, ...]:
         """`jax.pure_callback` turns any exception into a runtime error string, so the
@@ -239,6 +250,14 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
     cannot be split, in a computation partitioned over several devices, would have
     its inputs gathered: that is an error unless `on_mesh="replicate"` allows it.
     """
+    if jaxapi.is_exporting(ctx):
+        raise BackendError(
+            f"jaxbridge: the {target.what} of foreign function {target.name!r} cannot be "
+            f"exported with jax.export: it calls Python in this process (the compiled "
+            f"program refers to the function by an in-process id), and an exported artifact "
+            f"must run elsewhere. Export the JAX parts around it, or write the computation "
+            f"as a C++ kernel (jaxbridge.kernel / jaxbridge.cpp.load), which exports with "
+            f"disabled_checks=kernel.export_checks().")
     if backend == "auto":
         backend = default_backend()
     use_native = backend != "pure_callback" and platform in native_platforms()

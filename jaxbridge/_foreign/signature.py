@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._core.jaxapi import hold_weakly_in_jax_caches
 from ..errors import MissingRuleError, describe
 from . import runners
 from .hostcall import CopyPolicy, HostCallable, lower_host_call
@@ -90,7 +91,6 @@ class CallSignature:
         self.tangent_outs = self.diff_out + (False,) * len(res_avals)
         self.prune_zero_tangents = not defn.linear
         self.vectorized = defn.vmap == "vectorized"
-        self.cache: dict = {}
         self._callables: dict[Any, HostCallable] = {}
         self._batched: dict[int, CallSignature] = {}
         self.kwargs = dict(statics)
@@ -174,6 +174,21 @@ class CallSignature:
         return out, jax.tree_util.tree_unflatten(self.res_tree, list(out_leaves[self.n_out:]))
 
     # ---- the derivative pair (jaxbridge._core.pair.Signature)
+    def eager(self, role: str, args: Sequence[Any], nz: tuple) -> list | None:
+        """Eager calls run the host code directly on the host (no XLA program: faster,
+        and nothing for JAX to cache); arrays sharded over several devices take the
+        compiled path, which splits or refuses the call as under `jit`."""
+        devices = set()
+        for a in args:
+            if isinstance(a, jax.Array):
+                devices |= a.devices()
+        if len(devices) > 1:
+            return None
+        target = self.host_callable(role, nz)
+        outs = target.run_eagerly(args)
+        device = next(iter(devices), None)
+        return [jax.device_put(o, device) for o in outs]
+
     def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list:
         return [] if self.defn.linear else [*primals, *outs]
 
@@ -246,3 +261,6 @@ class CallSignature:
             target = HostCallable(fill, avals, self.name, what, self.defn.copy_policy(role))
             self._callables[key] = target
         return target
+
+
+hold_weakly_in_jax_caches(CallSignature)

@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.jaxapi import ShapedArray, auto_partitioned_devices, ffi_lowering_aliased
+from .._core.jaxapi import (ShapedArray, auto_partitioned_devices, ffi_lowering_aliased,
+                            hold_weakly_in_jax_caches)
 from .._core.pair import make_pair
 from ..errors import KernelError, MissingRuleError, ShardingError, describe
 from .registry import check_name, is_registered, platform_key, register_target
@@ -124,7 +125,7 @@ class KernelSignature:
     """Hashable static description of one kernel call (`jaxbridge._core.pair.Signature`)."""
 
     __slots__ = ("kernel", "attrs", "in_avals", "out_avals", "nondiff", "diff_in",
-                 "tangent_outs", "cache", "_key", "_hash")
+                 "tangent_outs", "_key", "_hash", "__weakref__")
     prune_zero_tangents = False  # kernels take every differentiable tangent
 
     def __init__(self, kernel: Kernel, attrs: tuple, in_avals: tuple, out_avals: tuple,
@@ -134,7 +135,6 @@ class KernelSignature:
         self.diff_in = tuple(i not in nondiff and _inexact(a.dtype)
                              for i, a in enumerate(in_avals))
         self.tangent_outs = tuple(_inexact(a.dtype) for a in out_avals)
-        self.cache: dict = {}
         self._key = (id(kernel), attrs, in_avals, out_avals, nondiff)
         self._hash = hash(self._key)
 
@@ -162,6 +162,9 @@ class KernelSignature:
                                tuple(map(pre, self.out_avals)), self.nondiff)
 
     # ---- the derivative pair
+    def eager(self, role: str, args: Sequence[Any], nz: tuple) -> None:
+        return None  # compiled, like JAX's own primitives
+
     def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list:
         if self.kernel.linear:
             return []
@@ -250,6 +253,9 @@ class KernelSignature:
                 f"per shard on local data).")
         aliases = self.kernel.aliases.get(kernel_role, ())
         return ffi_lowering_aliased(target, aliases)(ctx, *args, **dict(self.attrs))
+
+
+hold_weakly_in_jax_caches(KernelSignature)
 
 
 # ----------------------------------------------------------------- the Kernel object
