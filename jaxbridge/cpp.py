@@ -444,8 +444,9 @@ class Library:
         return out
 
     def kernel(self, forward: Any, adjoint: Any = None, tangent: Any = None, *,
-               name: str | None = None, **kwargs: Any) -> Kernel:
-        """`jaxbridge.kernel` over this library's handlers, given by symbol name.
+               transpose: Any = None, name: str | None = None, **kwargs: Any) -> Kernel:
+        """`jaxbridge.kernel` over this library's handlers, given by symbol name
+        (``forward``, ``adjoint``, ``tangent`` and, for ``linear=True``, ``transpose``).
 
         Targets are registered with XLA under ``cpp.<library>.<name>_<role>``.
         """
@@ -454,6 +455,7 @@ class Library:
             name = re.sub(r"(_?(fwd|forward|Fwd|Forward))$", "", first) or first
         return kernel(self._capsules(forward, "forward"), self._capsules(adjoint, "adjoint"),
                       self._capsules(tangent, "tangent"), name=name,
+                      transpose=self._capsules(transpose, "transpose"),
                       namespace=f"cpp.{self.name}", **kwargs)
 
 
