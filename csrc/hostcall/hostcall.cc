@@ -34,6 +34,7 @@
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <array>
 #include <atomic>
@@ -148,6 +149,56 @@ void BeginShutdown(double timeout_seconds) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
+
+// ------------------------------------------------------------------ BLAS threads
+// NumPy's BLAS runs its own thread pool; inside a host call it competes with XLA's
+// threads for the same cores (a 256x256 matmul in a rule ran ~80x slower on 2 cores,
+// benchmarks/hostcall.py). While any host call runs, the process-wide BLAS thread
+// count is capped (default 1; JAXBRIDGE_HOST_BLAS_THREADS), then restored.
+struct BlasLibrary {
+  int (*get)() = nullptr;
+  void (*set)(int) = nullptr;
+  int saved = 0;
+};
+struct BlasLimiter {
+  std::mutex mu;
+  int limit = 0;  // 0: leave BLAS alone
+  int active = 0;
+  std::vector<BlasLibrary> libraries;
+};
+BlasLimiter& Blas() {
+  static auto* blas = new BlasLimiter();
+  return *blas;
+}
+
+class BlasCap {
+ public:
+  BlasCap() {
+    BlasLimiter& b = Blas();
+    if (b.limit <= 0) return;
+    std::lock_guard<std::mutex> lock(b.mu);
+    if (b.active++ == 0) {
+      for (BlasLibrary& lib : b.libraries) {
+        lib.saved = lib.get();
+        if (lib.saved > b.limit) lib.set(b.limit);
+      }
+    }
+    engaged_ = true;
+  }
+  ~BlasCap() {
+    if (!engaged_) return;
+    BlasLimiter& b = Blas();
+    std::lock_guard<std::mutex> lock(b.mu);
+    if (--b.active == 0) {
+      for (BlasLibrary& lib : b.libraries) {
+        if (lib.saved > b.limit) lib.set(lib.saved);
+      }
+    }
+  }
+
+ private:
+  bool engaged_ = false;
+};
 
 // ------------------------------------------------------------------ the GIL
 // Threads Python knows (the main thread, threading.Thread) use their own thread state.
@@ -548,6 +599,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
     PyObject* exc = nullptr;
     {
       py::tuple in_tuple = views.ins(), out_tuple = views.outs();
+      BlasCap blas;
       PyObject* result = PyObject_CallFunctionObjArgs(entry.fill, in_tuple.ptr(),
                                                       out_tuple.ptr(), nullptr);
       if (result == nullptr) {
@@ -732,6 +784,22 @@ PYBIND11_MODULE(_native, m) {
     if (exc == nullptr) return py::none();
     return py::reinterpret_steal<py::object>(exc);
   }, "The undelivered exception of this thread (used by the delivery class).");
+  m.def("set_blas_limit", [](int limit, const std::vector<std::pair<uintptr_t, uintptr_t>>& fns) {
+    BlasLimiter& b = Blas();
+    std::lock_guard<std::mutex> lock(b.mu);
+    if (b.active != 0) return false;  // host calls are running: try again later
+    b.limit = limit;
+    b.libraries.clear();
+    for (const auto& [get, set] : fns) {
+      BlasLibrary lib;
+      lib.get = reinterpret_cast<int (*)()>(get);
+      lib.set = reinterpret_cast<void (*)(int)>(set);
+      b.libraries.push_back(lib);
+    }
+    return true;
+  }, py::arg("limit"), py::arg("functions"),
+     "Cap BLAS threads at `limit` during host calls (0: never); `functions` are the "
+     "(get_num_threads, set_num_threads) addresses of each loaded BLAS library.");
   m.def("begin_shutdown", &BeginShutdown, py::arg("timeout_seconds"),
         "atexit: refuse new host calls and wait for those in flight.");
 #ifdef JAXBRIDGE_WITH_CUDA

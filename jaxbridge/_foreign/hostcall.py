@@ -84,6 +84,73 @@ if _native is not None:
     atexit.register(_native.begin_shutdown, SHUTDOWN_TIMEOUT_SECONDS)
 
 
+# ---- BLAS threads during host calls (see csrc/hostcall/hostcall.cc, BlasCap)
+# (get, set) symbol names of libraries whose thread count is process-wide and an int.
+_BLAS_SYMBOLS = {
+    "openblas": [("openblas_get_num_threads", "openblas_set_num_threads"),
+                 ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+                 ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
+                 ("openblas_get_num_threads64_", "openblas_set_num_threads64_")],
+    "mkl": [("MKL_Get_Max_Threads", "MKL_Set_Num_Threads")],
+}
+_blas_scan_modules = -1
+_blas_override: int | None = None
+
+
+def set_host_blas_threads(limit: int | None) -> None:
+    """Cap BLAS threads at `limit` during host calls (0: never; None: the environment's
+    setting). For benchmarks and tests; users set JAXBRIDGE_HOST_BLAS_THREADS."""
+    global _blas_override, _blas_scan_modules
+    _blas_override, _blas_scan_modules = limit, -1
+    refresh_blas_limit()
+
+
+def host_blas_threads() -> int:
+    """The BLAS thread cap during host calls: env JAXBRIDGE_HOST_BLAS_THREADS, default 1;
+    0 (or "unlimited") leaves BLAS's own setting alone."""
+    if _blas_override is not None:
+        return _blas_override
+    value = os.environ.get("JAXBRIDGE_HOST_BLAS_THREADS", "1").strip().lower()
+    if value in ("0", "unlimited", "none", ""):
+        return 0
+    try:
+        limit = int(value)
+    except ValueError:
+        raise ValueError(f"jaxbridge: environment variable JAXBRIDGE_HOST_BLAS_THREADS must be "
+                         f"a positive integer or 'unlimited', got {value!r}") from None
+    return max(limit, 0)
+
+
+def _blas_functions() -> list[tuple[int, int]]:
+    """(get, set) addresses of every loaded BLAS library's thread-count functions."""
+    try:
+        import ctypes
+
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return []
+    found = []
+    for lib in ThreadpoolController().lib_controllers:
+        for get, set_ in _BLAS_SYMBOLS.get(lib.internal_api, ()):
+            g, s = getattr(lib.dynlib, get, None), getattr(lib.dynlib, set_, None)
+            if g is not None and s is not None:
+                found.append((ctypes.cast(g, ctypes.c_void_p).value,
+                              ctypes.cast(s, ctypes.c_void_p).value))
+                break
+    return found
+
+
+def refresh_blas_limit() -> None:
+    """(Re)discover the loaded BLAS libraries when new modules were imported since the
+    last look (SciPy, say, brings its own); cheap otherwise."""
+    global _blas_scan_modules
+    if _native is None or len(sys.modules) == _blas_scan_modules:
+        return
+    limit = host_blas_threads()
+    if _native.set_blas_limit(limit, _blas_functions() if limit else []):
+        _blas_scan_modules = len(sys.modules)
+
+
 def _register_native_targets() -> set[str]:
     """Register the native handler with XLA once per process; return its platforms."""
     with _register_lock:
@@ -153,6 +220,7 @@ class HostCallable:
         self.what = what
         self.copy_policy = copy_policy if copy_policy is not None else CopyPolicy()
         self.id = next(_ids)
+        refresh_blas_limit()
         if _native is not None:
             _native.register_callback(self.id, fill, self)
             if self.copy_policy.copy:
