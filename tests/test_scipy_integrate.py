@@ -379,3 +379,45 @@ def test_fit_ode_example_runs():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout
+
+
+# ------------------------------------------------------------------ compiled stepping
+@pytest.mark.parametrize("method", ["RK23", "RK45", "DOP853"])
+def test_compiled_stepping_is_scipys_algorithm(method):
+    """stepping="compiled" runs SciPy's own tableau, step control, first step and dense
+    output: the same steps (nfev) and SciPy's values to rounding (at a tolerance where
+    rounding is not amplified by the step-size feedback)."""
+    p = (1.5, 1.0, 3.0, 1.0)
+    ts = np.linspace(0.3, 10.0, 25)
+    ref = scipy.integrate.solve_ivp(lv, (0, 10), [1.0, 1.0], method, ts, args=p, rtol=1e-8,
+                                    atol=1e-8)
+    assert ref.success, ref.message
+    for stepping in ("compiled", "scipy"):
+        ours = solve_ivp(lv, (0, 10), jnp.ones(2), method, ts, args=p, rtol=1e-8, atol=1e-8,
+                         stepping=stepping)
+        np.testing.assert_allclose(ours.y, ref.y, rtol=1e-11, atol=1e-13)
+        assert int(ours.nfev) == ref.nfev and bool(ours.success)
+    # options it implements, and the gradient (forward sensitivities, compiled too)
+    opts = dict(first_step=0.01, max_step=0.2)
+    ref = scipy.integrate.solve_ivp(lv, (0, 10), [1.0, 1.0], method, ts, args=p, rtol=1e-6,
+                                    atol=1e-8, **opts)
+    ours = solve_ivp(lv, (0, 10), jnp.ones(2), method, ts, args=p, rtol=1e-6, atol=1e-8,
+                     stepping="compiled", **opts)
+    assert int(ours.nfev) == ref.nfev
+    np.testing.assert_allclose(ours.y, ref.y, rtol=1e-9, atol=1e-12)
+
+    def L(q, stepping):
+        return jnp.sum(solve_ivp(lv, (0, 10), jnp.ones(2), method, ts, args=tuple(q),
+                                 rtol=1e-10, atol=1e-10, stepping=stepping).y ** 2)
+    q = jnp.array(p)
+    g_c = jax.jit(jax.grad(L), static_argnums=1)(q, "compiled")
+    g_s = jax.grad(L)(q, "scipy")
+    np.testing.assert_allclose(g_c, g_s, rtol=1e-8)
+    np.testing.assert_allclose(jax.jacfwd(L)(q, "compiled"), g_c, rtol=1e-8)
+
+
+def test_stepping_choice_errors():
+    with pytest.raises(ValueError, match=r"stepping must be one of"):
+        solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), stepping="fast")
+    with pytest.raises(ValueError, match=r"stepping='compiled' runs SciPy's explicit methods"):
+        solve_ivp(damped, (0.0, 3.0), Y0, "BDF", TE, args=(P,), stepping="compiled")
