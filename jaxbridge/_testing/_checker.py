@@ -8,7 +8,8 @@ independent reference (finite differences, the other rule, an eager loop) and re
 one `CheckResult` per (argument leaf, output leaf) pair.
 
 This module holds the set-up and the derivative checks; `_transforms` holds the
-checks of transformations (jit, vmap, export, ...); `_fd` the finite differences.
+checks of transformations (jit, vmap, export, ...), as functions of the `_Checker`;
+`_fd` the finite differences.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ForeignFunction
-from . import _diagnose
+from . import _diagnose, _transforms
 from ._fd import Derivative, complex_step, direction, element_scales, ridders
 from ._report import CHECKS, CheckOptions, CheckResult, RuleReport
-from ._transforms import TransformChecks
 
 _PY_NUMBERS = (bool, int, float, complex)
 
@@ -108,7 +108,7 @@ def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
     return ""
 
 
-class _Checker(TransformChecks):
+class _Checker:
     """One `check_rules` run: the flat view of the call plus every check."""
 
     def __init__(self, f: Callable[..., Any], args: tuple, static: dict, opts: CheckOptions):
@@ -117,7 +117,7 @@ class _Checker(TransformChecks):
         self.foreign = isinstance(f, ForeignFunction)
         self.rng = np.random.default_rng(opts.seed)
         self.results: list[CheckResult] = []
-        self.x64 = bool(jax.config.jax_enable_x64)
+        self.x64 = bool(jax.config.read("jax_enable_x64"))
 
         # ---- inputs: flat leaves with readable paths ----
         leaves, self.treedef = jax.tree_util.tree_flatten_with_path(tuple(args))
@@ -143,6 +143,10 @@ class _Checker(TransformChecks):
         self._complex_ok: dict[int, bool] = {}
 
     def _arg_names(self, n: int) -> list[str]:
+        declared = getattr(self.f, "arg_names", None)  # e.g. a kernel's arg_names=
+        if isinstance(declared, (tuple, list)) and len(declared) >= n and \
+                all(isinstance(a, str) for a in declared):
+            return list(declared[:n])
         try:
             params = list(inspect.signature(self.f).parameters.values())
         except (TypeError, ValueError):
@@ -286,7 +290,7 @@ class _Checker(TransformChecks):
         self._modes()
         self._precision()
 
-        steps = {
+        steps: dict[str, Callable[[], None]] = {
             "output_shapes": self.check_output_shapes,
             "cotangent_shapes": self.check_cotangent_shapes,
             "tangent_shapes": self.check_tangent_shapes,
@@ -297,14 +301,14 @@ class _Checker(TransformChecks):
             "jvp_jacobian": self.check_jvp_jacobian,
             "jvp_vjp_consistency": self.check_consistency,
             "symbolic_zeros": self.check_symbolic_zeros,
-            "jit": self.check_jit,
-            "vmap": self.check_vmap,
-            "batched_grad": self.check_batched_grad,
-            "deterministic": self.check_deterministic,
-            "no_retrace": self.check_no_retrace,
-            "export": self.check_export,
+            "jit": functools.partial(_transforms.check_jit, self),
+            "vmap": functools.partial(_transforms.check_vmap, self),
+            "batched_grad": functools.partial(_transforms.check_batched_grad, self),
+            "deterministic": functools.partial(_transforms.check_deterministic, self),
+            "no_retrace": functools.partial(_transforms.check_no_retrace, self),
+            "export": functools.partial(_transforms.check_export, self),
             "second_order": self.check_second_order,
-            "inputs_unchanged": self.check_inputs_unchanged,
+            "inputs_unchanged": functools.partial(_transforms.check_inputs_unchanged, self),
         }
         assert tuple(steps) == CHECKS
         for name, step in steps.items():
@@ -320,7 +324,7 @@ class _Checker(TransformChecks):
         """Which of forward / reverse mode the function supports."""
         self.fwd_reason = self.rev_reason = ""
         if self.foreign:
-            vjp, jvp = self.f.vjp_rule, self.f.jvp_rule
+            vjp, jvp = getattr(self.f, "vjp_rule", None), getattr(self.f, "jvp_rule", None)
             if jvp is None:
                 self.fwd_reason = "no forward rule (the foreign function has no defjvp)"
             if vjp is None and (jvp is None or jvp.kind != "jax"):
@@ -492,6 +496,12 @@ class _Checker(TransformChecks):
 
     def _olabel(self, o: int) -> str:
         return self.out_labels[self.dout[o]]
+
+    def _jlabels(self) -> list[str]:
+        return [self._jlabel(j) for j in range(len(self.diff))]
+
+    def _olabels(self) -> list[str]:
+        return [self._olabel(o) for o in range(len(self.dout))]
 
     def _transpose_of(self, j: int, c: np.ndarray) -> np.ndarray | None:
         return c.T if c.ndim == 2 and c.shape[0] == c.shape[1] and c.shape[0] > 1 else None
@@ -754,8 +764,9 @@ class _Checker(TransformChecks):
         if self.fwd:
             for j in range(len(self.diff)):
                 t = self.directions()[0][j]
-                self.guarded(name, lambda: J["jvp_leaf"](j, self.work, t), self._jlabel(j), "*",
-                             note="jvp with a tangent on this input only", record_pass=True)
+                self.guarded(name, functools.partial(J["jvp_leaf"], j, self.work, t),
+                             self._jlabel(j), "*", note="jvp with a tangent on this input only",
+                             record_pass=True)
             z = [np.zeros_like(np.asarray(self.work[i])) for i in self.diff]
             outs = J["jvp_all"](self.work, z)
             for o, v in enumerate(outs):
@@ -764,7 +775,7 @@ class _Checker(TransformChecks):
         if self.rev:
             for o in range(len(self.dout)):
                 ct = self.cotangents()[0][o]
-                self.guarded(name, lambda: J["vjp_out"](o, self.work, ct), "*",
+                self.guarded(name, functools.partial(J["vjp_out"], o, self.work, ct), "*",
                              self._olabel(o), note="vjp with a cotangent on this output only",
                              record_pass=True)
             z = [np.zeros_like(np.asarray(v)) for v in self.outs_work]
@@ -810,9 +821,10 @@ class _Checker(TransformChecks):
         gots, refs, errs = [], [], []
         for t in self.directions():
             gots.append([np.asarray(v) for v in hvp(x, t)])
-            d = ridders(lambda h, t=t: grad([(xi + h * ti).astype(xi.dtype)
-                                             for xi, ti in zip(x, t)]),
-                        self.h0, self.eps_mach, self.nondet)
+            def grad_at(h: float, t: list = t) -> list:
+                return grad([(xi + h * ti).astype(xi.dtype) for xi, ti in zip(x, t)])
+
+            d = ridders(grad_at, self.h0, self.eps_mach, self.nondet)
             refs.append(d.value)
             errs.append(d.error)
         for j in range(len(self.diff)):

@@ -60,6 +60,7 @@ def arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = -2.
             arrays(part, s, min_value=min_value, max_value=max_value),
             arrays(part, s, min_value=min_value, max_value=max_value)).map(
                 lambda ri: (ri[0] + 1j * ri[1]).astype(dtype)))
+    elements: st.SearchStrategy[Any]
     if np.issubdtype(dtype, np.integer):
         elements = st.integers(int(min_value), int(max_value))
     elif dtype == np.bool_:
@@ -101,7 +102,8 @@ def array_tuples(n: int, dtype: Any = np.float64, *, shape: Any = None,
     """`n` arrays, all of one random shape (or each its own with ``same_shape=False``).
 
     Example:
-        >>> array_tuples(2).example()[0].shape == array_tuples(2).example()[1].shape  # doctest: +SKIP
+        >>> a, b = array_tuples(2).example()  # doctest: +SKIP
+        >>> a.shape == b.shape  # doctest: +SKIP
         True
     """
     shape = shapes() if shape is None else shape
