@@ -7,7 +7,9 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
    ours (SciPy BDF + continuous adjoint) vs diffrax Kvaerno5 vs diffrax Tsit5
    (non-stiff). Reference: central finite differences of SciPy Radau at rtol 1e-12.
 2. Lotka-Volterra (non-stiff), gradient w.r.t. its 4 parameters and y0: ours
-   (SciPy DOP853 / RK45) vs diffrax Tsit5 (RecursiveCheckpointAdjoint).
+   (SciPy RK45 / DOP853 with the step loop compiled, `stepping="compiled"`, the default;
+   and SciPy's own Python loop, `stepping="scipy"`, and LSODA) vs diffrax Tsit5
+   (RecursiveCheckpointAdjoint and BacksolveAdjoint), in one run.
    Reference: diffrax Dopri8 at rtol 1e-12.
 3. 2-D Poisson, 5-point stencil, ~1e5 unknowns, gradient w.r.t. b and the matrix's
    nonzeros: ours (`spsolve`, one SuperLU factorization for both solves) vs
@@ -156,11 +158,13 @@ def lotka_bench():
             (0, 1))
         ref = np.concatenate(ref_f(p, y0))
 
-    for method in ("DOP853", "RK45"):
-        f = jax.jit(jax.value_and_grad(lambda p, y0, method=method: loss_of(solve_ivp(
-            lotka, (0.0, 30.0), y0, method, te, args=(p,), rtol=1e-8, atol=1e-8).y.T), (0, 1)))
+    for method, stepping in (("RK45", "compiled"), ("DOP853", "compiled"), ("RK45", "scipy"),
+                             ("DOP853", "scipy"), ("LSODA", "scipy")):
+        f = jax.jit(jax.value_and_grad(lambda p, y0, method=method, stepping=stepping: loss_of(
+            solve_ivp(lotka, (0.0, 30.0), y0, method, te, args=(p,), rtol=1e-8, atol=1e-8,
+                      stepping=stepping).y.T), (0, 1)))
         s, (_, g) = bench(f, p, y0)
-        row("Lotka-Volterra", f"jaxbridge solve_ivp {method} rtol=1e-8", s,
+        row("Lotka-Volterra", f"jaxbridge solve_ivp {method} stepping={stepping} rtol=1e-8", s,
             rel_err(np.concatenate(g), ref))
     if diffrax is None:
         row("Lotka-Volterra", "diffrax (not installed)", None, "skipped")
@@ -228,7 +232,11 @@ def poisson_bench(m=316):
 
 def main():
     t0 = time.time()
-    print(f"jax {jax.__version__}, diffrax {getattr(diffrax, '__version__', 'not installed')}, "
+    import platform
+    import scipy
+    print(f"{time.strftime('%Y-%m-%d')}, {platform.machine()} ({platform.processor() or '?'}), "
+          f"Python {platform.python_version()}, jax {jax.__version__}, scipy {scipy.__version__}, "
+          f"numpy {np.__version__}, diffrax {getattr(diffrax, '__version__', 'not installed')}, "
           f"device {jax.devices()[0].platform}")
     robertson_bench()
     lotka_bench()

@@ -170,7 +170,7 @@ class Result(Mapping):
     _fields: ClassVar[tuple[str, ...]] = ()
     _messages: ClassVar[dict[int, str]] = {}
 
-    def __init__(self, **fields: Any):
+    def __init__(self, **fields: Any) -> None:
         unknown = set(fields) - set(self._fields)
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown fields {sorted(unknown)}")

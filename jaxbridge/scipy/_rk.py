@@ -86,7 +86,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
     direction = jnp.where(t_bound >= t0, 1.0, -1.0)
     atol = jnp.broadcast_to(atol, (n,))
 
-    def f(t, y):
+    def f(t: Any, y: Any) -> Any:
         return fun(t, y)
 
     # --- SciPy's select_initial_step
@@ -109,7 +109,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
     else:
         h_abs = jnp.asarray(first_step, y0.dtype)
 
-    def stages(t, y, fy, h):
+    def stages(t: Any, y: Any, fy: Any, h: Any) -> Any:
         K = [fy]
         for s in range(1, S):
             dy = sum(K[j] * A[s, j] for j in range(s)) * h
@@ -118,7 +118,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
         f_new = f(t + h, y_new)
         return jnp.stack(K + [f_new]), y_new, f_new
 
-    def error_norm(K, h, scale):
+    def error_norm(K: Any, h: Any, scale: Any) -> Any:
         if method == "DOP853":
             err5 = (K.T @ jnp.asarray(tab["E5"])) / scale
             err3 = (K.T @ jnp.asarray(tab["E3"])) / scale
@@ -128,7 +128,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
             return jnp.where((e5 == 0) & (e3 == 0), 0.0, value)
         return _rms((K.T @ jnp.asarray(tab["E"])) * h / scale)
 
-    def dense(t_old, y_old, y_new, f_new, K, h, ts):
+    def dense(t_old: Any, y_old: Any, y_new: Any, f_new: Any, K: Any, h: Any, ts: Any) -> Any:
         """The step's interpolant at times `ts` (T,): (T, n); DOP853 adds 3 stages."""
         x = (ts - t_old) / h
         if method != "DOP853":
@@ -150,7 +150,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
             y = y * (x[:, None] if i % 2 == 0 else (1 - x)[:, None])
         return y + y_old[None, :], jnp.asarray(AX.shape[0], jnp.int32)
 
-    def attempt(state):
+    def attempt(state: Any) -> Any:
         t, y, fy, h_abs, rejected, ys, done_eval, nfev, status = state
         min_step = 10 * jnp.abs(jnp.nextafter(t, direction * jnp.inf) - t)
         clamped = jnp.where(h_abs > max_step, max_step, jnp.where(h_abs < min_step, min_step,
@@ -174,7 +174,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
         # outputs at the t_eval points this step covers (SciPy's searchsorted rule)
         covers = accepted & ~done_eval & (direction * (t_eval - t_new) <= 0)
 
-        def fill(ys):
+        def fill(ys: Any) -> Any:
             values, extra = dense(t, y, y_new, f_new, K, h, t_eval)
             return jnp.where(covers[:, None], values, ys), extra
 

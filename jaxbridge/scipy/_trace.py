@@ -36,7 +36,7 @@ class _Identity:
 
     __slots__ = ("obj",)
 
-    def __init__(self, obj: Any):
+    def __init__(self, obj: Any) -> None:
         self.obj = obj
 
     def __eq__(self, other: object) -> bool:
@@ -109,7 +109,7 @@ class HostFun:
     __slots__ = ("name", "jaxpr", "out_tree", "n_args_ops", "diff", "_key", "_hash",
                  "__weakref__")
 
-    def __init__(self, name: str, jaxpr: Jaxpr, out_tree: Any, n_args_ops: int):
+    def __init__(self, name: str, jaxpr: Jaxpr, out_tree: Any, n_args_ops: int) -> None:
         self.name = name
         self.jaxpr = jaxpr
         self.out_tree = out_tree

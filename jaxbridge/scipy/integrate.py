@@ -90,7 +90,7 @@ class _Ode:
     """
 
     def __init__(self, fun: HostFun, jac: HostFun | bool | None, shape: tuple, ydtype: Any,
-                 tdtype: Any, params: tuple, fixed: tuple, jac_ops: tuple):
+                 tdtype: Any, params: tuple, fixed: tuple, jac_ops: tuple) -> None:
         self.shape = tuple(shape)
         self.n = int(np.prod(self.shape, dtype=int))
         self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
@@ -100,39 +100,39 @@ class _Ode:
         shape_, n = self.shape, self.n  # (the compiled functions must not hold `self`)
 
         # Every host function takes the fixed operands `fx` first (see __call__).
-        def f(fx, t, y, p):
+        def f(fx: Any, t: Any, y: Any, p: Any) -> Any:
             out = fun(fun.merge(p, fx), t.astype(tdtype), y.reshape(shape_).astype(ydtype))
             return jnp.ravel(out).astype(y.dtype)
 
-        def jac_y(fx, jo, t, y, p):
+        def jac_y(fx: Any, jo: Any, t: Any, y: Any, p: Any) -> Any:
             if isinstance(jac, HostFun):
                 n = y.size
                 out = jac(jo, t.astype(tdtype), y.reshape(shape_).astype(ydtype))
                 return jnp.reshape(out, (n, n)).astype(y.dtype)
             return jax.jacfwd(f, argnums=2)(fx, t, y, p)
 
-        def adj(fx, t, y, a, p):
+        def adj(fx: Any, t: Any, y: Any, a: Any, p: Any) -> Any:
             _, pullback = jax.vjp(lambda y, p: f(fx, t, y, p), y, p)
             ay, ap = pullback(a)
             return jnp.concatenate([-ay, -jnp_ravel(ap)])
 
-        def adj_jac(fx, t, y, p):
+        def adj_jac(fx: Any, t: Any, y: Any, p: Any) -> Any:
             flat, unravel = ravel_pytree(p)
             jy = jax.jacfwd(f, argnums=2)(fx, t, y, p)
             jp = jax.jacfwd(lambda q: f(fx, t, y, unravel(q)))(flat).reshape(y.size, -1)
             return -jy.T, -jp.T
 
-        def sens(fx, t, z, p, dp):
+        def sens(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
             # z = [y, vec(S)] with S (n, K); dp (P, K): the parameter directions.
             y, S = z[:n], z[n:].reshape(n, -1)
             flat, unravel = ravel_pytree(p)
 
-            def column(s, d):
+            def column(s: Any, d: Any) -> Any:
                 return jax.jvp(lambda y, q: f(fx, t, y, unravel(q)), (y, flat), (s, d))[1]
             dS = jax.vmap(column, in_axes=1, out_axes=1)(S, dp.astype(flat.dtype))
             return jnp.concatenate([f(fx, t, y, p), jnp.ravel(dS)])
 
-        def sens_jac(fx, t, z, p, dp):
+        def sens_jac(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
             return jax.jacfwd(sens, argnums=2)(fx, t, z, p, dp)
 
         roles = {"f": f, "jac": jac_y, "adj": adj, "adj_jac": adj_jac, "sens": sens,
@@ -168,7 +168,7 @@ class _Ode:
             g = self._roles[role]
 
             def make() -> Callable[..., Any]:
-                def run(fx, t0, z0, t1, t_eval, atol, p, *extra):
+                def run(fx: Any, t0: Any, z0: Any, t1: Any, t_eval: Any, atol: Any, p: Any, *extra: Any) -> Any:
                     return _rk.solve(method, lambda t, z: g(fx, t, z, p, *extra), t0, z0, t1,
                                      t_eval, rt, atol, opts.get("max_step", np.inf),
                                      opts.get("first_step"))
@@ -187,8 +187,8 @@ class _Ode:
             lambda t, z: f64(self(role, t, z, self.params, *extra)), (t0, t1), z0,
             method=method, t_eval=t_eval, rtol=rtol, atol=atol, **kw, **dict(options))
 
-    def sensitivities(self, t0, y0, t1, t_eval, S0, dp, *, method, rtol, atol, sens_rtol,
-                      sens_atol, jac, options, stepping):
+    def sensitivities(self, t0: Any, y0: Any, t1: Any, t_eval: Any, S0: Any, dp: Any, *, method: str, rtol: Any, atol: Any, sens_rtol: Any,
+                      sens_atol: Any, jac: Any, options: tuple, stepping: str) -> Any:
         """`S(t_i)` (T, n, K) of `S' = f_y S + f_p dp`, `S(t0) = S0` (n, K); dp (P, K).
 
         Returns `(S, None)`, or `(None, SciPy's message)` when the solve fails.
@@ -211,25 +211,25 @@ class _Ode:
         return sol.y[n:].T.reshape(T, n, K), None
 
 
-def _ivp_result(t0, t1, y0, t_eval, params, fixed, jac_ops, **_):
+def _ivp_result(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, **_: Any) -> Any:
     return (jax.ShapeDtypeStruct((t_eval.shape[0], *y0.shape), y0.dtype),
             jax.ShapeDtypeStruct((4,), jnp.int32))  # status, nfev, njev, nlu
 
 
-def _fail(name, method, message, on_failure):
+def _fail(name: str, method: str, message: str, on_failure: str) -> Any:
     if on_failure == "raise":
         raise failure(name, f"solve_ivp(method={method!r}): {message}")
 
 
-def _ode(primals, fun, jac):
+def _ode(primals: tuple, fun: Any, jac: Any) -> Any:
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     return _Ode(fun, jac, y0.shape, y0.dtype, np.asarray(t_eval).dtype, params, fixed,
                 jac_ops)
 
 
 @_foreign.foreign(_ivp_result)
-def _ivp(t0, t1, y0, t_eval, params, fixed, jac_ops, *, fun, jac, method, rtol, atol,
-         adjoint_rtol, adjoint_atol, sensitivity, on_failure, options, stepping):
+def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, *, fun: Any, jac: Any, method: str, rtol: Any, atol: Any,
+         adjoint_rtol: Any, adjoint_atol: Any, sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
     """The forward solve: y(t_eval) of y' = fun(t, y), y(t0) = y0, on [t0, t1]."""
     t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
     T = t_eval.shape[0]
@@ -254,8 +254,8 @@ def _ivp(t0, t1, y0, t_eval, params, fixed, jac_ops, *, fun, jac, method, rtol, 
 
 
 @_ivp.defvjp
-def _ivp_vjp(primals, out, ct, *, fun, jac, method, rtol, atol, adjoint_rtol, adjoint_atol,
-             sensitivity, on_failure, options, stepping):
+def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, jac: Any, method: str, rtol: Any, atol: Any, adjoint_rtol: Any, adjoint_atol: Any,
+             sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
     """Reverse mode: forward sensitivities, or the continuous adjoint with checkpoints
     at the evaluation times (`sensitivity`; see the module docstring)."""
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
@@ -310,12 +310,12 @@ def _ivp_vjp(primals, out, ct, *, fun, jac, method, rtol, atol, adjoint_rtol, ad
                 return _ivp_vjp_nan(primals)
             y_of = fwd.sol
 
-            def rhs(t, z, y_of=y_of):
+            def rhs(t: Any, z: Any, y_of: Any = y_of) -> Any:
                 return f64(ode("adj", t, y_of(t), z[:n], ode.params))
 
             kw = {}
             if implicit and jac is not False:
-                def adj_jac(t, z, y_of=y_of):
+                def adj_jac(t: Any, z: Any, y_of: Any = y_of) -> Any:
                     jy, jp = ode("adj_jac", t, y_of(t), ode.params)
                     jy, jp = f64(jy), f64(jp)
                     if P > _SPARSE_ADJOINT_JAC and method != "LSODA":
@@ -338,7 +338,7 @@ def _ivp_vjp(primals, out, ct, *, fun, jac, method, rtol, atol, adjoint_rtol, ad
         return _ivp_cotangents(primals, ode, a, t_bar, mu)
 
 
-def _ivp_cotangents(primals, ode, a, t_bar, mu, zero_t0=False):
+def _ivp_cotangents(primals: tuple, ode: Any, a: Any, t_bar: Any, mu: Any, zero_t0: Any = False) -> Any:
     """Cotangents of (t0, t1, y0, t_eval, params, fixed, jac_ops) from a = dL/dy0,
     t_bar = dL/dt_eval and mu = dL/dparams (flat)."""
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
@@ -349,14 +349,14 @@ def _ivp_cotangents(primals, ode, a, t_bar, mu, zero_t0=False):
             np_unravel(mu, params), None, None)
 
 
-def _ivp_vjp_nan(primals):
+def _ivp_vjp_nan(primals: tuple) -> Any:
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     return (*nan_like((t0, None, y0, t_eval, params)), None, None)
 
 
 @_ivp.defjvp
-def _ivp_jvp(primals, out, tangents, *, fun, jac, method, rtol, atol, adjoint_rtol,
-             adjoint_atol, sensitivity, on_failure, options, stepping):
+def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, jac: Any, method: str, rtol: Any, atol: Any, adjoint_rtol: Any,
+             adjoint_atol: Any, sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
     """Forward sensitivities: (y, s)' = (f, df/dy s + df/dp dp), s(t0) = dy0 - f dt0."""
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     dt0, _, dy0, dt_eval, dparams, _, _ = tangents
@@ -399,7 +399,7 @@ def _sensitivity_choice(sensitivity: str, n: int, P: int) -> str:
     return sensitivity
 
 
-def _check_method(method: Any, name: str) -> None:
+def _check_method(method: str, name: str) -> None:
     if isinstance(method, str) and method in METHODS:
         return
     if not isinstance(method, str) and (hasattr(method, "shape") or
@@ -418,7 +418,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
               atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
               adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
               sensitivity: str = "auto", stepping: str = "auto", on_failure: str = "raise",
-              **options: Any) -> OdeResult:
+              **options: tuple) -> OdeResult:
     """`scipy.integrate.solve_ivp`, differentiable in y0, args, closed-over arrays, t0, t_eval.
 
     Same signature, defaults and `args` convention as SciPy: `fun(t, y, *args)`.
@@ -573,18 +573,18 @@ def _check_out(hf: HostFun, like: jax.Array, name: str, what: str, shape: tuple 
 
 # =================================================================== quad
 class _Integrand:
-    def __init__(self, fun: HostFun, xdtype: Any, params: tuple, fixed: tuple):
+    def __init__(self, fun: HostFun, xdtype: Any, params: tuple, fixed: tuple) -> None:
         key = (fun, np.dtype(xdtype))
         self.params, self.fixed = params, fixed
 
-        def f(fx, x, p):
+        def f(fx: Any, x: Any, p: Any) -> Any:
             return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(
                 jnp.result_type(float))
 
-        def df_dp(fx, x, p):
+        def df_dp(fx: Any, x: Any, p: Any) -> Any:
             return jnp_ravel(jax.grad(f, argnums=2)(fx, x, p))
 
-        def jvp_p(fx, x, p, dp):
+        def jvp_p(fx: Any, x: Any, p: Any, dp: Any) -> Any:
             return jax.jvp(lambda q: f(fx, x, q), (p,), (dp,))[1]
 
         self._f = host_jit(key + ("f",), lambda: f)
@@ -601,12 +601,12 @@ class _Integrand:
         return float(self._jvp(self.fixed, x, self.params, dp))
 
 
-def _quad_result(a, b, params, fixed, **_):
+def _quad_result(a: Any, b: Any, params: Any, fixed: Any, **_: Any) -> Any:
     dtype = jnp.result_type(a.dtype, b.dtype)
     return jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((), dtype)
 
 
-def _quad_run(integrand, a, b, options, on_failure, what):
+def _quad_run(integrand: Any, a: Any, b: Any, options: tuple, on_failure: str, what: str) -> Any:
     res = scipy.integrate.quad(integrand, a, b, full_output=1, **dict(options))
     if len(res) > 3:  # SciPy appends a message when ier != 0
         if on_failure == "raise":
@@ -616,7 +616,7 @@ def _quad_run(integrand, a, b, options, on_failure, what):
 
 
 @_foreign.foreign(_quad_result)
-def _quad(a, b, params, fixed, *, fun, options, on_failure):
+def _quad(a: Any, b: Any, params: Any, fixed: Any, *, fun: Any, options: tuple, on_failure: str) -> Any:
     dtype = np.result_type(a.dtype, b.dtype)
     with on_cpu():
         q = _Integrand(fun, a.dtype, params, fixed)
@@ -624,12 +624,12 @@ def _quad(a, b, params, fixed, *, fun, options, on_failure):
     return np.asarray(val, dtype), np.asarray(err, dtype)
 
 
-def _f_at(q, x):
+def _f_at(q: Any, x: Any) -> Any:
     return 0.0 if np.isinf(x) else q.f(float(x))
 
 
 @_quad.defvjp
-def _quad_vjp(primals, out, ct, *, fun, options, on_failure):
+def _quad_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, options: tuple, on_failure: str) -> Any:
     a, b, params, fixed = primals
     ct_val, ct_err = float(ct[0]), float(ct[1])
     if not np.isfinite(out[0]) or ct_err != 0.0:  # failure, or abserr differentiated
@@ -651,7 +651,7 @@ def _quad_vjp(primals, out, ct, *, fun, options, on_failure):
 
 
 @_quad.defjvp
-def _quad_jvp(primals, out, tangents, *, fun, options, on_failure):
+def _quad_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, options: tuple, on_failure: str) -> Any:
     a, b, params, fixed = primals
     da, db, dparams, _ = tangents
     nan = np.asarray(np.nan, out[0].dtype)

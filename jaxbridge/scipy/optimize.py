@@ -95,20 +95,20 @@ class _Problem:
 
     def __init__(self, kind: str, fun: HostFun, jac: Any, shape: tuple, xdtype: Any,
                  params: tuple, fixed: tuple, jac_ops: tuple, loss: str = "linear",
-                 f_scale: float = 1.0):
+                 f_scale: float = 1.0) -> None:
         self.shape = tuple(shape)
         self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
         key = (kind, fun, jac, self.shape, np.dtype(xdtype), loss, f_scale)
         shape_ = self.shape
 
-        def F(fx, x, p):  # root: residual; minimize: objective; lsq: residuals
+        def F(fx: Any, x: Any, p: Any) -> Any:  # root: residual; minimize: objective; lsq: residuals
             out = fun(fun.merge(p, fx), x.reshape(shape_).astype(xdtype))
             if isinstance(out, tuple):  # minimize(jac=True): (f, g)
                 out = out[0]
             return jnp.ravel(out).astype(x.dtype) if kind != "minimize" else \
                 jnp.asarray(out).astype(x.dtype)
 
-        def cost(fx, x, p):
+        def cost(fx: Any, x: Any, p: Any) -> Any:
             r = F(fx, x, p) / f_scale
             return 0.5 * f_scale ** 2 * jnp.sum(_rho(loss, r * r))
 
@@ -119,23 +119,23 @@ class _Problem:
         else:
             G = jax.grad(cost, argnums=1)
 
-        def G_jac(fx, jo, x, p):
+        def G_jac(fx: Any, jo: Any, x: Any, p: Any) -> Any:
             if kind == "root" and isinstance(jac, HostFun):
                 out = jac(jo, x.reshape(shape_).astype(xdtype))
                 return jnp.reshape(out, (x.size, x.size)).astype(x.dtype)
             return jax.jacfwd(G, argnums=1)(fx, x, p)
 
-        def user_grad(fx, jo, x, p):  # minimize: the gradient the optimizer uses
+        def user_grad(fx: Any, jo: Any, x: Any, p: Any) -> Any:  # minimize: the gradient the optimizer uses
             if jac is True:
                 return jnp.ravel(fun(fun.merge(p, fx), x.reshape(shape_).astype(xdtype))[1])
             if isinstance(jac, HostFun):
                 return jnp.ravel(jac(jo, x.reshape(shape_).astype(xdtype))).astype(x.dtype)
             return G(fx, x, p)
 
-        def value_and_grad(fx, jo, x, p):
+        def value_and_grad(fx: Any, jo: Any, x: Any, p: Any) -> Any:
             return F(fx, x, p), user_grad(fx, jo, x, p)
 
-        def lsq_jac(fx, jo, x, p):
+        def lsq_jac(fx: Any, jo: Any, x: Any, p: Any) -> Any:
             if isinstance(jac, HostFun):
                 out = jac(jo, x.reshape(shape_).astype(xdtype))
                 return jnp.reshape(out, (-1, x.size)).astype(x.dtype)
@@ -181,7 +181,7 @@ class _Problem:
             return z
         role = "G_vjp_x" if transpose else "G_jvp_x"
 
-        def matvec(v):
+        def matvec(v: Any) -> Any:
             full = np.zeros(x.size)
             full[free] = v
             return self(role, x, full)[free]
@@ -207,28 +207,28 @@ def _stats(sol: Any) -> np.ndarray:
                      _count(sol, "njev"), _count(sol, "nit")], np.int32)
 
 
-def _result(x0, lb, ub, params, fixed, jac_ops, *, kind, **_):
+def _result(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *, kind: str, **_: Any) -> Any:
     return (jax.ShapeDtypeStruct(x0.shape, x0.dtype),
             jax.ShapeDtypeStruct(x0.shape, jnp.int8),    # active bound: -1, 0, 1
             jax.ShapeDtypeStruct((4,), jnp.int32),       # status, nfev, njev, nit
             jax.ShapeDtypeStruct((), jnp.bool_))         # success
 
 
-def _problem(primals, kind, fun, jac, options):
+def _problem(primals: tuple, kind: str, fun: Any, jac: Any, options: tuple) -> Any:
     x0, lb, ub, params, fixed, jac_ops = primals
     opts = dict(options)
     return _Problem(kind, fun, jac, x0.shape, x0.dtype, params, fixed, jac_ops,
                     loss=opts.get("loss", "linear"), f_scale=opts.get("f_scale", 1.0))
 
 
-def _run_root(pr, xf, method, jac, tol, opts, callback):
+def _run_root(pr: Any, xf: Any, method: str, jac: Any, tol: Any, opts: Any, callback: Any) -> Any:
     kw = {"jac": (lambda x: pr("G_jac", x))} if (
         method in ROOT_JAC_METHODS and jac is not False) else {}
     return scipy.optimize.root(lambda x: pr("F", x), xf, method=method, tol=tol,
                                callback=callback, options=opts or None, **kw)
 
 
-def _run_minimize(pr, xf, method, lb, ub, tol, opts, callback):
+def _run_minimize(pr: Any, xf: Any, method: str, lb: Any, ub: Any, tol: Any, opts: Any, callback: Any) -> Any:
     kw = {}
     if method not in MIN_GRAD_FREE:
         kw["jac"] = True
@@ -246,7 +246,7 @@ def _run_minimize(pr, xf, method, lb, ub, tol, opts, callback):
                                    options=opts or None, **kw)
 
 
-def _run_lsq(pr, xf, lb, ub, opts, callback):
+def _run_lsq(pr: Any, xf: Any, lb: Any, ub: Any, opts: Any, callback: Any) -> Any:
     if "tr_options" in opts:
         opts["tr_options"] = dict(opts["tr_options"])
     if isinstance(opts.get("x_scale"), tuple):
@@ -256,7 +256,7 @@ def _run_lsq(pr, xf, lb, ub, opts, callback):
         callback=callback, **opts)
 
 
-def _active(kind, sol, x, lb, ub, pr):
+def _active(kind: str, sol: Any, x: Any, lb: Any, ub: Any, pr: Any) -> Any:
     """-1/+1 where x* is held at its lower/upper bound, else 0."""
     if kind == "lsq":
         return np.asarray(sol.active_mask, np.int8)
@@ -271,8 +271,8 @@ def _active(kind, sol, x, lb, ub, pr):
 
 
 @_foreign.foreign(_result)
-def _solve(x0, lb, ub, params, fixed, jac_ops, *, kind, fun, method, jac, tol, options,
-           callback, linear_solver, on_failure):
+def _solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *, kind: str, fun: Any, method: str, jac: Any, tol: Any, options: tuple,
+           callback: Any, linear_solver: Any, on_failure: str) -> Any:
     name = {"lsq": "least_squares"}.get(kind, kind)
     primals = (x0, lb, ub, params, fixed, jac_ops)
     lbf, ubf = np.ravel(f64(lb)), np.ravel(f64(ub))
@@ -298,14 +298,14 @@ def _solve(x0, lb, ub, params, fixed, jac_ops, *, kind, fun, method, jac, tol, o
     return x.reshape(x0.shape).astype(x0.dtype), active.reshape(x0.shape), stats, np.bool_(True)
 
 
-def _free_and_x(out):
+def _free_and_x(out: Any) -> Any:
     x, active = out[0], out[1]
     return np.ravel(f64(x)), np.ravel(np.asarray(active)) == 0
 
 
 @_solve.defvjp
-def _solve_vjp(primals, out, ct, *, kind, fun, method, jac, tol, options, callback,
-               linear_solver, on_failure):
+def _solve_vjp(primals: tuple, out: Any, ct: Any, *, kind: str, fun: Any, method: str, jac: Any, tol: Any, options: tuple, callback: Any,
+               linear_solver: Any, on_failure: str) -> Any:
     x0, lb, ub, params, fixed, jac_ops = primals
     name = {"lsq": "least_squares"}.get(kind, kind)
     if not bool(out[3]):
@@ -325,8 +325,8 @@ def _solve_vjp(primals, out, ct, *, kind, fun, method, jac, tol, options, callba
 
 
 @_solve.defjvp
-def _solve_jvp(primals, out, tangents, *, kind, fun, method, jac, tol, options, callback,
-               linear_solver, on_failure):
+def _solve_jvp(primals: tuple, out: Any, tangents: Any, *, kind: str, fun: Any, method: str, jac: Any, tol: Any, options: tuple, callback: Any,
+               linear_solver: Any, on_failure: str) -> Any:
     x0, lb, ub, params, fixed, jac_ops = primals
     _, dlb, dub, dparams, _, _ = tangents
     name = {"lsq": "least_squares"}.get(kind, kind)

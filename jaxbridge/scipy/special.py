@@ -164,37 +164,93 @@ def _dawsn_jvp(primals: tuple, out: Any, tangents: tuple) -> Any:
 
 
 def kv(v: Any, x: Any) -> Any:
-    """Modified Bessel function of the second kind, `scipy.special.kv`."""
+    """Modified Bessel function of the second kind, `scipy.special.kv`.
+
+    Example:
+        >>> import jax
+        >>> from jaxbridge.scipy.special import kv
+        >>> f = lambda x: kv(1.5, x)
+        >>> print(f"{float(kv(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
+        0.179907 -0.254868
+    """
     return _kv(*_prep(v, x))
 
 
 def kve(v: Any, x: Any) -> Any:
-    """Exponentially scaled `kv`: `kv(v, x) * exp(x)` (`scipy.special.kve`)."""
+    """Exponentially scaled `kv`: `kv(v, x) * exp(x)` (`scipy.special.kve`).
+
+    Example:
+        >>> import jax
+        >>> from jaxbridge.scipy.special import kve
+        >>> f = lambda x: kve(1.5, x)
+        >>> print(f"{float(kve(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
+        1.329340 -0.553892
+    """
     return _kve(*_prep(v, x))
 
 
 def iv(v: Any, x: Any) -> Any:
-    """Modified Bessel function of the first kind, `scipy.special.iv`."""
+    """Modified Bessel function of the first kind, `scipy.special.iv`.
+
+    Example:
+        >>> import jax
+        >>> from jaxbridge.scipy.special import iv
+        >>> f = lambda x: iv(1.5, x)
+        >>> print(f"{float(iv(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
+        1.099473 1.221632
+    """
     return _iv(*_prep(v, x))
 
 
 def ive(v: Any, x: Any) -> Any:
-    """Exponentially scaled `iv`: `iv(v, x) * exp(-|x|)` (`scipy.special.ive`)."""
+    """Exponentially scaled `iv`: `iv(v, x) * exp(-|x|)` (`scipy.special.ive`).
+
+    Example:
+        >>> import jax
+        >>> from jaxbridge.scipy.special import ive
+        >>> f = lambda x: ive(1.5, x)
+        >>> print(f"{float(ive(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
+        0.148798 0.016532
+    """
     return _ive(*_prep(v, x))
 
 
 def hyp1f1(a: Any, b: Any, x: Any) -> Any:
-    """Confluent hypergeometric function 1F1(a; b; x) (`scipy.special.hyp1f1`)."""
+    """Confluent hypergeometric function 1F1(a; b; x) (`scipy.special.hyp1f1`).
+
+    Example:
+        >>> import jax
+        >>> from jaxbridge.scipy.special import hyp1f1
+        >>> f = lambda x: hyp1f1(0.5, 1.5, x)
+        >>> print(f"{float(hyp1f1(0.5, 1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
+        2.364454 1.256151
+    """
     return _hyp1f1(*_prep(a, b, x))
 
 
 def ellipk(m: Any) -> Any:
-    """Complete elliptic integral of the first kind K(m) (`scipy.special.ellipk`)."""
+    """Complete elliptic integral of the first kind K(m) (`scipy.special.ellipk`).
+
+    Example:
+        >>> import jax
+        >>> from jaxbridge.scipy.special import ellipk
+        >>> f = ellipk
+        >>> print(f"{float(ellipk(0.3)):.6f} {float(jax.grad(f)(0.3)):.6f}")
+        1.713889 0.584858
+    """
     return _ellipk(*_prep(m))
 
 
 def ellipe(m: Any) -> Any:
-    """Complete elliptic integral of the second kind E(m) (`scipy.special.ellipe`)."""
+    """Complete elliptic integral of the second kind E(m) (`scipy.special.ellipe`).
+
+    Example:
+        >>> import jax
+        >>> from jaxbridge.scipy.special import ellipe
+        >>> f = ellipe
+        >>> print(f"{float(ellipe(0.3)):.6f} {float(jax.grad(f)(0.3)):.6f}")
+        1.445363 -0.447544
+    """
     return _ellipe(*_prep(m))
 
 

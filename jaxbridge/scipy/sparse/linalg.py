@@ -228,7 +228,7 @@ def spsolve(A: Any, b: Any, permc_spec: str | None = None, use_umfpack: bool = T
 
 
 # =================================================================== eigsh
-def _eig_result(data, row, col, v0, *, n, k, **_):
+def _eig_result(data: Any, row: Any, col: Any, v0: Any, *, n: int, k: int, **_: Any) -> Any:
     return (jax.ShapeDtypeStruct((k,), data.dtype), jax.ShapeDtypeStruct((n, k), data.dtype))
 
 
@@ -320,8 +320,8 @@ def _start(n: int) -> np.ndarray:
 
 
 @_foreign.foreign(_eig_result)
-def _eigsh(data, row, col, v0, *, n, k, sigma, which, ncv, maxiter, tol, mode,
-           on_failure):
+def _eigsh(data: Any, row: Any, col: Any, v0: Any, *, n: int, k: int, sigma: Any, which: Any, ncv: Any, maxiter: Any, tol: Any, mode: Any,
+           on_failure: str) -> Any:
     A = _csr(data, row, col, n)
     try:
         w, v = scipy.sparse.linalg.eigsh(
@@ -339,7 +339,7 @@ def _eigsh(data, row, col, v0, *, n, k, sigma, which, ncv, maxiter, tol, mode,
 
 
 @_eigsh.defvjp
-def _eigsh_vjp(primals, out, ct, *, n, k, on_failure, **_):
+def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, n: int, k: int, on_failure: str, **_: Any) -> Any:
     data, row, col, v0 = primals
     w, v = f64(out[0]), f64(out[1])
     w_bar, v_bar = f64(ct[0]), f64(ct[1])
@@ -365,7 +365,7 @@ def _eigsh_vjp(primals, out, ct, *, n, k, on_failure, **_):
 
 
 @_eigsh.defjvp
-def _eigsh_jvp(primals, out, tangents, *, n, k, on_failure, **_):
+def _eigsh_jvp(primals: tuple, out: Any, tangents: Any, *, n: int, k: int, on_failure: str, **_: Any) -> Any:
     data, row, col, v0 = primals
     d_data = tangents[0]
     w, v = f64(out[0]), f64(out[1])
