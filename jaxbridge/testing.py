@@ -1,9 +1,9 @@
 """`jaxbridge.testing`: prove custom derivative rules right.
 
 :func:`check_rules` takes any JAX-callable with custom derivative rules — a
-``jb.foreign`` function, a ``jax.custom_vjp`` / ``jax.custom_jvp`` function, or any
-function built on them — and example arguments, and checks its rules against
-finite differences, against each other, and under ``jit`` and ``vmap``:
+``jb.foreign`` function, a ``jb.kernel``, a ``jax.custom_vjp`` / ``jax.custom_jvp``
+function, or any function built on them — and example arguments, and checks its rules
+against finite differences, against each other, and under JAX's transformations:
 
 ========================  ==============================================================
 ``output_shapes``         ``jax.eval_shape`` (declared) vs an eager call (actual)
@@ -18,13 +18,21 @@ finite differences, against each other, and under ``jit`` and ``vmap``:
 ``symbolic_zeros``        rules with unperturbed inputs / zero output cotangents
 ``jit``                   eager vs ``jax.jit``: values, VJP, JVP
 ``vmap``                  ``jax.vmap`` over each argument and all at once vs a loop
+``batched_grad``          the rules vmapped over cotangents / tangents alone vs a loop
+``deterministic``         the same call twice agrees (to ``nondet_tol``)
+``no_retrace``            a second eager call with equal shapes compiles nothing
+``export``                ``jax.export`` round trip (values, VJP) of FFI-kernel programs
 ``second_order``          Hessian-vector products vs finite differences of the gradient
+``inputs_unchanged``      no call wrote into an input's buffer
 ========================  ==============================================================
 
-Finite differences use a fourth-order central stencil, evaluated in float64 when the
-function accepts float64 inputs (else in its own dtype, with step and tolerances
-scaled to it). Integer and boolean inputs are held fixed. Forward-mode checks are
-skipped ("no forward rule") for functions without one, e.g. ``jax.custom_vjp``.
+Finite differences step each input element relative to its own magnitude, extrapolate
+(Richardson; refined by a complex step where the function takes complex inputs) and
+carry an error bound per output element, which is added to the tolerance: a correct
+rule is not failed because the reference was inaccurate, whatever the inputs' range.
+They are evaluated in float64 when the function accepts float64 inputs (else in its
+own dtype). Integer and boolean inputs are held fixed. Forward-mode checks are skipped
+("no forward rule") for functions without one, e.g. ``jax.custom_vjp``.
 
 Example:
     >>> import jax, numpy as np, jaxbridge as jb
@@ -74,23 +82,25 @@ def check_rules(f: Callable[..., Any], *args: Any,
     """Check the derivative rules of `f` at `args`; raise `RuleCheckError` if any is wrong.
 
     Args:
-      f: a ``jb.foreign`` function, a ``jax.custom_vjp``/``jax.custom_jvp`` function, or
-        any JAX-callable.
+      f: a ``jb.foreign`` function, a ``jb.kernel``, a ``jax.custom_vjp`` /
+        ``jax.custom_jvp`` function, or any JAX-callable.
       *args: the positional arguments: pytrees of arrays (inexact leaves are
         differentiated; integer and boolean leaves are held fixed; other leaves are
         passed through unchanged).
       check_options: a :class:`CheckOptions` (or a dict of its fields): which checks,
-        tolerances, seed, number of directions, finite-difference step, second order.
+        tolerances (``nondet_tol`` for nondeterministic rules), seed, number of
+        directions, finite-difference step, second order, export.
       **static: keyword arguments, passed through to `f` unchanged.
 
     Returns:
       A :class:`RuleReport`; ``print(report)`` shows a table of every check.
 
     Raises:
-      RuleCheckError: (an ``AssertionError``) when a check fails or raises. Its message
-        lists each failure: check name, argument path, output, max abs/rel error,
-        tolerance and a hint ("sign flipped", "cotangent looks transposed", "off by a
-        constant factor ~k", "wrong shape", ...); ``err.report`` is the full report.
+      RuleCheckError: (``jaxbridge.errors.RuleCheckError``, an ``AssertionError``) when a
+        check fails or raises. Its message lists each failure: check name, argument
+        path, output, max abs/rel error, tolerance and a hint ("sign flipped",
+        "cotangent looks transposed", "off by a constant factor ~k", "wrong shape",
+        ...); ``err.report`` is the full report.
 
     Example:
         >>> import jax, jax.numpy as jnp
