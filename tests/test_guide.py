@@ -208,18 +208,12 @@ def test_undeclared_attributes_take_their_python_type(attrs_lib):
         k(x, v=2.5, extra=1.0).block_until_ready()
 
 
-@pytest.mark.xfail(strict=True, reason="core: an undeclared np.bool_ attribute is rejected "
-                   "('declared bool (bool); received bool np.True_'), see the report of "
-                   "issue 16 part 4")
 def test_an_undeclared_numpy_bool_attribute_is_a_bool(attrs_lib):
     k = attrs_lib.kernel(forward="AttrBool", name="attr_np_bool", result=lambda x, **_: x,
                          dtypes=["float64"])
     np.testing.assert_array_equal(k(jnp.arange(3.0), v=np.bool_(True)), jnp.arange(3.0) + 1)
 
 
-@pytest.mark.xfail(strict=True, reason="core: the kernel call signature compares attribute "
-                   "values, not their types, so 2 after 2.0 reuses the float64 program; see "
-                   "the report of issue 16 part 4")
 def test_an_undeclared_attributes_type_does_not_depend_on_earlier_calls(attrs_lib):
     k = attrs_lib.kernel(forward="AttrDouble", name="attr_call_order",
                          result=lambda x, **_: x, dtypes=["float64"])

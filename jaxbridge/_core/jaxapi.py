@@ -31,6 +31,7 @@ __all__ = [
     "hold_weakly_in_jax_caches",
     "ffi_lowering_aliased",
     "auto_partitioned_devices",
+    "unsplittable_batch_dims",
     "set_num_batch_dims",
     "varying_axes",
     "cast_to_varying",
@@ -122,6 +123,13 @@ def auto_partitioned_devices(ctx: Any) -> int:
     if isinstance(axis_context, mlir.ShardingContext):
         return int(axis_context.num_devices)
     return 1
+
+
+def unsplittable_batch_dims(ctx: Any, num_batch_dims: int) -> list[int]:
+    """Ranks of the operands/results that XLA cannot split along `num_batch_dims` leading
+    dimensions: its batch partitioner splits only when each has one more dimension."""
+    avals = [*ctx.avals_in, *ctx.avals_out]
+    return [len(a.shape) for a in avals if len(a.shape) <= num_batch_dims]
 
 
 def set_num_batch_dims(results: Any, num_batch_dims: int) -> None:

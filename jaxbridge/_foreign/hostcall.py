@@ -330,6 +330,14 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
         backend = default_backend()
     use_native = backend != "pure_callback" and platform in native_platforms()
     devices = jaxapi.auto_partitioned_devices(ctx)
+    if devices > 1 and num_batch_dims and jaxapi.unsplittable_batch_dims(ctx, num_batch_dims):
+        raise ShardingError(
+            f"jaxbridge: the {target.what} of foreign function {target.name!r} declares "
+            f"{num_batch_dims} batch dimension(s), but some of its operands or results have "
+            f"no dimension beyond them (ranks {jaxapi.unsplittable_batch_dims(ctx, num_batch_dims)}"
+            f"); XLA splits a call only along leading dimensions that leave at least one, "
+            f"so it would gather the inputs instead. Give such arrays a trailing axis "
+            f"(x[..., None]) or declare fewer batch_dims.")
     if devices > 1 and not (use_native and num_batch_dims) and on_mesh != "replicate":
         how = ("declares no batch dimensions" if not num_batch_dims else
                "runs through jax.pure_callback, which XLA cannot split")

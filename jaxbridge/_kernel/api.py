@@ -31,10 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.jaxapi import (ShapedArray, auto_partitioned_devices, ffi_lowering_aliased,
-                            hold_weakly_in_jax_caches)
+                            hold_weakly_in_jax_caches, set_num_batch_dims,
+                            unsplittable_batch_dims)
 from .._core.pair import make_pair
 from ..errors import KernelError, MissingRuleError, ShardingError, describe
-from .registry import check_name, is_registered, platform_key, register_target
+from .registry import (check_name, is_registered, make_batch_partitionable, platform_key,
+                       register_target)
 
 __all__ = ["Kernel", "kernel", "make_kernel", "get_include", "kernel_pair"]
 
@@ -73,10 +75,11 @@ _ATTR_TYPES: dict[Any, str] = {
 def _attr_type(value: Any) -> type | None:
     """The attribute type a default value or a declared type stands for."""
     if isinstance(value, type):
-        return value if value in _ATTR_TYPES else None
-    for t in (bool, np.bool_, str):
-        if isinstance(value, t):
-            return t
+        return bool if value is np.bool_ else value if value in _ATTR_TYPES else None
+    if isinstance(value, (bool, np.bool_)):
+        return bool
+    if isinstance(value, str):
+        return str
     if isinstance(value, np.generic) and type(value) in _ATTR_TYPES:
         return type(value)
     if isinstance(value, int):
@@ -124,18 +127,22 @@ def _inexact(dtype: Any) -> bool:
 class KernelSignature:
     """Hashable static description of one kernel call (`jaxbridge._core.pair.Signature`)."""
 
-    __slots__ = ("kernel", "attrs", "in_avals", "out_avals", "nondiff", "diff_in",
-                 "tangent_outs", "_key", "_hash", "__weakref__")
+    __slots__ = ("kernel", "attrs", "in_avals", "out_avals", "nondiff", "num_batch_dims",
+                 "diff_in", "tangent_outs", "_key", "_hash", "__weakref__")
     prune_zero_tangents = False  # kernels take every differentiable tangent
 
     def __init__(self, kernel: Kernel, attrs: tuple, in_avals: tuple, out_avals: tuple,
-                 nondiff: frozenset):
+                 nondiff: frozenset, num_batch_dims: int = 0):
         self.kernel, self.attrs = kernel, attrs
         self.in_avals, self.out_avals, self.nondiff = in_avals, out_avals, nondiff
+        self.num_batch_dims = num_batch_dims
         self.diff_in = tuple(i not in nondiff and _inexact(a.dtype)
                              for i, a in enumerate(in_avals))
         self.tangent_outs = tuple(_inexact(a.dtype) for a in out_avals)
-        self._key = (id(kernel), attrs, in_avals, out_avals, nondiff)
+        # Attribute types are part of the key: 2 and 2.0 are equal but not the same FFI
+        # attribute (int64 vs double) when no type was declared.
+        types = tuple((k, type(v)) for k, v in attrs)
+        self._key = (id(kernel), attrs, types, in_avals, out_avals, nondiff, num_batch_dims)
         self._hash = hash(self._key)
 
     def __hash__(self) -> int:
@@ -159,7 +166,8 @@ class KernelSignature:
         def pre(a: Any) -> Any:
             return ShapedArray((size, *a.shape), a.dtype)
         return KernelSignature(self.kernel, self.attrs, tuple(map(pre, self.in_avals)),
-                               tuple(map(pre, self.out_avals)), self.nondiff)
+                               tuple(map(pre, self.out_avals)), self.nondiff,
+                               self.num_batch_dims + 1 if self.num_batch_dims else 0)
 
     # ---- the derivative pair
     def eager(self, role: str, args: Sequence[Any], nz: tuple) -> None:
@@ -245,14 +253,26 @@ class KernelSignature:
             kernel_role = "forward" if role == "tangent" else "transpose"
         target = self.kernel.target(kernel_role, platform)
         devices = auto_partitioned_devices(ctx)
-        if devices > 1:  # XLA would gather the operands: say so instead
+        if devices > 1 and not self.num_batch_dims:  # XLA would gather the operands
             raise ShardingError(
                 f"jaxbridge kernel {self.name!r} (FFI target {target!r}) is compiled into a "
                 f"computation partitioned over {devices} devices, where XLA would gather its "
-                f"inputs onto every device. Call it inside jax.shard_map (it then runs once "
-                f"per shard on local data).")
+                f"inputs onto every device. Declare jaxbridge.kernel(..., batch_dims=...) if "
+                f"it is independent along leading dimensions, or call it inside "
+                f"jax.shard_map (it then runs once per shard on local data).")
+        if devices > 1 and unsplittable_batch_dims(ctx, self.num_batch_dims):
+            raise ShardingError(
+                f"jaxbridge kernel {self.name!r} declares {self.num_batch_dims} batch "
+                f"dimension(s), but some of its operands or results have no dimension beyond "
+                f"them; XLA splits a call only along leading dimensions that leave at least "
+                f"one, so it would gather the inputs. Give such arrays a trailing axis "
+                f"(x[..., None]) or declare fewer batch_dims.")
         aliases = self.kernel.aliases.get(kernel_role, ())
-        return ffi_lowering_aliased(target, aliases)(ctx, *args, **dict(self.attrs))
+        results = ffi_lowering_aliased(target, aliases)(ctx, *args, **dict(self.attrs))
+        if self.num_batch_dims:
+            make_batch_partitionable(target)
+            set_num_batch_dims(results, self.num_batch_dims)
+        return results
 
 
 hold_weakly_in_jax_caches(KernelSignature)
@@ -290,8 +310,9 @@ class Kernel:
     def __init__(self, name: str, targets: dict[str, dict], result: Any, vmap: str,
                  dtypes: tuple | None, arg_names: tuple | None, attrs: dict,
                  check: Callable | None, nondiff_argnums: tuple, pass_outputs: bool,
-                 aliases: dict, linear: bool):
+                 aliases: dict, linear: bool, batch_dims: int | Callable[..., int] = 0):
         self.name = name
+        self.batch_dims = batch_dims
         self.forward, self.adjoint = targets["forward"], targets["adjoint"]
         self.tangent, self.transpose = targets["tangent"], targets["transpose"]
         self.result = result
@@ -364,10 +385,12 @@ class Kernel:
         result = self.result(*structs, **py_attrs) if callable(self.result) else self.result
         out_leaves, out_tree = jax.tree_util.tree_flatten(result)
         out_avals = tuple(self._result_aval(where, o) for o in out_leaves)
-        sig = KernelSignature(self, tuple(sorted(attrs.items())),
-                              tuple(ShapedArray(tuple(s.shape), np.dtype(s.dtype))
-                                    for s in structs),
-                              out_avals, frozenset(self.nondiff_argnums))
+        in_avals = tuple(ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in structs)
+        k = self.batch_dims(*structs, **py_attrs) if callable(self.batch_dims) \
+            else self.batch_dims
+        _check_batch_dims(where, k, in_avals + out_avals)
+        sig = KernelSignature(self, tuple(sorted(attrs.items())), in_avals, out_avals,
+                              frozenset(self.nondiff_argnums), int(k))
         sig.check_aliases(where)
         outs = kernel_pair.call(sig, *arrays)
         return jax.tree_util.tree_unflatten(out_tree, outs)
@@ -421,6 +444,17 @@ class Kernel:
         return ShapedArray(tuple(int(d) for d in shape), np.dtype(o.dtype))
 
 
+def _check_batch_dims(where: str, k: Any, avals: tuple) -> None:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+        raise KernelError(f"{where}: batch_dims must be an int >= 0 (or a function of the "
+                          f"arguments returning one); received {k!r}")
+    if k and (any(len(a.shape) < k for a in avals)
+              or len({tuple(a.shape[:k]) for a in avals}) != 1):
+        raise KernelError(
+            f"{where}: batch_dims={k}, so every array argument and result must share the "
+            f"same {k} leading dimension(s); got shapes {[list(a.shape) for a in avals]}")
+
+
 def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: Any,
            platforms: Sequence[str] | None = None, vmap: str = "loop",
            name: str | None = None, arg_names: Sequence[str] | None = None,
@@ -428,7 +462,8 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
            attrs: Mapping[str, Any] | None = None, check: Callable | None = None,
            nondiff_argnums: Sequence[int] = (), namespace: str | None = None,
            pass_outputs: bool = True, aliases: Mapping[str, Mapping[int, int]] | None = None,
-           linear: bool = False, transpose: Any = None) -> Kernel:
+           linear: bool = False, transpose: Any = None,
+           batch_dims: int | Callable[..., int] = 0) -> Kernel:
     """Turn XLA FFI targets into one differentiable JAX function.
 
     Calling conventions (``...`` = the static keyword arguments, passed as FFI
@@ -482,6 +517,11 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         ``transpose(*cotangents) -> one cotangent per argument``: derivatives of every
         order work. Give ``transpose`` instead of ``adjoint``/``tangent``.
       transpose: the transpose target of a linear kernel, same forms as ``forward``.
+      batch_dims: the number of leading dimensions, shared by every operand and result of
+        every role, along which the kernels are independent (an int, or a function of
+        the arguments' structs and attributes returning one). Under `jit` on inputs
+        sharded along them (automatic or explicit mesh axes), XLA runs one call per
+        shard on local data instead of refusing the call.
 
     Example (the built-in softplus: an elementwise adjoint needs only ``x`` and
     overwrites the cotangent with the input cotangent)::
@@ -495,7 +535,7 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
                        vmap=vmap, name=name, arg_names=arg_names, dtypes=dtypes, attrs=attrs,
                        check=check, nondiff_argnums=nondiff_argnums, namespace=namespace,
                        pass_outputs=pass_outputs, aliases=aliases, linear=linear,
-                       transpose=transpose, builtin=False)
+                       transpose=transpose, batch_dims=batch_dims, builtin=False)
 
 
 def make_kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: Any,
@@ -506,7 +546,8 @@ def make_kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, resul
                 nondiff_argnums: Sequence[int] = (), namespace: str | None = None,
                 pass_outputs: bool = True,
                 aliases: Mapping[str, Mapping[int, int]] | None = None,
-                linear: bool = False, transpose: Any = None, builtin: bool = False) -> Kernel:
+                linear: bool = False, transpose: Any = None,
+                batch_dims: int | Callable[..., int] = 0, builtin: bool = False) -> Kernel:
     """`kernel`, plus `builtin=True` for jaxbridge's own `jaxbridge_*` targets."""
     if vmap not in ("batch", "loop"):
         raise KernelError(f"jaxbridge.kernel: vmap must be 'batch' or 'loop', got {vmap!r}")
@@ -540,7 +581,7 @@ def make_kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, resul
     return Kernel(name, targets, result, vmap, dts,
                   None if arg_names is None else tuple(arg_names), attrs, check,
                   tuple(nondiff_argnums), bool(pass_outputs), _check_aliases_arg(name, aliases),
-                  bool(linear))
+                  bool(linear), batch_dims)
 
 
 def _check_aliases_arg(name: str, aliases: Any) -> dict[str, tuple[tuple[int, int], ...]]:

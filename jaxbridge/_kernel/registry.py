@@ -13,7 +13,7 @@ import jax
 from ..errors import KernelError
 
 __all__ = ["PLATFORMS", "RESERVED_PREFIX", "platform_key", "check_name", "register_target",
-           "is_registered"]
+           "is_registered", "make_batch_partitionable"]
 
 # Our platform keys -> the names jax.ffi.register_ffi_target expects.
 PLATFORMS = {"cpu": "cpu", "cuda": "CUDA", "rocm": "ROCM"}
@@ -88,3 +88,14 @@ def register_target(name: str, handler: Any, *, platform: str = "cpu",
 
 def is_registered(name: str, platform: str = "cpu") -> bool:
     return (name, platform_key(platform)) in _registry
+
+
+_batch_partitionable: set[str] = set()
+
+
+def make_batch_partitionable(name: str) -> None:
+    """Let XLA split calls of target `name` along leading batch dimensions (once)."""
+    with _lock:
+        if name not in _batch_partitionable:
+            jax.ffi.register_ffi_target_as_batch_partitionable(name)
+            _batch_partitionable.add(name)

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxbridge as jb  # noqa: E402
+from jaxbridge import ops  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 calls = []
@@ -35,6 +36,33 @@ def _vjp(primals, out, ct):
 
 def custom_call_operand_shapes(hlo: str, target: str) -> list[str]:
     return re.findall(r"= (\S+) custom-call\([^)]*\), custom_call_target=\"" + target, hlo)
+
+
+def explicit_axes(sin_mul) -> None:
+    """Meshes with AxisType.Explicit axes (jax.make_mesh's default in new JAX): results
+    are typed sharded like their inputs, one call per shard, no gather."""
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((8,), ("e",), axis_types=(AxisType.Explicit,))
+    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") \
+            else jax.set_mesh(mesh):
+        shard = NamedSharding(mesh, P("e"))
+        x = jax.device_put(jnp.linspace(0, 1, 16 * 3).reshape(16, 3), shard)
+        y = jax.device_put(jnp.linspace(1, 2, 16 * 3).reshape(16, 3), shard)
+        for f, args, target, local in (
+                (sin_mul, (x, y), "jaxbridge_host_call_batched", "f64[2,3]"),
+                (ops.softplus, (x,), "jaxbridge_softplus_fwd", "f64[2,3,1]")):
+            out = jax.jit(f)(*args)
+            assert out.sharding.spec[0] == "e", (target, out.sharding)
+            assert str(jax.typeof(out)).startswith("float64[16@e"), jax.typeof(out)
+            hlo = jax.jit(f).lower(*args).compile().as_text()
+            shapes = custom_call_operand_shapes(hlo, target)
+            assert shapes and all(s.startswith(local) for s in shapes), (target, shapes)
+            assert "all-gather" not in hlo, target
+            g = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) ** 2)))(*args)
+            assert g.sharding.spec[0] == "e", g.sharding
+        np.testing.assert_allclose(jax.jit(sin_mul)(x, y), np.sin(np.asarray(x)) * np.asarray(y))
+        np.testing.assert_allclose(jax.jit(ops.softplus)(x), np.logaddexp(0, np.asarray(x)))
 
 
 def main() -> None:
@@ -85,17 +113,26 @@ def main() -> None:
     mapped = jax.shard_map(layer, mesh=mesh, in_specs=(P(), P("batch")), out_specs=P("batch"))
     g = jax.jit(jax.grad(lambda w: jnp.sum(mapped(w, x))))(w)
     np.testing.assert_allclose(g, jax.grad(lambda w: jnp.sum(jnp.tanh(w * x)))(w), rtol=1e-12)
-    # Built-in C++ kernels: an error under a plain multi-device jit, per shard in shard_map.
-    from jaxbridge import ops
+    # Built-in C++ kernels are batch-partitionable: one call per shard, no gather ...
+    hlo = jax.jit(jax.grad(lambda x: jnp.sum(ops.softplus(x)))).lower(x).compile().as_text()
+    shapes = custom_call_operand_shapes(hlo, "jaxbridge_softplus_adj")  # (x[..., None])
+    assert shapes and all(s.startswith("f64[2,3,1]") for s in shapes), shapes
+    assert not any("param" in op for op in re.findall(r"all-gather\(([^)]*)\)", hlo))
+    np.testing.assert_allclose(jax.jit(ops.softplus)(x), np.logaddexp(0, np.asarray(x)))
+    # ... a kernel that declares no batch dimensions is an error, not a silent gather ...
+    plain_kernel = jb.kernel("jaxbridge_softplus_fwd", result=lambda x, **_: x,
+                             attrs={"beta": 1.0}, name="softplus_unsplit")
     try:
-        jax.jit(ops.softplus)(x)
+        jax.jit(plain_kernel)(x)
     except jb.errors.ShardingError as exc:
-        assert "shard_map" in str(exc)
+        assert "shard_map" in str(exc) and "batch_dims" in str(exc)
     else:
-        raise AssertionError("expected an error for a kernel on a mesh")
+        raise AssertionError("expected an error for an unsplittable kernel on a mesh")
+    # ... and inside shard_map every kernel runs per shard.
     per_shard = jax.shard_map(ops.softplus, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
     g = jax.jit(jax.grad(lambda x: jnp.sum(per_shard(x))))(x)
     np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
+    explicit_axes(sin_mul)
 
     # A per-shard call runs on an XLA worker thread: its exception cannot be re-raised
     # as itself there, so it crosses XLA as a status that says what happened, and
