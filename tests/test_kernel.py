@@ -262,3 +262,49 @@ def test_aliases_checked_against_each_call():
     with pytest.raises(KernelError, match=r"operand 4 \(float64\[2, 4\]\) to result 0 "
                                           r"\(float64\[2, 3\]\).*same shape and dtype"):
         rbf(jnp.ones((2, 3)), jnp.zeros((4, 3)), jnp.float64(1.0))
+
+
+# ----------------------------------------------------------------- mistakes name the kernel
+def test_attribute_of_the_wrong_type_names_kernel_attribute_expected_and_received():
+    k = softplus_kernel(name="sp_types")
+    with pytest.raises(KernelError, match=r"kernel 'sp_types': attribute 'beta' is declared "
+                                          r"double \(float\); received str 'big'"):
+        k(jnp.ones(2), beta="big")
+    ints = kernel("jaxbridge_softplus_fwd", name="sp_int_attr", result=lambda x, **_: x,
+                  attrs={"beta": int})
+    with pytest.raises(KernelError, match=r"'sp_int_attr': attribute 'beta' is declared "
+                                          r"int64_t \(int\); received float 1.5"):
+        ints(jnp.ones(2), beta=1.5)
+    with pytest.raises(KernelError, match=r"attribute\(s\) \['beta'\] are required"):
+        ints(jnp.ones(2))
+    with pytest.raises(KernelError, match=r"attrs\['beta'\] must be a default value"):
+        kernel("jaxbridge_softplus_fwd", name="sp_bad_decl", result=lambda x, **_: x,
+               attrs={"beta": [1.0]})
+
+
+def test_attribute_passed_positionally_is_named():
+    k = softplus_kernel(name="sp_positional", arg_names=("x",))
+    with pytest.raises(KernelError, match=r"'sp_positional': expected 1 array argument\(s\) "
+                                          r"\(x\), received 2; attributes \(beta\) are "
+                                          r"keyword-only"):
+        k(jnp.ones(2), 2.0)
+    unnamed = softplus_kernel(name="sp_positional2")
+    with pytest.raises(KernelError, match=r"argument '#1' is a Python float.*keyword-only.*"
+                                          r"sp_positional2\(x, beta=...\)"):
+        unnamed(jnp.ones(2), 2.0)
+
+
+def test_negative_result_size_names_the_kernel():
+    k = kernel("jaxbridge_softplus_fwd", name="sp_negative", attrs={"beta": 1.0},
+               result=lambda x, **_: jax.ShapeDtypeStruct((-1,), x.dtype))
+    with pytest.raises(KernelError, match=r"kernel 'sp_negative': the result spec declares "
+                                          r"shape \(-1,\)"):
+        k(jnp.ones(2))
+
+
+def test_kernel_docstring_states_the_conventions_and_hides_private_parameters():
+    import inspect
+    doc = kernel.__doc__
+    assert "adjoint(*primals, *outputs, *cotangents" in doc
+    assert "tangent(*primals, *outputs, *tangents" in doc
+    assert "_builtin" not in inspect.signature(kernel).parameters and "_builtin" not in doc
