@@ -235,3 +235,31 @@ def test_memory_stays_bounded_with_fresh_closures():
     gc.collect()
     grown = (proc.memory_info().rss - start) / 2 ** 20
     assert grown < 50, f"RSS grew by {grown:.0f} MiB over 60 calls"
+
+
+def test_user_jacobians_may_close_over_traced_values_too():
+    """`jac` functions are converted like `fun`: closing over a traced value neither
+    leaks a tracer nor changes the gradient (which comes from JAX's derivatives)."""
+    def ode_loss(k, method):
+        f = lambda t, y: -k * y ** 3  # noqa: E731
+        jac = lambda t, y: jnp.diag(-3 * k * y ** 2)  # noqa: E731
+        return jnp.sum(solve_ivp(f, (0.0, 1.0), jnp.array([1.0, 2.0]), method, [0.5, 1.0],
+                                 jac=jac, rtol=1e-10, atol=1e-12).y)
+    for method in ("BDF", "Radau"):
+        g = jax.jit(jax.grad(ode_loss), static_argnums=1)(0.7, method)
+        np.testing.assert_allclose(g, fd(lambda k: ode_loss(k[0], method), np.array([0.7]))[0],
+                                   rtol=1e-5)
+
+    def root_loss(th):
+        F = lambda x: root_f(x, th)  # noqa: E731
+        J = lambda x: jax.jacfwd(root_f)(x, th)  # noqa: E731
+        return jnp.sum(root(F, jnp.zeros(2), jac=J, tol=1e-13).x ** 2)
+    np.testing.assert_allclose(jax.jit(jax.grad(root_loss))(TH),
+                               jax.grad(loss("root", "args"))(TH), rtol=1e-10)
+
+    def min_loss(th):
+        f = lambda x: min_f(x, th)  # noqa: E731
+        return jnp.sum(jnp.sin(minimize(f, jnp.zeros(2), jac=lambda x: jax.grad(min_f)(x, th),
+                                        method="Newton-CG", tol=1e-13).x))
+    np.testing.assert_allclose(jax.grad(min_loss)(TH), jax.grad(loss("minimize", "args"))(TH),
+                               rtol=1e-6)
