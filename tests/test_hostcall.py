@@ -223,7 +223,7 @@ def test_many_closures_traced_repeatedly_do_not_leak_callables():
 
 # ----------------------------------------------------------------- GPU
 # Host calls from GPU programs: the CUDA handler stages operands through pinned host
-# memory on XLA's stream (csrc/callback/hostcall.cc); pure_callback is the fallback.
+# memory on XLA's stream (csrc/hostcall/hostcall.cc); pure_callback is the fallback.
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gpu_host_call_values_grad_and_vmap(gpu, backend):
