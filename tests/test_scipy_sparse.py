@@ -117,8 +117,11 @@ def test_jitted_training_loop(system):
 
 def test_singular_failure_policy():
     d, r, c = jnp.array([1.0, 1.0, 1.0]), jnp.array([0, 1, 2]), jnp.array([0, 1, 1])
-    with pytest.raises(Exception, match="spsolve.*singular"):
+    from jaxbridge.scipy import SolverError
+    with pytest.raises(SolverError, match="spsolve.*singular"):
         jax.block_until_ready(spsolve((d, (r, c)), jnp.ones(3)))
+    with pytest.raises(SolverError, match="spsolve.*singular"):
+        jax.block_until_ready(jax.jit(lambda b: spsolve((d, (r, c)), b))(jnp.ones(3)))
     assert np.isnan(spsolve((d, (r, c)), jnp.ones(3), on_failure="nan")).all()
     with pytest.raises(TypeError, match="BCOO"):
         spsolve(jnp.eye(3), jnp.ones(3))
@@ -219,3 +222,14 @@ def test_eigsh_degenerate_eigenvector_gradient_is_an_error():
         eigsh(A, k=6)
     with pytest.raises(NotImplementedError, match="`M` is not supported"):
         eigsh(A, k=2, M=jnp.eye(6))
+
+
+def test_eigsh_arpack_failure_policies():
+    A = laplacian_like(TH_E)
+    with pytest.raises(SolverError, match="eigsh: SciPy reported failure: ARPACK"):
+        jax.block_until_ready(eigsh(A, k=3, which="SA", maxiter=1, ncv=4))
+    with pytest.raises(SolverError, match="ARPACK"):
+        jax.block_until_ready(jax.jit(lambda th: eigsh(laplacian_like(th), k=3, which="SA",
+                                                       maxiter=1, ncv=4)[0])(TH_E))
+    w, v = eigsh(A, k=3, which="SA", maxiter=1, ncv=4, on_failure="nan")
+    assert np.isnan(w).all() and np.isnan(v).all()
