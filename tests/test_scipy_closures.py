@@ -263,3 +263,17 @@ def test_user_jacobians_may_close_over_traced_values_too():
                                         method="Newton-CG", tol=1e-13).x))
     np.testing.assert_allclose(jax.grad(min_loss)(TH), jax.grad(loss("minimize", "args"))(TH),
                                rtol=1e-6)
+
+
+def test_float32_inputs_keep_their_dtype():
+    k = jnp.float32(0.7)
+
+    def L(k):
+        return solve_ivp(lambda t, y: -k * y, (0.0, 1.0), jnp.ones(2, jnp.float32),
+                         t_eval=jnp.array([1.0], jnp.float32), rtol=1e-6).y.sum()
+    assert L(k).dtype == jnp.float32
+    g = jax.grad(L)(k)
+    assert g.dtype == jnp.float32
+    np.testing.assert_allclose(g, -2 * np.exp(-0.7), rtol=1e-4)
+    x = root(lambda x: x - jnp.tanh(k * x + 0.1), jnp.zeros(2, jnp.float32)).x
+    assert x.dtype == jnp.float32

@@ -231,6 +231,7 @@ def _ode(primals: tuple, fun: Any, jac: Any) -> Any:
 def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, *, fun: Any, jac: Any, method: str, rtol: Any, atol: Any,
          adjoint_rtol: Any, adjoint_atol: Any, sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
     """The forward solve: y(t_eval) of y' = fun(t, y), y(t0) = y0, on [t0, t1]."""
+    t_eval_in = t_eval
     t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
     T = t_eval.shape[0]
     nan = np.full((T, *y0.shape), np.nan, y0.dtype)
@@ -238,7 +239,7 @@ def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_op
         ys = np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype) if T else nan
         return ys, np.zeros(4, np.int32)
     with on_cpu():
-        ode = _ode((t0, t1, y0, t_eval, params, fixed, jac_ops), fun, jac)
+        ode = _ode((t0, t1, y0, t_eval_in, params, fixed, jac_ops), fun, jac)
         sol = ode.solve("f", t0, np.ravel(f64(y0)), t1, t_eval, method=method, rtol=rtol,
                         atol=atol, options=options, stepping=stepping,
                         jac=ode.jac if jac is not False else None)
