@@ -44,9 +44,44 @@ def unsupported(name: str, arg: str, why: str) -> NotImplementedError:
 
 # ------------------------------------------------------------------ host-side JAX
 HOST_CACHE_SIZE = 256
-_lock = threading.Lock()
-_compiled: collections.OrderedDict[Hashable, Callable[..., Any]] = collections.OrderedDict()
-_stats = {"hits": 0, "misses": 0}
+
+
+class LruCache:
+    """A thread-safe LRU map whose bound is read at each insertion (`maxsize()`), with
+    hit/miss counts: the host-compiled functions here, the sparse factors in
+    `sparse.linalg`."""
+
+    def __init__(self, maxsize: Callable[[], int]) -> None:
+        self._maxsize = maxsize
+        self._lock = threading.Lock()
+        self._items: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._stats = {"hits": 0, "misses": 0}
+
+    def get(self, key: Hashable) -> Any:
+        """The value for `key` (now most recent), or None (counted as a miss)."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is None:
+                self._stats["misses"] += 1
+                return None
+            self._items.move_to_end(key)
+            self._stats["hits"] += 1
+            return value
+
+    def put(self, key: Hashable, value: Any) -> Any:
+        """Store `value` unless another thread stored one first; return the stored one."""
+        with self._lock:
+            value = self._items.setdefault(key, value)
+            while len(self._items) > max(self._maxsize(), 0):
+                self._items.popitem(last=False)
+            return value
+
+    def info(self) -> dict:
+        with self._lock:
+            return {**self._stats, "size": len(self._items), "maxsize": self._maxsize()}
+
+
+_compiled = LruCache(lambda: max(HOST_CACHE_SIZE, 1))
 
 
 def host_jit(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
@@ -55,25 +90,13 @@ def host_jit(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[
     Keys hold converted functions (`_trace.HostFun`, compared structurally), never
     the user's Python function, so a dropped function is collectable.
     """
-    with _lock:
-        fn = _compiled.get(key)
-        if fn is not None:
-            _compiled.move_to_end(key)
-            _stats["hits"] += 1
-            return fn
-        _stats["misses"] += 1
-    fn = jax.jit(make())
-    with _lock:
-        fn = _compiled.setdefault(key, fn)
-        while len(_compiled) > max(HOST_CACHE_SIZE, 1):
-            _compiled.popitem(last=False)
-    return fn
+    fn = _compiled.get(key)
+    return fn if fn is not None else _compiled.put(key, jax.jit(make()))
 
 
 def host_cache_info() -> dict:
     """Hits, misses, current size and bound of the host-side compiled-function cache."""
-    with _lock:
-        return {**_stats, "size": len(_compiled), "maxsize": HOST_CACHE_SIZE}
+    return _compiled.info()
 
 
 def cpu_device() -> Any:

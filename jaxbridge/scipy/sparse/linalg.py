@@ -27,9 +27,7 @@ component positive) so results are deterministic.
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import threading
 from typing import Any
 
 import jax
@@ -39,20 +37,17 @@ import scipy.sparse
 import scipy.sparse.linalg
 
 from ... import _foreign
-from .._common import SolverError, as_float_array, check_policy, f64, failure
+from .._common import LruCache, SolverError, as_float_array, check_policy, f64, failure
 
 __all__ = ["spsolve", "eigsh", "FACTOR_CACHE_SIZE", "factor_cache_info"]
 
 FACTOR_CACHE_SIZE = 8
-_cache: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
-_lock = threading.Lock()
-_stats = {"hits": 0, "misses": 0}
+_cache = LruCache(lambda: FACTOR_CACHE_SIZE)
 
 
 def factor_cache_info() -> dict:
     """Hits, misses and current size of the host-side factor cache."""
-    with _lock:
-        return {**_stats, "size": len(_cache), "maxsize": FACTOR_CACHE_SIZE}
+    return _cache.info()
 
 
 def _digest(data: Any, row: Any, col: Any, n: int) -> bytes:
@@ -68,23 +63,15 @@ def _digest(data: Any, row: Any, col: Any, n: int) -> bytes:
 def _factor(data: Any, row: Any, col: Any, n: int, permc_spec: str) -> Any:
     """splu of the COO matrix, from the cache when bit-identical (None if singular)."""
     key = _digest(data, row, col, n) + str(permc_spec).encode()
-    with _lock:
-        lu = _cache.get(key)
-        if lu is not None:
-            _cache.move_to_end(key)
-            _stats["hits"] += 1
-            return lu
-        _stats["misses"] += 1
+    lu = _cache.get(key)
+    if lu is not None:
+        return lu
     A = scipy.sparse.coo_matrix((np.asarray(data, np.float64), (row, col)), shape=(n, n)).tocsc()
     try:
         lu = scipy.sparse.linalg.splu(A, permc_spec=permc_spec)
     except RuntimeError as exc:  # "Factor is exactly singular"
         return exc
-    with _lock:
-        _cache[key] = lu
-        while len(_cache) > max(FACTOR_CACHE_SIZE, 0):
-            _cache.popitem(last=False)
-    return lu
+    return _cache.put(key, lu)
 
 
 def _singular(lu: Any, on_failure: str) -> None:
