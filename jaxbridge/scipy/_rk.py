@@ -37,8 +37,8 @@ SAFETY, MIN_FACTOR, MAX_FACTOR = 0.9, 0.2, 10.0
 
 def supported(method: str, options: tuple) -> bool:
     """Whether `method` with these (static) options can run as the compiled loop."""
-    return method in EXPLICIT and all(k in OPTIONS for k, _ in options) and \
-        bool(jax.config.jax_enable_x64)
+    x64 = jnp.result_type(float) == jnp.float64  # SciPy's step control is float64
+    return method in EXPLICIT and all(k in OPTIONS for k, _ in options) and bool(x64)
 
 
 def _tableau(method: str) -> dict:
