@@ -166,3 +166,13 @@ def test_foreign_functions_and_kernels_work_under_disable_jit():
         np.testing.assert_allclose(jb.ops.softplus(x), jnp.logaddexp(0, x), rtol=1e-6)
         np.testing.assert_allclose(jax.grad(lambda x: jb.ops.softplus(x).sum())(x),
                                    jax.nn.sigmoid(x), rtol=1e-6)
+
+
+def test_call_signatures_per_function_are_bounded():
+    from jaxbridge._foreign.signature import SIGNATURES_KEPT
+
+    f = jb.foreign(lambda x, **_: x)(lambda x, k: np.asarray(x) + k)
+    for k in range(SIGNATURES_KEPT + 40):  # a new static keyword value each call
+        f(jnp.ones(1), k=float(k))
+    assert len(f.definition.signatures) == SIGNATURES_KEPT
+    np.testing.assert_allclose(f(jnp.ones(1), k=0.0), 1.0)  # an evicted one is remade

@@ -250,12 +250,10 @@ class ForeignFunction:
                         f"unhashable {type(leaf).__name__}") from None
                 static_leaves.append((i, leaf))
         defn = self._definition
-        key = (in_tree, tuple(static_leaves), tuple(avals), tuple(sorted(static.items())))
-        sig = defn.signatures.get(key)
-        if sig is None:
-            sig = _make_signature(defn, in_tree, tuple(static_leaves), tuple(avals),
-                                  tuple(sorted(static.items())))
-            defn.signatures[key] = sig
+        statics = tuple(sorted(static.items()))
+        key = (in_tree, tuple(static_leaves), tuple(avals), statics)
+        sig = defn.signature(key, lambda: _make_signature(
+            defn, in_tree, tuple(static_leaves), tuple(avals), statics))
         return sig, dyn
 
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +26,9 @@ from . import runners
 from .hostcall import CopyPolicy, HostCallable, lower_host_call
 
 __all__ = ["Rule", "Definition", "CallSignature"]
+
+# Call signatures kept per function: distinct shapes, static leaves and keyword values.
+SIGNATURES_KEPT = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +61,25 @@ class Definition:
     transpose: Rule | None = None
     # Shared by every snapshot of one function: whether it keeps the views it is lent.
     copy_policies: dict = dataclasses.field(default_factory=dict, repr=False)
-    # Per snapshot: the call signatures traced with it.
-    signatures: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    # Per snapshot: the call signatures traced with it (the most recent ones).
+    signatures: collections.OrderedDict = dataclasses.field(
+        default_factory=collections.OrderedDict, init=False, repr=False)
 
     def copy_policy(self, role: str) -> CopyPolicy:
         return self.copy_policies.setdefault(role, CopyPolicy())
+
+    def signature(self, key: Any, make: Callable[[], CallSignature]) -> CallSignature:
+        """The call signature for `key`, made once; the cache keeps the most recent
+        SIGNATURES_KEPT (a dropped one is made again, and recompiled, if needed)."""
+        sig = self.signatures.get(key)
+        if sig is None:
+            sig = make()
+            self.signatures[key] = sig
+            while len(self.signatures) > SIGNATURES_KEPT:
+                self.signatures.popitem(last=False)
+        else:
+            self.signatures.move_to_end(key)
+        return sig
 
 
 def _inexact(dtype: Any) -> bool:
