@@ -208,8 +208,8 @@ print(f"{one:.2f} {two:.2f}")
 
 
 def section_sharded(scale):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2")
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
     iters = str(max(50, int(2000 * scale)))
     out = subprocess.run([sys.executable, "-c", SHARDED_CHILD, iters], env=env,
                          capture_output=True, text=True, timeout=600)

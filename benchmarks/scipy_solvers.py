@@ -233,6 +233,7 @@ def poisson_bench(m=316):
 def main():
     t0 = time.time()
     import platform
+
     import scipy
     print(f"{time.strftime('%Y-%m-%d')}, {platform.machine()} ({platform.processor() or '?'}), "
           f"Python {platform.python_version()}, jax {jax.__version__}, scipy {scipy.__version__}, "

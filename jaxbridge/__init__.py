@@ -14,7 +14,9 @@ Example:
     ...     return np.sin(x)
 """
 
+from . import cpp as cpp  # noqa: E402
 from . import errors as errors
+from . import ops as ops  # noqa: E402
 from ._foreign import ForeignFunction as ForeignFunction
 from ._foreign import custom_gradient as custom_gradient
 from ._foreign import foreign as foreign
@@ -27,5 +29,3 @@ from ._kernel import register_target as register_target
 from .errors import ForeignCallError as ForeignCallError
 from .errors import KernelError as KernelError
 from .errors import MissingRuleError as MissingRuleError
-from . import cpp as cpp  # noqa: E402
-from . import ops as ops  # noqa: E402

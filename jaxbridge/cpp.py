@@ -63,8 +63,7 @@ from typing import Any
 import jax
 
 from ._kernel import Kernel, get_include, kernel
-from .errors import KernelError
-from .errors import CompileError, UnsafeCacheError
+from .errors import CompileError, KernelError, UnsafeCacheError
 
 __all__ = ["CompileError", "UnsafeCacheError", "Library", "load", "cache_dir"]
 

@@ -83,7 +83,7 @@ def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
                        arg_names=arg_names, attrs=attrs, builtin=True, **options)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _softplus_kernel() -> Kernel:
     # The derivative sigmoid(beta x) needs only x: without the forward output
     # jax.grad drops the forward kernel. The adjoint overwrites its cotangent, which
@@ -96,13 +96,13 @@ def _softplus_kernel() -> Kernel:
                     batch_dims=lambda x, **_: x.ndim - 1)  # x[..., None]: all of x's dims
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tridiag_kernel() -> Kernel:
     return _builtin("tridiagonal_solve", lambda dl, d, du, b: b, ("dl", "d", "du", "b"),
                     batch_dims=lambda dl, d, du, b: b.ndim - 1)  # (..., n) systems
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rbf_kernel() -> Kernel:
     def result(x, y, l):
         return jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]), x.dtype)

@@ -63,10 +63,12 @@ namespace ffi = xla::ffi;
 // y = x^2; its derivative needs only x and may overwrite v: out[i] = 2 x[i] v[i].
 ffi::Error Fwd(ffi::Buffer<ffi::F64> x, ffi::ResultBuffer<ffi::F64> y) {
   JAXBRIDGE_RETURN_IF_ERROR(jaxbridge::CheckSameShape(x, *y, "square", "x", "result"));
-  for (size_t i = 0; i < x.element_count(); ++i) y->typed_data()[i] = x.typed_data()[i] * x.typed_data()[i];
+  for (size_t i = 0; i < x.element_count(); ++i)
+    y->typed_data()[i] = x.typed_data()[i] * x.typed_data()[i];
   return ffi::Error::Success();
 }
-ffi::Error Deriv(ffi::Buffer<ffi::F64> x, ffi::Buffer<ffi::F64> v, ffi::ResultBuffer<ffi::F64> out) {
+ffi::Error Deriv(ffi::Buffer<ffi::F64> x, ffi::Buffer<ffi::F64> v,
+                 ffi::ResultBuffer<ffi::F64> out) {
   JAXBRIDGE_RETURN_IF_ERROR(jaxbridge::CheckSameShape(x, v, "square_deriv", "x", "v"));
   JAXBRIDGE_RETURN_IF_ERROR(jaxbridge::CheckSameShape(x, *out, "square_deriv", "x", "result"));
   for (size_t i = 0; i < x.element_count(); ++i)

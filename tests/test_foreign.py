@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.special
+from conftest import tol
 
 import jaxbridge as jb
-from conftest import tol
 
 DTYPES = [np.float32, np.float64]
 BACKENDS = ["native", "pure_callback"]

@@ -78,7 +78,8 @@ def test_exception_in_a_rule_names_the_rule(backend):
 @pytest.mark.parametrize(
     "result, pattern",
     [
-        (lambda x: np.ones(4), r"output of foreign function 'f' has shape \[4\].*declared float64\[3\]"),
+        (lambda x: np.ones(4),
+         r"output of foreign function 'f' has shape \[4\].*declared float64\[3\]"),
         (lambda x: np.ones(3, np.float32), r"dtype float32; declared float64\[3\].*astype"),
         (lambda x: (x, x), r"output of foreign function 'f' has the wrong structure"),
         (lambda x: None, r"output of foreign function 'f' is None"),

@@ -5,13 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
+from conftest import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxbridge as jb
-
-from conftest import tol
 
 ops = pytest.importorskip("jaxbridge.ops")
 if not ops.available():  # pragma: no cover

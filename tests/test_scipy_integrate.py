@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+from conftest import fd
 
 from jaxbridge.scipy import SolverError
 from jaxbridge.scipy.integrate import _sensitivity_choice, quad, solve_ivp
-from conftest import fd
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.optimize
+from conftest import fd
 
 from jaxbridge.scipy import SolverError
 from jaxbridge.scipy.optimize import least_squares, minimize, root
-from conftest import fd
 
 
 def F(x, p):

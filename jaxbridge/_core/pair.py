@@ -29,8 +29,18 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import original_exception
-from .jaxapi import (Primitive, ad, aval_of, batching, cast_to_varying, is_zero, mlir,
-                     result_avals, varying_axes, zero_tangent)
+from .jaxapi import (
+    Primitive,
+    ad,
+    aval_of,
+    batching,
+    cast_to_varying,
+    is_zero,
+    mlir,
+    result_avals,
+    varying_axes,
+    zero_tangent,
+)
 
 __all__ = ["ROLES", "Signature", "Pair", "make_pair", "join_varying"]
 

@@ -41,8 +41,14 @@ import numpy as np
 
 from .._core import extensions, jaxapi
 from .._core.jaxapi import mlir
-from ..errors import (BackendError, ForeignCallError, JaxbridgeError, KeptViewError,
-                      ShardingError, remember_failure)
+from ..errors import (
+    BackendError,
+    ForeignCallError,
+    JaxbridgeError,
+    KeptViewError,
+    ShardingError,
+    remember_failure,
+)
 
 _native = extensions.load("_native")
 

@@ -206,7 +206,6 @@ def _pick(avals: Sequence[Any], mask: Sequence[bool], shapes: Sequence[tuple] | 
 def run_tangent(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
                 out_shapes: Sequence[tuple] | None = None) -> list[Any]:
     """Operands -> tangents of the differentiable outputs (tangent role)."""
-    what = _what(sig, "tangent")
     avals = _pick(sig.primary_avals, sig.diff_out, out_shapes)
     if sig.defn.linear:  # the function itself, on the tangents
         value = rule.fun(*sig.args(ins), **sig.kwargs)

@@ -30,13 +30,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.jaxapi import (ShapedArray, auto_partitioned_devices, ffi_lowering_aliased,
-                            hold_weakly_in_jax_caches, set_num_batch_dims,
-                            unsplittable_batch_dims)
+from .._core.jaxapi import (
+    ShapedArray,
+    auto_partitioned_devices,
+    ffi_lowering_aliased,
+    hold_weakly_in_jax_caches,
+    set_num_batch_dims,
+    unsplittable_batch_dims,
+)
 from .._core.pair import make_pair
 from ..errors import KernelError, MissingRuleError, ShardingError, describe
-from .registry import (check_name, is_registered, make_batch_partitionable, platform_key,
-                       register_target)
+from .registry import (
+    check_name,
+    is_registered,
+    make_batch_partitionable,
+    platform_key,
+    register_target,
+)
 
 __all__ = ["Kernel", "kernel", "make_kernel", "get_include", "kernel_pair"]
 

@@ -61,10 +61,10 @@ def register_target(name: str, handler: Any, *, platform: str = "cpu",
 
     Example:
         >>> import jaxbridge as jb
-        >>> jb.register_target("jaxbridge_mine", None)
+        >>> jb.register_target("jaxbridge_mine", None)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        jaxbridge.errors.KernelError: jaxbridge: FFI target name 'jaxbridge_mine': the prefix 'jaxbridge_' is reserved for jaxbridge's built-in kernels
+        jaxbridge.errors.KernelError: ... the prefix 'jaxbridge_' is reserved for ...
     """
     full = f"{namespace}.{name}" if namespace else name
     check_name(full, builtin=builtin)

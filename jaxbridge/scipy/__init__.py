@@ -21,9 +21,9 @@ iterations. A SciPy failure is reported per the `on_failure` argument: "raise"
 (default; :class:`SolverError` naming the solver and SciPy's message) or "nan".
 """
 
-from ._common import SolverError as SolverError
 from . import integrate as integrate  # noqa: E402
 from . import optimize as optimize  # noqa: E402
 from . import signal as signal  # noqa: E402
 from . import sparse as sparse  # noqa: E402
 from . import special as special  # noqa: E402
+from ._common import SolverError as SolverError

@@ -237,3 +237,8 @@ class Result(Mapping):
         return self._messages.get(code, f"SciPy status {code}" + (
             "" if bool(getattr(self, "success", True)) else
             " (failure; on_failure='raise' reports SciPy's message)"))
+
+
+def const(value: Any) -> Callable[[], Any]:
+    """A function returning `value` (binds it now, not when called)."""
+    return lambda: value

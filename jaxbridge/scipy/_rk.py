@@ -167,7 +167,8 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
         scale = atol + jnp.maximum(jnp.abs(y), jnp.abs(y_new)) * rtol
         err = error_norm(K, h, scale)
         accepted = (err < 1) & ~too_small
-        grow = jnp.where(err == 0, MAX_FACTOR, _factor_min(MAX_FACTOR, SAFETY * err ** tab["exponent"]))
+        grow = jnp.where(err == 0, MAX_FACTOR,
+                         _factor_min(MAX_FACTOR, SAFETY * err ** tab["exponent"]))
         grow = jnp.where(rejected, jnp.minimum(1.0, grow), grow)
         shrink = _factor_max(MIN_FACTOR, SAFETY * err ** tab["exponent"])
         h_next = h_abs * jnp.where(accepted, grow, shrink)

@@ -42,7 +42,8 @@ system is small (`n (1 + n + P) <= 64`) and the continuous adjoint otherwise.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -52,10 +53,24 @@ import scipy.sparse
 from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
-from ._common import (Result, as_float_array, check_policy, f64, failure, fill_zeros, host_jit,
-                      jnp_ravel, nan_like, np_ravel, np_unravel, on_cpu, static_options,
-                      unsupported)
 from . import _rk
+from ._common import (
+    Result,
+    as_float_array,
+    check_policy,
+    const,
+    f64,
+    failure,
+    fill_zeros,
+    host_jit,
+    jnp_ravel,
+    nan_like,
+    np_ravel,
+    np_unravel,
+    on_cpu,
+    static_options,
+    unsupported,
+)
 from ._trace import HostFun, check_args, convert
 
 __all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES"]
@@ -137,7 +152,7 @@ class _Ode:
 
         roles = {"f": f, "jac": jac_y, "adj": adj, "adj_jac": adj_jac, "sens": sens,
                  "sens_jac": sens_jac}
-        self._j = {r: host_jit(key + (r,), (lambda g: lambda: g)(g)) for r, g in roles.items()}
+        self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
         self._key, self._roles = key, {"f": f, "sens": sens}
 
     def __call__(self, role: str, *xs: Any) -> Any:
@@ -168,7 +183,8 @@ class _Ode:
             g = self._roles[role]
 
             def make() -> Callable[..., Any]:
-                def run(fx: Any, t0: Any, z0: Any, t1: Any, t_eval: Any, atol: Any, p: Any, *extra: Any) -> Any:
+                def run(fx: Any, t0: Any, z0: Any, t1: Any, t_eval: Any, atol: Any, p: Any,
+                        *extra: Any) -> Any:
                     return _rk.solve(method, lambda t, z: g(fx, t, z, p, *extra), t0, z0, t1,
                                      t_eval, rt, atol, opts.get("max_step", np.inf),
                                      opts.get("first_step"))
@@ -187,8 +203,9 @@ class _Ode:
             lambda t, z: f64(self(role, t, z, self.params, *extra)), (t0, t1), z0,
             method=method, t_eval=t_eval, rtol=rtol, atol=atol, **kw, **dict(options))
 
-    def sensitivities(self, t0: Any, y0: Any, t1: Any, t_eval: Any, S0: Any, dp: Any, *, method: str, rtol: Any, atol: Any, sens_rtol: Any,
-                      sens_atol: Any, jac: Any, options: tuple, stepping: str) -> Any:
+    def sensitivities(self, t0: Any, y0: Any, t1: Any, t_eval: Any, S0: Any, dp: Any, *,
+                      method: str, rtol: Any, atol: Any, sens_rtol: Any, sens_atol: Any, jac: Any,
+                      options: tuple, stepping: str) -> Any:
         """`S(t_i)` (T, n, K) of `S' = f_y S + f_p dp`, `S(t0) = S0` (n, K); dp (P, K).
 
         Returns `(S, None)`, or `(None, SciPy's message)` when the solve fails.
@@ -211,7 +228,8 @@ class _Ode:
         return sol.y[n:].T.reshape(T, n, K), None
 
 
-def _ivp_result(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, **_: Any) -> Any:
+def _ivp_result(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any,
+                **_: Any) -> Any:
     return (jax.ShapeDtypeStruct((t_eval.shape[0], *y0.shape), y0.dtype),
             jax.ShapeDtypeStruct((4,), jnp.int32))  # status, nfev, njev, nlu
 
@@ -228,8 +246,9 @@ def _ode(primals: tuple, fun: Any, jac: Any) -> Any:
 
 
 @_foreign.foreign(_ivp_result)
-def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, *, fun: Any, jac: Any, method: str, rtol: Any, atol: Any,
-         adjoint_rtol: Any, adjoint_atol: Any, sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
+def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, *, fun: Any,
+         jac: Any, method: str, rtol: Any, atol: Any, adjoint_rtol: Any, adjoint_atol: Any,
+         sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
     """The forward solve: y(t_eval) of y' = fun(t, y), y(t0) = y0, on [t0, t1]."""
     t_eval_in = t_eval
     t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
@@ -255,8 +274,9 @@ def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_op
 
 
 @_ivp.defvjp
-def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, jac: Any, method: str, rtol: Any, atol: Any, adjoint_rtol: Any, adjoint_atol: Any,
-             sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
+def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, jac: Any, method: str, rtol: Any,
+             atol: Any, adjoint_rtol: Any, adjoint_atol: Any, sensitivity: str, on_failure: str,
+             options: tuple, stepping: str) -> Any:
     """Reverse mode: forward sensitivities, or the continuous adjoint with checkpoints
     at the evaluation times (`sensitivity`; see the module docstring)."""
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
@@ -339,7 +359,8 @@ def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, jac: Any, method: s
         return _ivp_cotangents(primals, ode, a, t_bar, mu)
 
 
-def _ivp_cotangents(primals: tuple, ode: Any, a: Any, t_bar: Any, mu: Any, zero_t0: Any = False) -> Any:
+def _ivp_cotangents(primals: tuple, ode: Any, a: Any, t_bar: Any, mu: Any,
+                    zero_t0: Any = False) -> Any:
     """Cotangents of (t0, t1, y0, t_eval, params, fixed, jac_ops) from a = dL/dy0,
     t_bar = dL/dt_eval and mu = dL/dparams (flat)."""
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
@@ -356,8 +377,9 @@ def _ivp_vjp_nan(primals: tuple) -> Any:
 
 
 @_ivp.defjvp
-def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, jac: Any, method: str, rtol: Any, atol: Any, adjoint_rtol: Any,
-             adjoint_atol: Any, sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
+def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, jac: Any, method: str, rtol: Any,
+             atol: Any, adjoint_rtol: Any, adjoint_atol: Any, sensitivity: str, on_failure: str,
+             options: tuple, stepping: str) -> Any:
     """Forward sensitivities: (y, s)' = (f, df/dy s + df/dp dp), s(t0) = dy0 - f dt0."""
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     dt0, _, dy0, dt_eval, dparams, _, _ = tangents
@@ -617,7 +639,8 @@ def _quad_run(integrand: Any, a: Any, b: Any, options: tuple, on_failure: str, w
 
 
 @_foreign.foreign(_quad_result)
-def _quad(a: Any, b: Any, params: Any, fixed: Any, *, fun: Any, options: tuple, on_failure: str) -> Any:
+def _quad(a: Any, b: Any, params: Any, fixed: Any, *, fun: Any, options: tuple,
+          on_failure: str) -> Any:
     dtype = np.result_type(a.dtype, b.dtype)
     with on_cpu():
         q = _Integrand(fun, a.dtype, params, fixed)
@@ -630,7 +653,8 @@ def _f_at(q: Any, x: Any) -> Any:
 
 
 @_quad.defvjp
-def _quad_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, options: tuple, on_failure: str) -> Any:
+def _quad_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, options: tuple,
+              on_failure: str) -> Any:
     a, b, params, fixed = primals
     ct_val, ct_err = float(ct[0]), float(ct[1])
     if not np.isfinite(out[0]) or ct_err != 0.0:  # failure, or abserr differentiated
@@ -652,7 +676,8 @@ def _quad_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, options: tuple, on
 
 
 @_quad.defjvp
-def _quad_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, options: tuple, on_failure: str) -> Any:
+def _quad_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, options: tuple,
+              on_failure: str) -> Any:
     a, b, params, fixed = primals
     da, db, dparams, _ = tangents
     nan = np.asarray(np.nan, out[0].dtype)
@@ -698,7 +723,8 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
       >>> y, err = quad(lambda x, c: jnp.exp(-c * x), 0.0, 1.0, args=(2.0,))
       >>> print(f"{float(y):.6f}")
       0.432332
-      >>> print(f"{float(jax.grad(lambda c: quad(lambda x: jnp.exp(-c * x), 0.0, 1.0)[0])(2.0)):.6f}")
+      >>> g = jax.grad(lambda c: quad(lambda x: jnp.exp(-c * x), 0.0, 1.0)[0])
+      >>> print(f"{float(g(2.0)):.6f}")
       -0.148499
     """
     name = "integrate.quad"

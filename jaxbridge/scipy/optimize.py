@@ -29,7 +29,8 @@ The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX a
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +40,22 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from .. import _foreign
-from ._common import (Result, as_float_array, check_policy, f64, failure, fill_zeros,
-                      host_jit, jnp_ravel, nan_like, np_ravel, np_unravel, on_cpu,
-                      static_options, unsupported)
+from ._common import (
+    Result,
+    as_float_array,
+    check_policy,
+    const,
+    f64,
+    failure,
+    fill_zeros,
+    host_jit,
+    jnp_ravel,
+    nan_like,
+    np_unravel,
+    on_cpu,
+    static_options,
+    unsupported,
+)
 from ._trace import HostFun, check_args, convert
 
 __all__ = ["root", "minimize", "least_squares", "OptimizeResult", "LINEAR_SOLVERS"]
@@ -101,7 +115,8 @@ class _Problem:
         key = (kind, fun, jac, self.shape, np.dtype(xdtype), loss, f_scale)
         shape_ = self.shape
 
-        def F(fx: Any, x: Any, p: Any) -> Any:  # root: residual; minimize: objective; lsq: residuals
+        # root: the residual; minimize: the objective; least_squares: the residuals
+        def F(fx: Any, x: Any, p: Any) -> Any:
             out = fun(fun.merge(p, fx), x.reshape(shape_).astype(xdtype))
             if isinstance(out, tuple):  # minimize(jac=True): (f, g)
                 out = out[0]
@@ -125,7 +140,8 @@ class _Problem:
                 return jnp.reshape(out, (x.size, x.size)).astype(x.dtype)
             return jax.jacfwd(G, argnums=1)(fx, x, p)
 
-        def user_grad(fx: Any, jo: Any, x: Any, p: Any) -> Any:  # minimize: the gradient the optimizer uses
+        # minimize: the gradient the optimizer uses
+        def user_grad(fx: Any, jo: Any, x: Any, p: Any) -> Any:
             if jac is True:
                 return jnp.ravel(fun(fun.merge(p, fx), x.reshape(shape_).astype(xdtype))[1])
             if isinstance(jac, HostFun):
@@ -149,7 +165,7 @@ class _Problem:
             G_jvp_p=lambda fx, x, p, dp: jax.jvp(lambda p: G(fx, x, p), (p,), (dp,))[1],
             hess=jax.hessian(F, argnums=1) if kind == "minimize" else F,
             hessp=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1])
-        self._j = {r: host_jit(key + (r,), (lambda g: lambda: g)(g)) for r, g in roles.items()}
+        self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
 
     def __call__(self, role: str, *xs: Any) -> Any:
         if role in ("G_jac", "value_and_grad", "lsq_jac"):
@@ -207,7 +223,8 @@ def _stats(sol: Any) -> np.ndarray:
                      _count(sol, "njev"), _count(sol, "nit")], np.int32)
 
 
-def _result(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *, kind: str, **_: Any) -> Any:
+def _result(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *, kind: str,
+            **_: Any) -> Any:
     return (jax.ShapeDtypeStruct(x0.shape, x0.dtype),
             jax.ShapeDtypeStruct(x0.shape, jnp.int8),    # active bound: -1, 0, 1
             jax.ShapeDtypeStruct((4,), jnp.int32),       # status, nfev, njev, nit
@@ -228,7 +245,8 @@ def _run_root(pr: Any, xf: Any, method: str, jac: Any, tol: Any, opts: Any, call
                                callback=callback, options=opts or None, **kw)
 
 
-def _run_minimize(pr: Any, xf: Any, method: str, lb: Any, ub: Any, tol: Any, opts: Any, callback: Any) -> Any:
+def _run_minimize(pr: Any, xf: Any, method: str, lb: Any, ub: Any, tol: Any, opts: Any,
+                  callback: Any) -> Any:
     kw = {}
     if method not in MIN_GRAD_FREE:
         kw["jac"] = True
@@ -271,8 +289,9 @@ def _active(kind: str, sol: Any, x: Any, lb: Any, ub: Any, pr: Any) -> Any:
 
 
 @_foreign.foreign(_result)
-def _solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *, kind: str, fun: Any, method: str, jac: Any, tol: Any, options: tuple,
-           callback: Any, linear_solver: Any, on_failure: str) -> Any:
+def _solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *, kind: str, fun: Any,
+           method: str, jac: Any, tol: Any, options: tuple, callback: Any, linear_solver: Any,
+           on_failure: str) -> Any:
     name = {"lsq": "least_squares"}.get(kind, kind)
     primals = (x0, lb, ub, params, fixed, jac_ops)
     lbf, ubf = np.ravel(f64(lb)), np.ravel(f64(ub))
@@ -304,8 +323,8 @@ def _free_and_x(out: Any) -> Any:
 
 
 @_solve.defvjp
-def _solve_vjp(primals: tuple, out: Any, ct: Any, *, kind: str, fun: Any, method: str, jac: Any, tol: Any, options: tuple, callback: Any,
-               linear_solver: Any, on_failure: str) -> Any:
+def _solve_vjp(primals: tuple, out: Any, ct: Any, *, kind: str, fun: Any, method: str, jac: Any,
+               tol: Any, options: tuple, callback: Any, linear_solver: Any, on_failure: str) -> Any:
     x0, lb, ub, params, fixed, jac_ops = primals
     name = {"lsq": "least_squares"}.get(kind, kind)
     if not bool(out[3]):
@@ -325,8 +344,9 @@ def _solve_vjp(primals: tuple, out: Any, ct: Any, *, kind: str, fun: Any, method
 
 
 @_solve.defjvp
-def _solve_jvp(primals: tuple, out: Any, tangents: Any, *, kind: str, fun: Any, method: str, jac: Any, tol: Any, options: tuple, callback: Any,
-               linear_solver: Any, on_failure: str) -> Any:
+def _solve_jvp(primals: tuple, out: Any, tangents: Any, *, kind: str, fun: Any, method: str,
+               jac: Any, tol: Any, options: tuple, callback: Any, linear_solver: Any,
+               on_failure: str) -> Any:
     x0, lb, ub, params, fixed, jac_ops = primals
     _, dlb, dub, dparams, _, _ = tangents
     name = {"lsq": "least_squares"}.get(kind, kind)

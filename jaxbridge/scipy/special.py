@@ -27,7 +27,8 @@ and parameters held constant, or merely traced and not differentiated, are fine.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -307,8 +307,8 @@ def _start(n: int) -> np.ndarray:
 
 
 @_foreign.foreign(_eig_result)
-def _eigsh(data: Any, row: Any, col: Any, v0: Any, *, n: int, k: int, sigma: Any, which: Any, ncv: Any, maxiter: Any, tol: Any, mode: Any,
-           on_failure: str) -> Any:
+def _eigsh(data: Any, row: Any, col: Any, v0: Any, *, n: int, k: int, sigma: Any, which: Any,
+           ncv: Any, maxiter: Any, tol: Any, mode: Any, on_failure: str) -> Any:
     A = _csr(data, row, col, n)
     try:
         w, v = scipy.sparse.linalg.eigsh(
@@ -326,7 +326,8 @@ def _eigsh(data: Any, row: Any, col: Any, v0: Any, *, n: int, k: int, sigma: Any
 
 
 @_eigsh.defvjp
-def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, n: int, k: int, on_failure: str, **_: Any) -> Any:
+def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, n: int, k: int, on_failure: str,
+               **_: Any) -> Any:
     data, row, col, v0 = primals
     w, v = f64(out[0]), f64(out[1])
     w_bar, v_bar = f64(ct[0]), f64(ct[1])
@@ -352,7 +353,8 @@ def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, n: int, k: int, on_failure:
 
 
 @_eigsh.defjvp
-def _eigsh_jvp(primals: tuple, out: Any, tangents: Any, *, n: int, k: int, on_failure: str, **_: Any) -> Any:
+def _eigsh_jvp(primals: tuple, out: Any, tangents: Any, *, n: int, k: int, on_failure: str,
+               **_: Any) -> Any:
     data, row, col, v0 = primals
     d_data = tangents[0]
     w, v = f64(out[0]), f64(out[1])
