@@ -77,6 +77,7 @@ def _register() -> tuple[str, ...]:
 def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
              **options: Any) -> Kernel:
     plats = _register()
+    assert _kernels is not None  # _register() raised otherwise
     targets = _kernels.targets()[op]  # the C++ target table (csrc/builtin/targets.h)
     return make_kernel(targets["forward"], targets["adjoint"], targets["tangent"],
                        result=result, platforms=plats, vmap="batch", name=op,

@@ -41,10 +41,7 @@ __all__ = [
 
 def aval_of(x: Any) -> Any:
     """The abstract value (shape, dtype, weak type) of an array or tracer."""
-    typeof = getattr(jax, "typeof", None)
-    if typeof is not None:
-        return typeof(x)
-    return jax.core.get_aval(x)  # JAX < 0.6
+    return jax.typeof(x)
 
 
 def zero_tangent(primal_aval: Any) -> Any:
@@ -185,9 +182,7 @@ def cast_to_varying(x: Any, axes: frozenset) -> Any:
     missing = tuple(sorted(axes - varying_axes(aval_of(x))))
     if not missing:
         return x
-    if hasattr(jax.lax, "pcast"):
-        return jax.lax.pcast(x, missing, to="varying")
-    return jax.lax.pvary(x, missing)  # JAX 0.6 - 0.8
+    return jax.lax.pcast(x, missing, to="varying")
 
 
 def result_avals(in_avals: Any, structs: Any, name: str) -> list:

@@ -54,13 +54,20 @@ class Signature(Protocol):
     Implementations are hashable (JAX caches on primitive parameters) and immutable.
     """
 
-    name: str                       # for error messages
-    in_avals: tuple                 # forward operands: ShapeDtypeStruct-like
-    out_avals: tuple                # forward results
-    diff_in: tuple                  # per input: does it take a tangent / get a cotangent?
-    tangent_outs: tuple             # per forward result: does it get a tangent?
-    prune_zero_tangents: bool       # tangent gets only the non-zero tangents (else zeros)
-    vectorized: bool                # vmap: one call with a batch axis (else a loop)
+    @property
+    def name(self) -> str: ...                  # for error messages
+    @property
+    def in_avals(self) -> tuple: ...            # forward operands: ShapeDtypeStruct-like
+    @property
+    def out_avals(self) -> tuple: ...           # forward results
+    @property
+    def diff_in(self) -> tuple: ...             # per input: tangent / cotangent?
+    @property
+    def tangent_outs(self) -> tuple: ...        # per forward result: a tangent?
+    @property
+    def prune_zero_tangents(self) -> bool: ...  # tangent gets only non-zero tangents
+    @property
+    def vectorized(self) -> bool: ...           # vmap: one call with a batch axis
 
     def eager(self, role: str, args: Sequence[Any], nz: tuple) -> list | None: ...
     def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list: ...
@@ -109,10 +116,10 @@ class Pair:
             prim.multiple_results = True
             prim.def_impl(functools.partial(self._eager, prim))
             batching.primitive_batchers[prim] = functools.partial(self._batch, prim)
-            for platform in (*PLATFORMS, None):
-                kwargs = {} if platform is None else {"platform": platform}
+            mlir.register_lowering(prim, functools.partial(self._lower, prim, None))
+            for platform in PLATFORMS:
                 mlir.register_lowering(prim, functools.partial(self._lower, prim, platform),
-                                       **kwargs)
+                                       platform=platform)
         self.forward.def_abstract_eval(
             lambda *avals, sig: result_avals(avals, sig.out_avals, sig.name))
         self.tangent.def_abstract_eval(
@@ -178,8 +185,8 @@ class Pair:
             out_t = sig.traced("tangent", nz)(*fixed, *tans)  # JAX transposes it itself
         else:
             out_t = self.tangent.bind(*fixed, *tans, sig=sig, nz=nz)
-        out_t = iter(out_t)
-        return outs, [next(out_t) if t else z for t, z in zip(sig.tangent_outs, zeros)]
+        each = iter(out_t)
+        return outs, [next(each) if t else z for t, z in zip(sig.tangent_outs, zeros)]
 
     def _linear_jvp(self, prim: Primitive, primals: Sequence[Any], tangents: Sequence[Any],
                     *, sig: Signature, nz: tuple) -> tuple[Any, Any]:

@@ -95,7 +95,7 @@ class ForeignFunction:
         module = getattr(self, "__module__", None)
         qualname = self.__qualname__
         import sys
-        found = sys.modules.get(module) if module else None
+        found: Any = sys.modules.get(module) if module else None
         for part in qualname.split(".") if found is not None else ():
             found = getattr(found, part, None)
         if found is not self:
@@ -126,8 +126,11 @@ class ForeignFunction:
             if not callable(fun):
                 raise TypeError(f"{where} expects a function, got {fun!r}")
             # A new snapshot: calls traced before keep the rules they were traced with.
-            self._definition = dataclasses.replace(self._definition,
-                                                   **{which: Rule(fun, kind, out)})
+            new = Rule(fun, kind, out)
+            d = self._definition
+            self._definition = (dataclasses.replace(d, vjp=new) if which == "vjp" else
+                                dataclasses.replace(d, jvp=new) if which == "jvp" else
+                                dataclasses.replace(d, transpose=new))
             return fun
 
         return register if rule is None else register(rule)

@@ -140,8 +140,10 @@ def _blas_functions() -> list[tuple[int, int]]:
         for get, set_ in _BLAS_SYMBOLS.get(lib.internal_api, ()):
             g, s = getattr(lib.dynlib, get, None), getattr(lib.dynlib, set_, None)
             if g is not None and s is not None:
-                found.append((ctypes.cast(g, ctypes.c_void_p).value,
-                              ctypes.cast(s, ctypes.c_void_p).value))
+                g_ptr = ctypes.cast(g, ctypes.c_void_p).value
+                s_ptr = ctypes.cast(s, ctypes.c_void_p).value
+                if g_ptr and s_ptr:
+                    found.append((g_ptr, s_ptr))
                 break
     return found
 

@@ -198,8 +198,8 @@ def _pick(avals: Sequence[Any], mask: Sequence[bool], shapes: Sequence[tuple] | 
     """`avals`, with the entries selected by `mask` given `shapes` (one shard's) if any."""
     if shapes is None:
         return tuple(avals)
-    shapes = iter(shapes)
-    return tuple(local_structs([a], [next(shapes)])[0] if m else a
+    each = iter(shapes)
+    return tuple(local_structs([a], [next(each)])[0] if m else a
                  for a, m in zip(avals, mask))
 
 
@@ -213,8 +213,8 @@ def run_tangent(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, h
                                  allow_none=False, host=host)
     else:
         primals, out, res, tans = _split(sig, ins)
-        tans = iter(tans)
-        tangents = sig.per_argument([next(tans) if z else None for z in nz])
+        each = iter(tans)
+        tangents = sig.per_argument([next(each) if z else None for z in nz])
         value = _call(sig, rule.fun, (primals, out, tangents), res)
         leaves = flatten_checked(sig, value, sig.out_tree, avals, "tangent output",
                                  allow_none=True, host=host)
@@ -227,18 +227,20 @@ def run_adjoint(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, h
     what = _what(sig, "adjoint")
     in_avals = _pick(sig.in_avals, nz, out_shapes)
     if sig.defn.linear:
-        cts = iter(ins)
-        ct = jax.tree_util.tree_unflatten(
-            sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
+        ct = _output_tree(sig, ins)
         value = rule.fun(ct, **sig.kwargs)
     else:
         primals, out, res, cts = _split(sig, ins)
-        cts = iter(cts)
-        # Integer outputs have no cotangent: the rule sees None there.
-        ct = jax.tree_util.tree_unflatten(
-            sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
+        ct = _output_tree(sig, cts)  # integer outputs have no cotangent: None there
         value = _call(sig, rule.fun, (primals, out, ct), res)
     return cotangent_leaves(sig, value, in_avals, nz, host, what)
+
+
+def _output_tree(sig: CallSignature, leaves: Sequence[Any]) -> Any:
+    """The output's pytree with `leaves` at its differentiable leaves, None elsewhere."""
+    each = iter(leaves)
+    return jax.tree_util.tree_unflatten(
+        sig.out_tree, [next(each) if d else None for d in sig.diff_out])
 
 
 def run_rule(sig: CallSignature, role: str, rule: Rule, ops: Sequence[Any], nz: tuple,
@@ -283,6 +285,8 @@ def filler(sig: CallSignature, role: str, rule: Rule | None, nz: tuple
     what = _what(sig, role)
     if role == "forward":
         return _forward_filler(sig), sig.out_avals, what
+    if rule is None:
+        raise sig.missing(role)
     if role == "tangent":
         avals = tuple(a for a, d in zip(sig.primary_avals, sig.diff_out) if d)
         if rule.out:
@@ -363,15 +367,13 @@ def _adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple) -> Callable[[tupl
 def _inplace_tangent_filler(sig: CallSignature, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
     def fill(ins: tuple, outs: tuple) -> None:
-        views = iter(outs)
-        target = jax.tree_util.tree_unflatten(
-            sig.out_tree, [next(views) if d else None for d in sig.diff_out])
+        target = _output_tree(sig, outs)
         if sig.defn.linear:
             value = rule.fun(*sig.args(ins), out=target, **sig.kwargs)
         else:
             primals, out, res, tans = _split(sig, ins)
-            tans = iter(tans)
-            tangents = sig.per_argument([next(tans) if z else None for z in nz])
+            each = iter(tans)
+            tangents = sig.per_argument([next(each) if z else None for z in nz])
             value = _call(sig, rule.fun, (primals, out, tangents), res, out=target)
         _returned_none(sig, value, _what(sig, "tangent"))
 
@@ -384,16 +386,11 @@ def _inplace_adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple
         views = iter(outs)
         target = sig.per_argument([next(views) if z else None for z in nz])
         if sig.defn.linear:
-            cts = iter(ins)
-            ct = jax.tree_util.tree_unflatten(
-                sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
-            value = rule.fun(ct, out=target, **sig.kwargs)
+            value = rule.fun(_output_tree(sig, ins), out=target, **sig.kwargs)
         else:
             primals, out, res, cts = _split(sig, ins)
-            cts = iter(cts)
-            ct = jax.tree_util.tree_unflatten(
-                sig.out_tree, [next(cts) if d else None for d in sig.diff_out])
-            value = _call(sig, rule.fun, (primals, out, ct), res, out=target)
+            value = _call(sig, rule.fun, (primals, out, _output_tree(sig, cts)), res,
+                          out=target)
         _returned_none(sig, value, _what(sig, "adjoint"))
 
     return fill

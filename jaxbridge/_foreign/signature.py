@@ -227,6 +227,8 @@ class CallSignature:
         batch axes of a vectorized call)."""
         base = self.base
         rule = self._rule_of(role)
+        if rule is None:
+            raise self.missing(role)
 
         def run(*ops: Any) -> list:
             return runners.run_rule(base, role, rule, ops, nz, host=False)
