@@ -168,7 +168,8 @@ def softplus(x: Any, *, beta: float = 1.0) -> jax.Array:
     beta = _softplus_beta(beta, np.dtype(x.dtype))
     # A trailing unit axis makes every dimension of x a batch dimension XLA can split
     # (it splits only leading dimensions that leave one more): free, it is a bitcast.
-    return _softplus_kernel()(x[..., None], beta=beta)[..., 0]
+    shape = jnp.shape(x)
+    return _softplus_kernel()(jnp.reshape(x, (*shape, 1)), beta=beta).reshape(shape)
 
 
 def _softplus_beta(beta: Any, dtype: np.dtype) -> float:
