@@ -562,7 +562,7 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
             root, root_fd = None, None
         try:
             lib = None
-            if root_fd is not None:
+            if root is not None and root_fd is not None:
                 lib = _load_cached(root, root_fd, entry, so_name, name, symbols, use=not rebuild)
             if lib is None:
                 lib = _build_and_load(name, srcs, cmd, flags, includes, list(extra_ldflags),
@@ -602,7 +602,7 @@ def _build_and_load(name: str, srcs: list, cmd: list, flags: list, includes: lis
         # Loaded before it is published: a library the loader rejects is never cached.
         lib = _dlopen(name, fd, data, f"{so_name} (just built from your sources)", symbols,
                       None)
-        if root_fd is not None and _publish(root, root_fd, entry, {
+        if root is not None and root_fd is not None and _publish(root, root_fd, entry, {
                 so_name: data, f"{so_name}.sha256": f"{_sha256(data)}\n".encode()}, name):
             lib.path = root / entry / so_name
         return lib

@@ -510,6 +510,7 @@ class _Checker:
     def check_output_shapes(self) -> None:
         args = jax.tree_util.tree_unflatten(self.treedef, self.leaves)
         declared = jax.eval_shape(lambda *a: self.f(*a, **self.static), *args)
+        d_tree: Any  # a PyTreeDef, which mypy cannot resolve (jaxlib ships no stubs)
         d_leaves, d_tree = jax.tree_util.tree_flatten(declared)
         if d_tree != self.out_tree:
             self.add("output_shapes", "fail", hint="wrong structure",

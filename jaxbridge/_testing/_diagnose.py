@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import jax
+from jax.extend.core import Jaxpr
 
 from .. import errors
 from ..errors import MissingRuleError, ResultMismatchError
@@ -107,6 +108,6 @@ def has_custom_vjp(fun: Callable[..., Any], *args: Any) -> bool:
             for value in eqn.params.values():
                 for sub in value if isinstance(value, (tuple, list)) else (value,):
                     inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
+                    if isinstance(inner, Jaxpr):
                         todo.append(inner)
     return False

@@ -229,11 +229,14 @@ class Result(Mapping):
 
     @property
     def message(self) -> str:
+        unknown = "(status is traced; see `status` and `success`)"
         status = getattr(self, "status", None)
+        if status is None:  # (the answer int(None)'s TypeError gave)
+            return unknown
         try:
             code = int(status)
         except (TypeError, jax.errors.ConcretizationTypeError):
-            return "(status is traced; see `status` and `success`)"
+            return unknown
         return self._messages.get(code, f"SciPy status {code}" + (
             "" if bool(getattr(self, "success", True)) else
             " (failure; on_failure='raise' reports SciPy's message)"))

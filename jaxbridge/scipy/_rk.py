@@ -41,10 +41,10 @@ def supported(method: str, options: tuple) -> bool:
     return method in EXPLICIT and all(k in OPTIONS for k, _ in options) and bool(x64)
 
 
-def _tableau(method: str) -> dict:
+def _tableau(method: str) -> dict[str, Any]:
     cls = getattr(scipy.integrate, method)
-    t = {name: np.asarray(getattr(cls, name), np.float64)
-         for name in ("A", "B", "C") if hasattr(cls, name)}
+    t: dict[str, Any] = {name: np.asarray(getattr(cls, name), np.float64)
+                         for name in ("A", "B", "C") if hasattr(cls, name)}
     t["n_stages"] = int(cls.n_stages)
     t["exponent"] = -1.0 / (cls.error_estimator_order + 1)
     t["order"] = int(cls.error_estimator_order)
@@ -142,8 +142,8 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
             Ks.append(f(t_old + CX[s] * h, y_old + dy))
         Kx = jnp.stack(Ks)
         delta = y_new - y_old
-        F = [delta, h * Ks[0] - delta, 2 * delta - h * (f_new + Ks[0])]
-        F = jnp.concatenate([jnp.stack(F), h * (jnp.asarray(tab["D"]) @ Kx)])
+        F0 = [delta, h * Ks[0] - delta, 2 * delta - h * (f_new + Ks[0])]
+        F = jnp.concatenate([jnp.stack(F0), h * (jnp.asarray(tab["D"]) @ Kx)])
         y = jnp.zeros((T, n), y_old.dtype)
         for i, Fi in enumerate(F[::-1]):
             y = y + Fi[None, :]

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
 
+from .._core.jaxapi import ShapedArray
+
 _SMALL_CONST = 4096  # bytes: constants inside nested jaxprs up to this size compare by value
 
 
@@ -116,7 +118,8 @@ class HostFun:
         self.n_args_ops = n_args_ops
         avals = [v.aval for v in jaxpr.invars[:n_args_ops]] + \
             [v.aval for v in jaxpr.constvars]
-        self.diff = tuple(bool(jnp.issubdtype(a.dtype, jnp.inexact)) for a in avals)
+        self.diff = tuple(bool(jnp.issubdtype(array_aval(a).dtype, jnp.inexact))
+                          for a in avals)
         self._key = (out_tree, n_args_ops, jaxpr_key(jaxpr))
         self._hash = hash(self._key)
 
@@ -144,8 +147,15 @@ class HostFun:
 
     def merge(self, diff: Sequence[Any], fixed: Sequence[Any]) -> list:
         """The inverse of :meth:`split`."""
-        diff, fixed = iter(diff), iter(fixed)
-        return [next(diff) if d else next(fixed) for d in self.diff]
+        diff_it, fixed_it = iter(diff), iter(fixed)
+        return [next(diff_it) if d else next(fixed_it) for d in self.diff]
+
+
+def array_aval(aval: object) -> ShapedArray:
+    """`aval` as the array aval every operand of a traced function has."""
+    if not isinstance(aval, ShapedArray):
+        raise TypeError(f"jaxbridge.scipy: expected an array operand, got {aval}")
+    return aval
 
 
 def _is_dynamic(leaf: Any) -> bool:

@@ -42,7 +42,7 @@ system is small (`n (1 + n + P) <= 64`) and the continuous adjoint otherwise.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -71,7 +71,7 @@ from ._common import (
     static_options,
     unsupported,
 )
-from ._trace import HostFun, check_args, convert
+from ._trace import HostFun, array_aval, check_args, convert
 
 __all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES"]
 
@@ -153,7 +153,8 @@ class _Ode:
         roles = {"f": f, "jac": jac_y, "adj": adj, "adj_jac": adj_jac, "sens": sens,
                  "sens_jac": sens_jac}
         self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
-        self._key, self._roles = key, {"f": f, "sens": sens}
+        self._key = key
+        self._roles: dict[str, Callable[..., Any]] = {"f": f, "sens": sens}
 
     def __call__(self, role: str, *xs: Any) -> Any:
         return self._j[role](self.fixed, *xs)
@@ -441,7 +442,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
               atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
               adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
               sensitivity: str = "auto", stepping: str = "auto", on_failure: str = "raise",
-              **options: tuple) -> OdeResult:
+              **options: Any) -> OdeResult:
     """`scipy.integrate.solve_ivp`, differentiable in y0, args, closed-over arrays, t0, t_eval.
 
     Same signature, defaults and `args` convention as SciPy: `fun(t, y, *args)`.
@@ -536,19 +537,20 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     rhs, ops = convert(fun, name, "fun", (t_aval, y_aval), args, call)
     _check_out(rhs, y0, name, "fun")
     params, fixed = rhs.split(ops)
-    jac_hf, jac_ops = jac, ()
+    jac_hf = jac
+    jac_ops: Sequence[Any] = ()
     if callable(jac):
         jac_hf, jac_ops = convert(jac, name, "jac", (t_aval, y_aval), args,
                                   "jac(t, y, *args)")
         jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
     sensitivity = _sensitivity_choice(sensitivity, y0.size, sum(p.size for p in params))
-    options = static_options(options, name)
-    stepping = _stepping_choice(stepping, method, options, name)
+    static = static_options(options, name)
+    stepping = _stepping_choice(stepping, method, static, name)
     ys, stats = _ivp(t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), fun=rhs, jac=jac_hf,
                      method=method, rtol=float(rtol), atol=float(atol),
                      adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
                      adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
-                     sensitivity=sensitivity, on_failure=on_failure, options=options,
+                     sensitivity=sensitivity, on_failure=on_failure, options=static,
                      stepping=stepping)
     return OdeResult(t=t_eval, y=jnp.moveaxis(ys, 0, -1), status=stats[0], nfev=stats[1],
                      njev=stats[2], nlu=stats[3], success=stats[0] == 0)
@@ -575,20 +577,20 @@ def _stepping_choice(stepping: str, method: str, options: tuple, name: str) -> s
 def _check_t_eval(t0: jax.Array, t1: jax.Array, t_eval: jax.Array, name: str) -> None:
     """SciPy's check that t_eval lies in t_span (when the values are concrete)."""
     try:
-        t0, t1, te = float(t0), float(t1), np.asarray(t_eval)
+        a, b, te = float(t0), float(t1), np.asarray(t_eval)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
         return
-    lo, hi = min(t0, t1), max(t0, t1)
+    lo, hi = min(a, b), max(a, b)
     if te.size and (te.min() < lo or te.max() > hi):
         raise ValueError(f"jaxbridge.scipy.{name}: values in t_eval are not within t_span "
-                         f"({t0}, {t1})")
+                         f"({a}, {b})")
 
 
 def _check_out(hf: HostFun, like: jax.Array, name: str, what: str, shape: tuple | None = None
                ) -> None:
     want = like.shape if shape is None else shape
     outs = hf.jaxpr.outvars
-    got = [tuple(v.aval.shape) for v in outs]
+    got = [tuple(array_aval(v.aval).shape) for v in outs]
     if len(outs) != 1 or got[0] != tuple(want):
         raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must return one array of shape "
                          f"{tuple(want)}; it returned shapes {got}")
@@ -745,8 +747,9 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
     f_hf, ops = convert(func, name, "func", (jax.ShapeDtypeStruct((), dtype),), args, call)
     _check_out(f_hf, a, name, "func", ())
     params, fixed = f_hf.split(ops)
-    options = {"epsabs": float(epsabs), "epsrel": float(epsrel), "limit": int(limit),
-               "maxp1": int(maxp1), "limlst": int(limlst)}
+    options: dict[str, float | tuple[float, ...]] = {
+        "epsabs": float(epsabs), "epsrel": float(epsrel), "limit": int(limit),
+        "maxp1": int(maxp1), "limlst": int(limlst)}
     if points is not None:
         options["points"] = tuple(float(p) for p in np.ravel(points))
     y, err = _quad(a, b, params, fixed, fun=f_hf, options=static_options(options, name),

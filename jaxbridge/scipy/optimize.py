@@ -29,7 +29,7 @@ The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -247,7 +247,7 @@ def _run_root(pr: Any, xf: Any, method: str, jac: Any, tol: Any, opts: Any, call
 
 def _run_minimize(pr: Any, xf: Any, method: str, lb: Any, ub: Any, tol: Any, opts: Any,
                   callback: Any) -> Any:
-    kw = {}
+    kw: dict[str, Any] = {}  # scipy.optimize.minimize's keyword arguments
     if method not in MIN_GRAD_FREE:
         kw["jac"] = True
         obj = lambda x: pr("value_and_grad", x)  # noqa: E731
@@ -396,7 +396,7 @@ def _bounds(bounds: Any, x0: jax.Array, name: str) -> tuple[jax.Array, jax.Array
 
 
 def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, tol: Any,
-          options: dict, callback: Any, linear_solver: str, on_failure: str,
+          options: dict | None, callback: Any, linear_solver: str, on_failure: str,
           bounds: Any = None) -> tuple:
     name = {"lsq": "least_squares"}.get(kind, kind)
     qual = f"optimize.{name}"
@@ -416,7 +416,8 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
     params, fixed = hf.split(ops)
-    jac_hf, jac_ops = (jac if jac in (None, True, False) else None), ()
+    jac_hf = jac if jac in (None, True, False) else None
+    jac_ops: Sequence[Any] = ()
     if callable(jac):
         jac_hf, jac_ops = convert(jac, qual, "jac", (x_aval,), args, "jac(x, *args)")
         jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)

@@ -27,7 +27,7 @@ and parameters held constant, or merely traced and not differentiated, are fine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -50,7 +50,7 @@ def _host(name: str, np_fn: Callable[..., Any]) -> _foreign.ForeignFunction:
     return _foreign.foreign(lambda *xs: xs[-1], vmap="vectorized")(run)
 
 
-def _prep(*xs: Any) -> list:
+def _prep(*xs: Any) -> Sequence[jax.Array]:
     dtype = jnp.result_type(*(jnp.asarray(x).dtype for x in xs), float)
     return jnp.broadcast_arrays(*(jnp.asarray(x, dtype) for x in xs))
 
@@ -60,8 +60,8 @@ def _no_order_derivative(t: Any) -> Any:
 
 
 def _sum(*terms: Any) -> Any:
-    terms = [t for t in terms if t is not None]
-    return None if not terms else sum(terms[1:], terms[0])
+    present = [t for t in terms if t is not None]
+    return None if not present else sum(present[1:], present[0])
 
 
 def _times(t: Any, d: Any) -> Any:

@@ -334,7 +334,7 @@ def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, n: int, k: int, on_failure:
     if not np.all(np.isfinite(w)):
         return np.full(data.shape, np.nan, data.dtype), None, None, None
     A = _csr(data, row, col, n)
-    for i in np.flatnonzero(w_bar):  # an eigenvalue's derivative needs its whole eigenspace
+    for i in map(int, np.flatnonzero(w_bar)):  # each needs its whole eigenspace
         problem = _eigenspace_problem(A, w, v, w_bar, i)
         if problem is not None:
             if on_failure == "raise":
