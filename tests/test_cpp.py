@@ -494,6 +494,7 @@ def test_cuda_compile(cache):
     assert "TwiceCuda" in lib.handlers
 
 
+@pytest.mark.slow  # a whole CMake project
 def test_example_extension_builds_with_cmake(tmp_path):
     if shutil.which("cmake") is None:
         pytest.skip("needs cmake")

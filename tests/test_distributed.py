@@ -102,6 +102,7 @@ def test_launcher_kills_workers_when_one_crashes():
     _assert_gone(_pids(proc.stdout))
 
 
+@pytest.mark.slow  # waits for the launcher's timeout on purpose
 def test_launcher_times_out_and_kills_hung_workers():
     t0 = time.monotonic()
     proc = run([str(EXAMPLE), "--launch", "2", "--steps", "3", "--timeout", "12",

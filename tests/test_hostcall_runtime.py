@@ -59,6 +59,38 @@ def test_unsynced_training_loop_whose_host_code_calls_jax_does_not_deadlock(tmp_
     assert "steps done" in proc.stdout
 
 
+def test_unsynced_training_loop_through_a_scipy_root_solve(tmp_path):
+    # Every jaxbridge.scipy solver calls JAX from its host code: an Adam loop that never
+    # waits for its steps is the case that used to hang.
+    proc = run_python("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jaxbridge.scipy.optimize import root
+        jax.config.update("jax_enable_x64", True)
+        n = 200  # big enough that the steps queue up (without the fix this hangs)
+        W = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)) / n)
+        target = jnp.linspace(-0.5, 0.5, n)
+
+        def loss(theta):  # x = tanh(W x + theta), closed over W, args for theta
+            x = root(lambda x, th: x - jnp.tanh(W @ x + th), jnp.zeros(n), args=(theta,)).x
+            return jnp.sum((x - target) ** 2)
+
+        @jax.jit
+        def step(theta, m, v, i):
+            g = jax.grad(loss)(theta)
+            m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+            return theta - 0.05 * m / (jnp.sqrt(v / (1 - 0.999 ** i)) + 1e-8), m, v
+
+        theta, m, v = jnp.zeros(n), jnp.zeros(n), jnp.zeros(n)
+        first = float(loss(theta))
+        for i in range(1, 81):
+            theta, m, v = step(theta, m, v, i)   # never synchronized
+        print("loss", first, float(loss(theta)))
+    """, tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first, last = map(float, proc.stdout.split()[1:3])
+    assert last < 0.5 * first
+
+
 def test_host_function_calling_jax_inside_scan_and_grad(tmp_path):
     @jb.foreign(lambda x: x)
     def uses_jax(x):
