@@ -358,10 +358,7 @@ class CallViews {
  public:
   CallViews(const std::vector<Slot>& ins, const std::vector<Slot>& outs, bool copy)
       : copy_(copy), ins_(ins.size()), outs_(outs.size()) {
-    if (!copy_) {
-      owner_ = py::array(py::reinterpret_borrow<py::dtype>(NumpyDtype(ffi::DataType::U8)),
-                         std::vector<py::ssize_t>{0});
-    }
+    if (!copy_) owner_ = Owner();
     for (size_t i = 0; i < ins.size(); ++i) ins_[i] = Make(ins[i]);
     for (size_t i = 0; i < outs.size(); ++i) outs_[i] = Make(outs[i]);
   }
@@ -398,7 +395,7 @@ class CallViews {
     };
     scan(ins_, &kept.ins);
     scan(outs_, &kept.outs);
-    kept.derived = Py_REFCNT(owner_.ptr()) - 1 - based;
+    kept.derived = Py_REFCNT(owner_.ptr()) - 2 - based;  // minus ours and the cache's
     return kept;
   }
 
@@ -431,6 +428,9 @@ class CallViews {
   static py::tuple Tuple(const std::vector<py::array>& views) {
     py::tuple t(views.size());
     for (size_t i = 0; i < views.size(); ++i) t[i] = views[i];
+    // Holds only arrays, which cannot form reference cycles: keep it out of the cyclic
+    // collector, which otherwise runs every few hundred host calls.
+    PyObject_GC_UnTrack(t.ptr());
     return t;
   }
   void DetachOne(py::array& view) {
@@ -444,6 +444,19 @@ class CallViews {
     fields->base = copy.release().ptr();
     Py_XDECREF(old_base);
     SetWritable(view, writable);
+  }
+
+  // One owner per thread, reused while no view of the previous call survives (then
+  // nothing but this cache refers to it); a fresh one otherwise.
+  static py::object Owner() {
+    thread_local PyObject* cached = nullptr;
+    if (cached == nullptr || Py_REFCNT(cached) != 1) {
+      Py_XDECREF(cached);  // survivors keep the old one alive as long as they need it
+      py::array fresh(py::reinterpret_borrow<py::dtype>(NumpyDtype(ffi::DataType::U8)),
+                      std::vector<py::ssize_t>{0});
+      cached = fresh.release().ptr();
+    }
+    return py::reinterpret_borrow<py::object>(cached);
   }
 
   bool copy_;

@@ -312,10 +312,18 @@ def _forward_filler(sig: CallSignature) -> Callable[[tuple, tuple], None]:
     """The forward call, with a fast path for one array result."""
     fun, kwargs, args = sig.defn.fun, sig.kwargs, sig.args
     if sig.defn.out:
+        one_leaf = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
+            and sig.out_tree.num_leaves == 1
+
         def fill_in_place(ins: tuple, outs: tuple) -> None:
-            out, res = sig.outputs(outs)
-            target = out if sig.res_tree is None else (out, res)
-            _returned_none(sig, fun(*args(ins), out=target, **kwargs), "forward call")
+            if one_leaf:  # fast path: the lone output buffer is `out` itself
+                target = outs[0]
+            else:
+                out, res = sig.outputs(outs)
+                target = out if sig.res_tree is None else (out, res)
+            value = fun(*args(ins), out=target, **kwargs)
+            if value is not None:
+                _returned_none(sig, value, "forward call")
 
         return fill_in_place
     single = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
