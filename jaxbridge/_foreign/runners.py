@@ -26,13 +26,15 @@ if TYPE_CHECKING:
 
 __all__ = ["filler", "run_rule"]
 
-WHAT = {"forward": "forward call", "tangent": "jvp rule", "adjoint": "vjp rule"}
+# One vocabulary (forward / tangent / adjoint), with the registering method for users.
+WHAT = {"forward": "forward call", "tangent": "tangent rule (defjvp)",
+        "adjoint": "adjoint rule (defvjp)"}
 
 
 def _what(sig: CallSignature, role: str) -> str:
     if sig.defn.linear:
         return {"forward": "forward call", "tangent": "forward call (on tangents)",
-                "adjoint": "transpose rule"}[role]
+                "adjoint": "adjoint rule (deftranspose)"}[role]
     return WHAT[role]
 
 
@@ -362,7 +364,7 @@ def _adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple) -> Callable[[tupl
                     for o, v in zip(outs, picked):
                         o[...] = v
                     return
-            leaves = cotangent_leaves(sig, value, sig.in_avals, nz, True, "vjp rule")
+            leaves = cotangent_leaves(sig, value, sig.in_avals, nz, True, WHAT["adjoint"])
         else:
             shapes = [o.shape for o in outs] if sig.num_batch_dims else None
             leaves = run_adjoint(sig, rule, ins, nz, True, shapes)
