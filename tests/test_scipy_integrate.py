@@ -374,6 +374,7 @@ def test_quad_failure_policy():
 
 
 # ------------------------------------------------------------------ the example
+@pytest.mark.slow  # a whole training run of the example (~10 s)
 def test_fit_ode_example_runs():
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "fit_ode.py"), "--no-plot"],
                           capture_output=True, text=True, timeout=300)

@@ -86,6 +86,7 @@ def test_short_signal_longer_state_and_no_zi():
     np.testing.assert_allclose(jax.grad(h)(x), fd(h, x), rtol=1e-8)
 
 
+@pytest.mark.slow  # every check of check_rules on four arguments (~11 s)
 def test_vmap_and_check_rules():
     xs = jnp.stack([X, X ** 2 / 10, -X])
     out = jax.vmap(lambda a, x: lfilter(B, a, x))(jnp.stack([A, A * 1.1, A]), xs)
