@@ -582,6 +582,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
         "jaxbridge host call: the Python interpreter is shutting down, so the host "
         "function was not called");
   }
+  BlasCap blas;  // its own lock, not the GIL: less time holding the GIL under sharding
   Gil gil;
   if (t_pending != nullptr) {  // an earlier call on this thread raised: skip
     double waited = std::chrono::duration<double>(Clock::now() - t_pending_since).count();
@@ -612,7 +613,6 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
     PyObject* exc = nullptr;
     {
       py::tuple in_tuple = views.ins(), out_tuple = views.outs();
-      BlasCap blas;
       PyObject* result = PyObject_CallFunctionObjArgs(entry.fill, in_tuple.ptr(),
                                                       out_tuple.ptr(), nullptr);
       if (result == nullptr) {

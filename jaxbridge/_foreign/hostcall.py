@@ -365,7 +365,7 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
             f"jax.pure_callback.")
     if backend == "auto" and not use_native and platform in ("cpu", "cuda"):
         extensions.warn_once_if_missing(
-            "_native", "host calls run through jax.pure_callback (about 35x slower per call)")
+            "_native", "host calls run through jax.pure_callback (about 30x slower per call)")
     if use_native:
         jaxapi.mark_host_callback(ctx, target)
         if not num_batch_dims:
