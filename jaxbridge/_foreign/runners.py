@@ -215,9 +215,7 @@ def run_tangent(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, h
                                  allow_none=False, host=host)
     else:
         primals, out, res, tans = _split(sig, ins)
-        each = iter(tans)
-        tangents = sig.per_argument([next(each) if z else None for z in nz])
-        value = _call(sig, rule.fun, (primals, out, tangents), res)
+        value = _call(sig, rule.fun, (primals, out, _input_trees(sig, tans, nz)), res)
         leaves = flatten_checked(sig, value, sig.out_tree, avals, "tangent output",
                                  allow_none=True, host=host)
     return [t for t, d in zip(leaves, sig.diff_out) if d]
@@ -236,6 +234,13 @@ def run_adjoint(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, h
         ct = _output_tree(sig, cts)  # integer outputs have no cotangent: None there
         value = _call(sig, rule.fun, (primals, out, ct), res)
     return cotangent_leaves(sig, value, in_avals, nz, host, what)
+
+
+def _input_trees(sig: CallSignature, leaves: Sequence[Any], nz: tuple) -> tuple:
+    """Per positional argument, its pytree with `leaves` at the inputs marked in `nz`
+    (None elsewhere, and None for an argument with none marked)."""
+    each = iter(leaves)
+    return sig.per_argument([next(each) if z else None for z in nz])
 
 
 def _output_tree(sig: CallSignature, leaves: Sequence[Any]) -> Any:
@@ -382,9 +387,8 @@ def _inplace_tangent_filler(sig: CallSignature, rule: Rule, nz: tuple
             value = rule.fun(*sig.args(ins), out=target, **sig.kwargs)
         else:
             primals, out, res, tans = _split(sig, ins)
-            each = iter(tans)
-            tangents = sig.per_argument([next(each) if z else None for z in nz])
-            value = _call(sig, rule.fun, (primals, out, tangents), res, out=target)
+            value = _call(sig, rule.fun, (primals, out, _input_trees(sig, tans, nz)), res,
+                          out=target)
         _returned_none(sig, value, _what(sig, "tangent"))
 
     return fill
@@ -393,8 +397,7 @@ def _inplace_tangent_filler(sig: CallSignature, rule: Rule, nz: tuple
 def _inplace_adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
     def fill(ins: tuple, outs: tuple) -> None:
-        views = iter(outs)
-        target = sig.per_argument([next(views) if z else None for z in nz])
+        target = _input_trees(sig, outs, nz)
         if sig.defn.linear:
             value = rule.fun(_output_tree(sig, ins), out=target, **sig.kwargs)
         else:
