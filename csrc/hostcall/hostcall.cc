@@ -206,10 +206,16 @@ class BlasCap {
 // call; one extra Ensure, never released, keeps the first state for the thread's life.
 thread_local bool t_state_kept = false;
 
+// A thread that was running Python when it called into XLA (not a worker thread whose
+// state we created). Safe without the GIL.
+bool OnPythonThread() {
+  return !t_state_kept && PyGILState_GetThisThreadState() != nullptr;
+}
+
 class Gil {
  public:
   Gil() {
-    python_thread_ = t_state_kept ? false : PyGILState_GetThisThreadState() != nullptr;
+    python_thread_ = OnPythonThread();
     state_ = PyGILState_Ensure();
     if (!python_thread_ && !t_state_kept) {
       PyGILState_Ensure();
@@ -573,8 +579,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
                         const std::vector<Slot>& outs) {
   InFlight in_flight;
   if (!in_flight.entered()) {
-    bool python_thread = !t_state_kept && PyGILState_GetThisThreadState() != nullptr;
-    if (python_thread && PyThread_get_thread_ident() != TheHooks().main_thread) {
+    if (OnPythonThread() && PyThread_get_thread_ident() != TheHooks().main_thread) {
       in_flight.Leave();
       Park();
     }
