@@ -3,7 +3,7 @@
 jaxbridge defines its own primitives (with JVP, transpose, batching and lowering
 rules) through the public extension points `jax.extend.core.Primitive` and
 `jax.interpreters.{ad,batching,mlir}`; the few names that moved between JAX releases
-(and the lowering context's hooks) are resolved here, once. Supported: JAX 0.6 and
+(and the lowering context's hooks) are resolved here, once. Supported: JAX 0.10 and
 newer (tested on 0.10 and 0.12).
 """
 
