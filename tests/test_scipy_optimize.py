@@ -254,7 +254,7 @@ def test_least_squares_value_and_gradient(method, loss):
 
 
 def test_least_squares_vmap_bounds_and_check_rules():
-    from jaxbridge.testing import check_rules
+    from jaxbridge.testing import CheckOptions, check_rules
 
     tight = dict(ftol=1e-15, xtol=1e-15, gtol=1e-15)
 
@@ -265,7 +265,12 @@ def test_least_squares_vmap_bounds_and_check_rules():
     for i in range(3):
         np.testing.assert_allclose(out[i], jax.grad(lambda d: x_of(d).sum())(batch[i]),
                                    rtol=1e-10)
-    report = check_rules(x_of, np.asarray(DATA))
+    # x_of is an iterative solve: its answer moves with the data only to SciPy's trf
+    # precision, which depends on the BLAS kernels of the processor (finite differences
+    # of it were up to 5e-7 off the exact IFT gradient with OPENBLAS_CORETYPE=Haswell, less
+    # with AVX-512). The finite-difference checks get that tolerance; the others
+    # (jvp/vjp consistency, jit, vmap) keep theirs.
+    report = check_rules(x_of, np.asarray(DATA), check_options=CheckOptions(rtol=1e-5))
     assert report.passed, report
     # a bound that becomes active: x_2 held at 0.6, its gradient goes to the bound
     lsq = least_squares(decay_residual, jnp.ones(3), bounds=([0, 0, 0.6], [10, 10, 10]),
