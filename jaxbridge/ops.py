@@ -149,13 +149,13 @@ def _same_dtype(fn: str, ref: str, arrays: dict) -> None:
 def softplus(x: Any, *, beta: float = 1.0) -> jax.Array:
     """Numerically stable softplus ``log(1 + exp(beta x)) / beta`` (C++/CUDA kernel).
 
-    Computed as ``(max(z, 0) + log1p(exp(-|z|))) / beta`` with ``z = beta x``, so it
-    is finite for every finite ``x`` (|x| up to 1e4 and beyond in float32); the
-    derivative is ``sigmoid(beta x)``. ``beta`` is static (an FFI attribute): a
-    positive, finite Python number such that ``beta`` and ``1 / beta`` are normal
-    numbers of ``x``'s dtype (the kernel computes in that dtype, and flushes subnormals
-    to zero): about ``[1.2e-38, 8.5e37]`` for float32, ``[2.2e-308, 4.5e307]`` for
-    float64. Anything else raises `KernelError` at trace time.
+    Computed as ``max(x, 0) + log1p(exp(-|z|)) / beta`` with ``z = beta x``, so it
+    is finite for every finite ``x``, also where ``beta x`` overflows (``x = 1e300,
+    beta = 1e10`` gives ``1e300``); the derivative is ``sigmoid(beta x)``. ``beta`` is
+    static (an FFI attribute): a positive, finite Python number such that ``beta`` and
+    ``1 / beta`` are normal numbers of ``x``'s dtype (the kernel computes in that dtype,
+    and flushes subnormals to zero): about ``[1.2e-38, 8.5e37]`` for float32,
+    ``[2.2e-308, 4.5e307]`` for float64. Anything else raises `KernelError` at trace time.
 
     >>> import jax.numpy as jnp
     >>> from jaxbridge import ops

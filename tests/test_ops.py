@@ -425,6 +425,37 @@ def test_softplus_extreme_valid_beta_is_finite(dtype):
         assert np.isfinite(np.asarray(y)) and np.isfinite(np.asarray(g)).all(), beta
 
 
+# beta x past the dtype's range (1e30 and 1e300 in float64, 1e30 and 1e38 in float32)
+# while x itself is finite: the result is about x, never inf (the kernels used to
+# scale max(beta x, 0) back by 1/beta, and beta x had overflowed).
+HUGE_BETA_X = [(np.float64, 1e10, 1e20), (np.float64, 1e10, 1e290), (np.float64, 1e300, 1e300),
+               (np.float32, 1e10, 1e20), (np.float32, 1e20, 1e30), (np.float32, 1e37, 1e30)]
+
+
+def _huge_beta_x_case(dtype, beta, x):
+    xs = np.array([x, -x, 1.0, -1.0, 0.0], dtype)
+    want = np.array([x, 0.0, 1.0, 0.0, np.log(2.0) / beta])
+    sigmoid = np.where(xs > 0, 1.0, np.where(xs < 0, 0.0, 0.5))  # exact at these |beta x|
+    return xs, want, sigmoid
+
+
+@pytest.mark.parametrize("dtype, beta, x", HUGE_BETA_X)
+def test_softplus_does_not_overflow_for_huge_beta_x(dtype, beta, x):
+    xs, want, sigmoid = _huge_beta_x_case(dtype, beta, x)
+
+    @jax.jit
+    def loss_and_grad(v):
+        return jax.value_and_grad(lambda u: ops.softplus(u, beta=beta).sum())(v)
+
+    y = jax.jit(lambda v: ops.softplus(v, beta=beta))(xs)
+    np.testing.assert_allclose(y, want.astype(dtype), rtol=tol(dtype), atol=0)
+    total, g = loss_and_grad(xs)
+    assert np.isfinite(float(total))
+    np.testing.assert_array_equal(g, sigmoid.astype(dtype))
+    _, tangent = jax.jvp(lambda u: ops.softplus(u, beta=beta), (xs,), (np.ones_like(xs),))
+    np.testing.assert_array_equal(tangent, sigmoid.astype(dtype))
+
+
 def test_bad_input_raises_under_jit_at_trace_time():
     f = jax.jit(lambda a: ops.tridiagonal_solve(a, a, a[:2], a))
     with pytest.raises(TypeError, match="tridiagonal_solve"):
@@ -524,6 +555,17 @@ def test_gpu_softplus_extremes_and_grid_stride(gpu):
     gerr = jax.jit(lambda v: jnp.max(jnp.abs(
         jax.grad(lambda u: ops.softplus(u).sum())(v) - jax.nn.sigmoid(v))))(big)
     assert float(gerr) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, beta, x", HUGE_BETA_X)
+def test_gpu_softplus_does_not_overflow_for_huge_beta_x(gpu, dtype, beta, x):
+    xs, want, sigmoid = _huge_beta_x_case(dtype, beta, x)
+    xs = jax.device_put(xs, gpu)
+    y = jax.jit(lambda v: ops.softplus(v, beta=beta))(xs)
+    np.testing.assert_allclose(y, want.astype(dtype), rtol=tol(dtype), atol=0)
+    g = jax.jit(jax.grad(lambda u: ops.softplus(u, beta=beta).sum()))(xs)
+    np.testing.assert_array_equal(g, sigmoid.astype(dtype))
 
 
 @pytest.mark.gpu

@@ -28,15 +28,16 @@ namespace jaxbridge::kernels {
 
 // ------------------------------------------------------------------ softplus
 // softplus_beta(x) = log(1 + exp(beta x)) / beta, computed as
-// (max(z, 0) + log1p(exp(-|z|))) / beta with z = beta x: finite for any finite x.
-// (Multiplying by 1/beta, exact for beta = 1 or any power of 2, costs at most an ulp
-// elsewhere; a vector division is several times slower and these loops are
-// compute-bound in cache.)
+// max(x, 0) + log1p(exp(-|z|)) / beta with z = beta x (beta > 0): finite for any finite
+// x, even where z overflows (beta x = inf: the log1p term is 0 and the result is x;
+// scaling max(z, 0) back by 1/beta gave inf there). (Multiplying by 1/beta, exact for
+// beta = 1 or any power of 2, costs at most an ulp elsewhere; a vector division is
+// several times slower and these loops are compute-bound in cache.)
 template <typename T>
 void SoftplusForward(const T* x, T* y, int64_t begin, int64_t end, T beta) {
   const T inv_beta = T(1) / beta;
   DispatchIsa(ActiveIsa(), [&](auto) {
-    for (int64_t i = begin; i < end; ++i) y[i] = math::SoftplusUnscaled(beta * x[i]) * inv_beta;
+    for (int64_t i = begin; i < end; ++i) y[i] = math::SoftplusScaled(x[i], beta, inv_beta);
   });
 }
 

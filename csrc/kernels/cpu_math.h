@@ -140,12 +140,15 @@ JB_INLINE T Log1pUnit(T t) {
   return k * C::kLn2Hi - ((hfsq - (s * (hfsq + R) + (k * C::kLn2Lo + c))) - f);
 }
 
-// softplus(z) = max(z, 0) + log1p(exp(-|z|)): finite for finite z, = z for large z,
-// inf for +inf, 0 for -inf, NaN for NaN (the NaN travels through exp and log1p).
+// softplus(beta x) / beta for beta > 0 = max(x, 0) + log1p(exp(-|beta x|)) / beta: the
+// large term never goes through beta x, which overflows for huge beta x (x = 1e300,
+// beta = 1e10) although the result, about x, is finite. = x for large beta x, inf for
+// x = +inf, 0 for -inf, NaN for NaN (the NaN travels through exp and log1p).
 template <typename T>
-JB_INLINE T SoftplusUnscaled(T z) {
+JB_INLINE T SoftplusScaled(T x, T beta, T inv_beta) {
+  const T z = beta * x;
   // std::fabs is a compiler builtin (one and-not), not a libm call.
-  return (z > T(0) ? z : T(0)) + Log1pUnit(ExpNonPositive(-std::fabs(z)));
+  return (z > T(0) ? x : T(0)) + Log1pUnit(ExpNonPositive(-std::fabs(z))) * inv_beta;
 }
 
 // sigmoid(z) = 1 / (1 + exp(-z)), from e = exp(-|z|) so that nothing overflows.

@@ -39,9 +39,11 @@ __device__ inline T Sigmoid(T z) {
 template <typename T>
 __global__ void SoftplusFwdKernel(const T* x, T* y, int64_t size, T beta) {
   JB_GRID_LOOP(i, size) {
+    // max(x, 0) + log1p(exp(-|z|)) / beta: the large term never goes through z = beta x,
+    // which overflows for huge beta x (x = 1e300, beta = 1e10) where the result is ~x.
     T z = beta * x[i];
     T a = z < T(0) ? -z : z;
-    y[i] = ((z > T(0) ? z : T(0)) + Log1p(Exp(-a))) / beta;
+    y[i] = (z > T(0) ? x[i] : T(0)) + Log1p(Exp(-a)) / beta;
   }
 }
 
