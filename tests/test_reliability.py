@@ -178,7 +178,7 @@ def test_foreign_functions_and_kernels_work_under_disable_jit():
 
 
 def test_call_signatures_per_function_are_bounded():
-    from jaxbridge._foreign.signature import SIGNATURES_KEPT
+    from jaxbridge._foreign.definition import SIGNATURES_KEPT
 
     f = jb.foreign(lambda x, **_: x)(lambda x, k: np.asarray(x) + k)
     for k in range(SIGNATURES_KEPT + 40):  # a new static keyword value each call

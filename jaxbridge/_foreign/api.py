@@ -13,8 +13,9 @@ import numpy as np
 from .._core.arrays import as_struct, is_array_leaf
 from .._core.jaxapi import aval_of
 from .._core.pair import make_pair
+from .definition import Definition, Rule
 from .hostcall import BACKENDS, ON_MESH
-from .signature import CallSignature, Definition, Rule
+from .signature import CallSignature
 
 __all__ = ["ForeignFunction", "foreign", "custom_gradient", "foreign_pair"]
 

@@ -12,7 +12,7 @@ and both types. Nothing is cast unless the function was declared with ``cast=Tru
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +20,7 @@ import numpy as np
 
 from .._core.arrays import PY_SCALARS, is_none, leaf_paths, local_structs
 from ..errors import ForeignCallError, ResultMismatchError, describe
-
-if TYPE_CHECKING:
-    from .signature import CallSignature, Rule
+from .definition import CallLayout, Rule
 
 __all__ = ["filler", "run_rule"]
 
@@ -31,7 +29,7 @@ WHAT = {"forward": "forward call", "tangent": "tangent rule (defjvp)",
         "adjoint": "adjoint rule (defvjp)"}
 
 
-def _what(sig: CallSignature, role: str) -> str:
+def _what(sig: CallLayout, role: str) -> str:
     if sig.defn.linear:
         return {"forward": "forward call", "tangent": "forward call (on tangents)",
                 "adjoint": "adjoint rule (deftranspose)"}[role]
@@ -43,7 +41,7 @@ def _zeros(aval: Any, host: bool) -> Any:
     return np.zeros(aval.shape, aval.dtype) if host else jnp.zeros(aval.shape, aval.dtype)
 
 
-def _mismatch(sig: CallSignature, label: str, problem: str, aval: Any, shape: tuple = (),
+def _mismatch(sig: CallLayout, label: str, problem: str, aval: Any, shape: tuple = (),
               dtype: Any = None, detail: str = "") -> ResultMismatchError:
     declared = describe(aval)
     if problem == "none":
@@ -58,7 +56,7 @@ def _mismatch(sig: CallSignature, label: str, problem: str, aval: Any, shape: tu
                                declared=declared, received=received)
 
 
-def check_leaf(sig: CallSignature, leaf: Any, aval: Any, label: str, *, allow_none: bool,
+def check_leaf(sig: CallLayout, leaf: Any, aval: Any, label: str, *, allow_none: bool,
                host: bool) -> Any:
     """`leaf` if it is exactly `aval` (None -> zeros where allowed); else raise."""
     if host and type(leaf) is np.ndarray and leaf.dtype == aval.dtype \
@@ -89,7 +87,7 @@ def check_leaf(sig: CallSignature, leaf: Any, aval: Any, label: str, *, allow_no
     raise _mismatch(sig, label, "dtype", aval, shape, dtype, hint)
 
 
-def flatten_checked(sig: CallSignature, value: Any, treedef: Any, avals: Sequence[Any],
+def flatten_checked(sig: CallLayout, value: Any, treedef: Any, avals: Sequence[Any],
                     what: str, *, allow_none: bool, host: bool) -> list[Any]:
     """Flatten `value` to `treedef`'s leaves, checking structure, shapes and dtypes.
 
@@ -117,7 +115,7 @@ def flatten_checked(sig: CallSignature, value: Any, treedef: Any, avals: Sequenc
     return checked
 
 
-def cotangent_leaves(sig: CallSignature, value: Any, in_avals: Sequence[Any], nz: tuple,
+def cotangent_leaves(sig: CallLayout, value: Any, in_avals: Sequence[Any], nz: tuple,
                      host: bool, what: str) -> list[Any]:
     """Check an adjoint (VJP or transpose) rule's result -- one cotangent per positional
     argument -- and flatten it to the cotangents of the inputs marked in `nz`."""
@@ -182,13 +180,13 @@ def _is_array_like(x: Any) -> bool:
 
 
 # ---------------------------------------------------------------- running rules
-def _call(sig: CallSignature, fun: Callable, args: tuple, res: Any, **extra: Any) -> Any:
+def _call(sig: CallLayout, fun: Callable, args: tuple, res: Any, **extra: Any) -> Any:
     if sig.res_tree is None:
         return fun(*args, **extra, **sig.kwargs)
     return fun(*args, res, **extra, **sig.kwargs)
 
 
-def _split(sig: CallSignature, ins: Sequence[Any]) -> tuple[tuple, Any, Any, Sequence[Any]]:
+def _split(sig: CallLayout, ins: Sequence[Any]) -> tuple[tuple, Any, Any, Sequence[Any]]:
     """(primals, out, res, linear operands) of a non-linear rule's operands."""
     n_in, n_all = len(sig.in_avals), len(sig.out_avals)
     primals = sig.args(ins[:n_in])
@@ -205,7 +203,7 @@ def _pick(avals: Sequence[Any], mask: Sequence[bool], shapes: Sequence[tuple] | 
                  for a, m in zip(avals, mask))
 
 
-def run_tangent(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
+def run_tangent(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
                 out_shapes: Sequence[tuple] | None = None) -> list[Any]:
     """Operands -> tangents of the differentiable outputs (tangent role)."""
     avals = _pick(sig.primary_avals, sig.diff_out, out_shapes)
@@ -221,7 +219,7 @@ def run_tangent(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, h
     return [t for t, d in zip(leaves, sig.diff_out) if d]
 
 
-def run_adjoint(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
+def run_adjoint(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
                 out_shapes: Sequence[tuple] | None = None) -> list[Any]:
     """Operands -> cotangents of the inputs marked in `nz` (adjoint role)."""
     what = _what(sig, "adjoint")
@@ -236,28 +234,28 @@ def run_adjoint(sig: CallSignature, rule: Rule, ins: Sequence[Any], nz: tuple, h
     return cotangent_leaves(sig, value, in_avals, nz, host, what)
 
 
-def _input_trees(sig: CallSignature, leaves: Sequence[Any], nz: tuple) -> tuple:
+def _input_trees(sig: CallLayout, leaves: Sequence[Any], nz: tuple) -> tuple:
     """Per positional argument, its pytree with `leaves` at the inputs marked in `nz`
     (None elsewhere, and None for an argument with none marked)."""
     each = iter(leaves)
     return sig.per_argument([next(each) if z else None for z in nz])
 
 
-def _output_tree(sig: CallSignature, leaves: Sequence[Any]) -> Any:
+def _output_tree(sig: CallLayout, leaves: Sequence[Any]) -> Any:
     """The output's pytree with `leaves` at its differentiable leaves, None elsewhere."""
     each = iter(leaves)
     return jax.tree_util.tree_unflatten(
         sig.out_tree, [next(each) if d else None for d in sig.diff_out])
 
 
-def run_rule(sig: CallSignature, role: str, rule: Rule, ops: Sequence[Any], nz: tuple,
+def run_rule(sig: CallLayout, role: str, rule: Rule, ops: Sequence[Any], nz: tuple,
              host: bool) -> list[Any]:
     """A tangent or adjoint rule on flat operands (traced rules call this with JAX values)."""
     run = run_tangent if role == "tangent" else run_adjoint
     return run(sig, rule, ops, nz, host)
 
 
-def check_forward(sig: CallSignature, value: Any, avals: Sequence[Any]) -> list[Any]:
+def check_forward(sig: CallLayout, value: Any, avals: Sequence[Any]) -> list[Any]:
     """The forward call's result (a pair with residuals) as checked leaves."""
     primary, residual = avals[:sig.n_out], avals[sig.n_out:]
     if sig.res_tree is not None:
@@ -276,7 +274,7 @@ def check_forward(sig: CallSignature, value: Any, avals: Sequence[Any]) -> list[
                            host=True)
 
 
-def _returned_none(sig: CallSignature, value: Any, what: str) -> None:
+def _returned_none(sig: CallLayout, value: Any, what: str) -> None:
     if value is not None:
         raise ForeignCallError(
             f"jaxbridge: the {what} of foreign function {sig.name!r} writes its results "
@@ -285,7 +283,7 @@ def _returned_none(sig: CallSignature, value: Any, what: str) -> None:
 
 
 # ---------------------------------------------------------------- host fillers
-def filler(sig: CallSignature, role: str, rule: Rule | None, nz: tuple
+def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
            ) -> tuple[Callable[[tuple, tuple], None], tuple, str]:
     """(fill(inputs, outputs), output avals, description) of the host computation of
     `role`: the native trampoline's protocol (see jaxbridge/_foreign/hostcall.py)."""
@@ -315,7 +313,7 @@ def filler(sig: CallSignature, role: str, rule: Rule | None, nz: tuple
     return fill, avals, what
 
 
-def _forward_filler(sig: CallSignature) -> Callable[[tuple, tuple], None]:
+def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
     """The forward call, with a fast path for one array result."""
     fun, kwargs, args = sig.defn.fun, sig.kwargs, sig.args
     if sig.defn.out:
@@ -350,7 +348,7 @@ def _forward_filler(sig: CallSignature) -> Callable[[tuple, tuple], None]:
     return fill
 
 
-def _adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple) -> Callable[[tuple, tuple], None]:
+def _adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, tuple], None]:
     """The VJP rule, with a fast path for the common case: plain array arguments, one
     array output, and a rule that returns NumPy arrays of the declared shapes and dtypes
     (anything else is checked)."""
@@ -379,7 +377,7 @@ def _adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple) -> Callable[[tupl
     return fill
 
 
-def _inplace_tangent_filler(sig: CallSignature, rule: Rule, nz: tuple
+def _inplace_tangent_filler(sig: CallLayout, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
     def fill(ins: tuple, outs: tuple) -> None:
         target = _output_tree(sig, outs)
@@ -394,7 +392,7 @@ def _inplace_tangent_filler(sig: CallSignature, rule: Rule, nz: tuple
     return fill
 
 
-def _inplace_adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple
+def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
     def fill(ins: tuple, outs: tuple) -> None:
         target = _input_trees(sig, outs, nz)
