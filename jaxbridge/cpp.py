@@ -63,6 +63,7 @@ from typing import Any
 import jax
 
 from ._kernel import Kernel, get_include, kernel
+from ._kernel.api import vmap_choice
 from .errors import CompileError, KernelError, UnsafeCacheError
 
 __all__ = ["CompileError", "UnsafeCacheError", "Library", "load", "cache_dir"]
@@ -449,6 +450,8 @@ class Library:
 
         Targets are registered with XLA under ``cpp.<library>.<name>_<role>``.
         """
+        if "vmap" in kwargs:
+            kwargs["vmap"] = vmap_choice(kwargs["vmap"])
         if name is None:
             first = forward if isinstance(forward, str) else next(iter(forward.values()))
             name = re.sub(r"(_?(fwd|forward|Fwd|Forward))$", "", first) or first

@@ -80,7 +80,7 @@ def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
     assert _kernels is not None  # _register() raised otherwise
     targets = _kernels.targets()[op]  # the C++ target table (csrc/builtin/targets.h)
     return make_kernel(targets["forward"], targets["adjoint"], targets["tangent"],
-                       result=result, platforms=plats, vmap="batch", name=op,
+                       result=result, platforms=plats, vmap="vectorized", name=op,
                        arg_names=arg_names, attrs=attrs, builtin=True, **options)
 
 

@@ -47,7 +47,7 @@ def cube_lib(cache):
 def test_load_and_differentiate(cube_lib, cache):
     assert sorted(cube_lib.handlers) == ["CubeAdjoint", "CubeForward", "CubeTangent"]
     cube = cube_lib.kernel(forward="CubeForward", adjoint="CubeAdjoint", tangent="CubeTangent",
-                           result=lambda x, **_: x, attrs={"factor": 1.0}, vmap="batch")
+                           result=lambda x, **_: x, attrs={"factor": 1.0}, vmap="vectorized")
     assert all(t.startswith("cpp.cube.Cube") for t in cube.targets())
     x = jnp.linspace(-2.0, 2.0, 5)
     np.testing.assert_allclose(cube(x, factor=2.0), 2 * x**3, rtol=1e-12)
@@ -55,6 +55,15 @@ def test_load_and_differentiate(cube_lib, cache):
                                6 * x**2, rtol=1e-12)
     np.testing.assert_allclose(jax.jacfwd(cube)(x), np.diag(3 * x**2), rtol=1e-12)
     np.testing.assert_allclose(jax.vmap(cube)(jnp.stack([x, x])), jnp.stack([x**3] * 2))
+
+
+def test_library_kernel_vmap_batch_is_deprecated(cube_lib):
+    with pytest.warns(DeprecationWarning, match="vmap='batch' is deprecated") as record:
+        cube = cube_lib.kernel(forward="CubeForward", name="cube_old_vmap",
+                               result=lambda x, **_: x, attrs={"factor": 1.0}, vmap="batch")
+    assert record[0].filename == __file__
+    x = jnp.linspace(-2.0, 2.0, 5)
+    np.testing.assert_allclose(jax.vmap(cube)(jnp.stack([x, -x])), jnp.stack([x**3, -x**3]))
 
 
 SQUARE_IN_PLACE = """
@@ -86,7 +95,7 @@ def test_user_kernel_without_outputs_in_place(cache):
     lib = cpp.load("square_in_place", source=SQUARE_IN_PLACE)
     square = lib.kernel(forward="SquareForward", adjoint="SquareDerivative",
                         tangent="SquareDerivative", result=lambda x: x, dtypes=["float64"],
-                        vmap="batch", pass_outputs=False,
+                        vmap="vectorized", pass_outputs=False,
                         aliases={"adjoint": {1: 0}, "tangent": {1: 0}})
     x = jnp.linspace(-2.0, 2.0, 5)
     ct = jnp.arange(5.0)

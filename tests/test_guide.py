@@ -110,7 +110,7 @@ def test_the_failure_shown_in_the_guide_is_what_check_rules_reports(guide, workd
     lib = jb.cpp.load("wave_bug", sources=["wave_bug.cc"])
     buggy = lib.kernel(forward="WaveForward", adjoint="WaveAdjoint", tangent="WaveTangent",
                        name="wave", result=lambda a, x, **_: x, arg_names=("a", "x"),
-                       attrs={"w": 1.0}, vmap="batch", pass_outputs=False,
+                       attrs={"w": 1.0}, vmap="vectorized", pass_outputs=False,
                        aliases={"adjoint": {2: 0}, "tangent": {2: 0}})
     with pytest.raises(RuleCheckError) as info:
         check_rules(buggy, guide["a"], guide["x"], w=3.0)

@@ -116,7 +116,7 @@ def test_ffi_side_rejects_bad_shapes():
         k(jnp.ones(4), jnp.ones(4), jnp.ones(3), jnp.ones(4)).block_until_ready()
 
 
-@pytest.mark.parametrize("vmap", ["batch", "loop"])
+@pytest.mark.parametrize("vmap", ["vectorized", "loop"])
 def test_vmap_modes_agree(vmap):
     k = softplus_kernel(tangent="jaxbridge_softplus_tan", name=f"sp_{vmap}", vmap=vmap)
     x = jnp.linspace(-3, 3, 12).reshape(3, 4)
@@ -126,6 +126,22 @@ def test_vmap_modes_agree(vmap):
     np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
     prims = [e.primitive.name for e in jax.make_jaxpr(jax.vmap(k))(x).jaxpr.eqns]
     assert ("while" in prims or "scan" in prims) == (vmap == "loop")
+
+
+def test_vmap_batch_is_the_deprecated_spelling_of_vectorized():
+    # "batch" was the kernel's word and "vectorized" jb.foreign's; one word now.
+    with pytest.warns(DeprecationWarning, match=r"vmap='batch' is deprecated; write "
+                                                r"vmap='vectorized'") as record:
+        k = softplus_kernel(name="sp_old_spelling", vmap="batch")
+    assert record[0].filename == __file__  # the warning points at the caller's line
+    assert k.vmap == "vectorized"
+    x = jnp.linspace(-3, 3, 12).reshape(3, 4, 1)
+    prims = [e.primitive.name for e in jax.make_jaxpr(jax.vmap(k))(x).jaxpr.eqns]
+    assert "while" not in prims and "scan" not in prims  # still one call
+    np.testing.assert_allclose(jax.jit(jax.vmap(k))(x), jnp.logaddexp(0, x), rtol=1e-12)
+    with pytest.raises(KernelError, match=r"vmap must be one of \('loop', 'vectorized'\), "
+                                          r"got 'batched'"):
+        softplus_kernel(name="sp_bad_vmap", vmap="batched")
 
 
 def test_pytree_results_and_export_checks():
@@ -232,7 +248,7 @@ def test_aliased_cotangent_and_tangent_are_not_clobbered():
     np.testing.assert_allclose(ty, want, rtol=1e-12)
     np.testing.assert_array_equal(tx, ct_before)
     assert "output_to_operand_aliasing" in _hlo(lambda x, t: jax.jvp(k, (x,), (t,))[1], x, tx)
-    # under vmap="batch" the aliased buffers gain the same batch axis
+    # under vmap="vectorized" the aliased buffers gain the same batch axis
     gb = jax.vmap(lambda x, c: jax.vjp(ops.softplus, x)[1](c)[0])(x.reshape(3, 11),
                                                                    ct.reshape(3, 11))
     np.testing.assert_allclose(gb.reshape(-1), want, rtol=1e-12)

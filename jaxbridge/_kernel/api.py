@@ -15,13 +15,15 @@ Cotangents/tangents exist only for floating-point outputs/inputs that are not in
 kernel applied to the tangents and its adjoint is the ``transpose`` kernel applied to
 the cotangents (both take only those).
 
-Batching is explicit: ``vmap="batch"`` means the kernels accept any number of leading
-batch dimensions shared by every operand and result (a `vmap` is ONE call);
-``vmap="loop"`` runs one call per batch element.
+Batching is explicit: ``vmap="vectorized"`` means the kernels accept any number of
+leading batch dimensions shared by every operand and result (a `vmap` is ONE call);
+``vmap="loop"`` runs one call per batch element. (``"batch"`` is the deprecated
+spelling of ``"vectorized"``, the word `jaxbridge.foreign` uses too.)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ from .registry import (
 __all__ = ["Kernel", "kernel", "make_kernel", "get_include", "kernel_pair"]
 
 ROLES = ("forward", "adjoint", "tangent", "transpose")
+VMAP_CHOICES = ("loop", "vectorized")
 kernel_pair = make_pair("jaxbridge_kernel")
 
 
@@ -70,6 +73,20 @@ def get_include() -> str:
             return str(cand)
     raise FileNotFoundError("jaxbridge: the C++ headers are missing from this installation "
                             f"(looked in {here / 'include'})")
+
+
+def vmap_choice(vmap: Any, stacklevel: int = 3) -> str:
+    """`vmap`, with the deprecated spelling ``"batch"`` read as ``"vectorized"`` (warned
+    at the caller `stacklevel` frames up)."""
+    if vmap == "batch":
+        warnings.warn("jaxbridge.kernel: vmap='batch' is deprecated; write "
+                      "vmap='vectorized' (the same word as jaxbridge.foreign's)",
+                      DeprecationWarning, stacklevel=stacklevel)
+        return "vectorized"
+    if vmap not in VMAP_CHOICES:
+        raise KernelError(f"jaxbridge.kernel: vmap must be one of {VMAP_CHOICES}, got "
+                          f"{vmap!r}")
+    return str(vmap)
 
 
 # ----------------------------------------------------------------- FFI attributes
@@ -170,7 +187,7 @@ class KernelSignature:
 
     @property
     def vectorized(self) -> bool:
-        return self.kernel.vmap == "batch"
+        return self.kernel.vmap == "vectorized"
 
     def batched(self, size: int) -> KernelSignature:
         def pre(a: Any) -> Any:
@@ -497,8 +514,9 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
       result: a pytree of ``jax.ShapeDtypeStruct``, or a function of the arguments'
         ``ShapeDtypeStruct``s and the attributes returning one.
       platforms: platforms that string targets exist on (default ``("cpu",)``).
-      vmap: ``"batch"`` (kernels take shared leading batch dims: one call under
-        vmap) or ``"loop"`` (one call per batch element).
+      vmap: ``"vectorized"`` (kernels take shared leading batch dims: one call under
+        vmap) or ``"loop"`` (one call per batch element). ``"batch"`` is a deprecated
+        spelling of ``"vectorized"``.
       name: the kernel's name in messages (default: from the forward target).
       arg_names: names of the positional (array) arguments: checked and used in errors.
       dtypes: allowed dtypes of the differentiable array arguments; None: any.
@@ -538,9 +556,10 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
 
         softplus = jaxbridge.kernel(
             "jaxbridge_softplus_fwd", "jaxbridge_softplus_adj", "jaxbridge_softplus_tan",
-            result=lambda x, **_: x, vmap="batch", attrs={"beta": 1.0},
+            result=lambda x, **_: x, vmap="vectorized", attrs={"beta": 1.0},
             pass_outputs=False, aliases={"adjoint": {1: 0}})
     """
+    vmap = vmap_choice(vmap)
     return make_kernel(forward, adjoint, tangent, result=result, platforms=platforms,
                        vmap=vmap, name=name, arg_names=arg_names, dtypes=dtypes, attrs=attrs,
                        check=check, nondiff_argnums=nondiff_argnums, namespace=namespace,
@@ -559,8 +578,7 @@ def make_kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, resul
                 linear: bool = False, transpose: Any = None,
                 batch_dims: int | Callable[..., int] = 0, builtin: bool = False) -> Kernel:
     """`kernel`, plus `builtin=True` for jaxbridge's own `jaxbridge_*` targets."""
-    if vmap not in ("batch", "loop"):
-        raise KernelError(f"jaxbridge.kernel: vmap must be 'batch' or 'loop', got {vmap!r}")
+    vmap = vmap_choice(vmap)
     if name is None:
         name = forward if isinstance(forward, str) else "kernel"
         name = name.removesuffix("_fwd").removesuffix("_forward")

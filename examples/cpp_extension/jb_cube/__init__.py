@@ -19,6 +19,6 @@ cube = kernel(
     name="cube", namespace="jb_cube",           # targets: jb_cube.cube_{forward,...}
     result=lambda x, **_: x,                    # same shape and dtype as x
     attrs={"factor": 1.0},                      # static keyword -> FFI attribute
-    vmap="batch",                               # elementwise: any leading dims
+    vmap="vectorized",                          # elementwise: any leading dims
     arg_names=("x",),
 )
