@@ -144,6 +144,51 @@ def test_vmap_batch_is_the_deprecated_spelling_of_vectorized():
         softplus_kernel(name="sp_bad_vmap", vmap="batched")
 
 
+def _rbf(name, **kw):
+    def result(x, y, l):
+        return jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]), x.dtype)
+    return kernel("jaxbridge_rbf_kernel_fwd", "jaxbridge_rbf_kernel_adj", name=name,
+                  arg_names=("x", "y", "length_scale"), result=result, **kw)
+
+
+def test_python_scalar_arguments_take_the_dtype_of_the_arrays():
+    # JAX's weak typing: the literal 2 becomes a float32 length scale beside float32 x
+    # (without it, jnp.asarray(2) is int64 and is refused, or 2.0 float64 and the
+    # handler sees mixed dtypes).
+    k = _rbf("rbf_weak")
+    x, y = jnp.ones((2, 3), jnp.float32), jnp.zeros((4, 3), jnp.float32)
+    want = np.exp(-3.0 / 8.0) * np.ones((2, 4), np.float32)
+    for length_scale in (2, 2.0, np.float32(2.0)):
+        got = jax.jit(lambda x, y, l=length_scale: k(x, y, l))(x, y)
+        assert got.dtype == jnp.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    g = jax.grad(lambda x: k(x, y, 2).sum())(x)
+    assert g.dtype == jnp.float32
+    np.testing.assert_allclose(g, jax.grad(
+        lambda x: jnp.exp(-jnp.sum((x[:, None] - y[None]) ** 2, -1) / 8).sum())(x), rtol=1e-5)
+
+
+@pytest.mark.parametrize("value, why", [
+    (1e40, r"1e\+40 overflows float32"),
+    (np.float64(1e300), r"1e\+300 overflows float32"),
+])
+def test_lossy_scalar_argument_is_an_error_naming_kernel_and_argument(value, why):
+    k = _rbf("rbf_lossy", dtypes=("float32",))
+    x, y = jnp.ones((2, 3), jnp.float32), jnp.zeros((4, 3), jnp.float32)
+    with pytest.raises(KernelError, match=rf"kernel 'rbf_lossy': argument 'length_scale': "
+                                          rf"{why} .*; the kernel computes in float32"):
+        jax.jit(lambda x, y: k(x, y, value))(x, y)
+
+
+def test_integer_scalar_for_a_float_kernel_must_be_exact():
+    k = _rbf("rbf_int", dtypes=("float32",))
+    x, y = jnp.ones((1, 2), jnp.float32), jnp.ones((1, 2), jnp.float32)
+    assert float(k(x, y, np.int64(3))[0, 0]) == 1.0  # exactly 3.0f
+    with pytest.raises(KernelError, match=r"argument 'length_scale': 340282366920938463463"
+                                          r"374607431768211456 overflows float32 "):
+        k(x, y, 2**128)
+
+
 def test_pytree_results_and_export_checks():
     k = kernel("jaxbridge_rbf_kernel_fwd", "jaxbridge_rbf_kernel_adj", name="rbf_dict",
                result=lambda x, y, l: {"K": jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]),

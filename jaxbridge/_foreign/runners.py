@@ -5,8 +5,10 @@ Host runners work on NumPy arrays and write into the output buffers they are giv
 (`filler`); traced runners (rules with ``kind="jax"``) work on JAX values (`run_rule`).
 Every value a user returns is checked against what was declared -- structure, shape
 and dtype -- and a mismatch raises `ResultMismatchError` naming the function, the value
-and both types. Nothing is cast unless the function was declared with ``cast=True``
-(Python and NumPy scalars included: they are 0-d arrays of their own dtype).
+and both types. Nothing is cast unless the function was declared with ``cast=True``,
+except Python and NumPy scalars, which follow JAX's weak typing: one whose value
+converts exactly takes the declared dtype (``42`` where int32 is declared), a lossy one
+(``3.7`` where int32 is declared) is an error (see `jaxbridge._core.scalars`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.arrays import PY_SCALARS, is_none, leaf_paths, local_structs
+from .._core.scalars import convert_scalar, is_scalar
 from ..errors import ForeignCallError, ResultMismatchError, describe
 from .definition import CallLayout, Rule
 
@@ -67,10 +70,17 @@ def check_leaf(sig: CallLayout, leaf: Any, aval: Any, label: str, *, allow_none:
             return _zeros(aval, host)
         raise _mismatch(sig, label, "none", aval)
     want_shape, want_dtype = tuple(aval.shape), np.dtype(aval.dtype)
-    if host:
+    if is_scalar(leaf) and not want_shape and not sig.defn.cast:
+        # JAX's weak typing: a scalar that converts exactly takes the declared dtype.
+        try:
+            exact = convert_scalar(leaf, want_dtype)
+        except ValueError as why:
+            raise _mismatch(sig, label, "dtype", aval, (), np.asarray(leaf).dtype,
+                            f": {why}. Return a value {want_dtype.name} holds, or declare "
+                            f"jb.foreign(..., cast=True) to convert anyway") from None
+        return exact if host else jnp.asarray(exact)
+    if host or isinstance(leaf, PY_SCALARS):
         leaf = np.asarray(leaf)  # a Python or NumPy scalar is a 0-d array of its dtype
-    elif isinstance(leaf, PY_SCALARS):  # traced rules follow JAX: Python scalars are weak
-        leaf = jnp.asarray(leaf, want_dtype)
     shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype)
     if shape == want_shape and dtype == want_dtype:
         return leaf
@@ -81,9 +91,6 @@ def check_leaf(sig: CallLayout, leaf: Any, aval: Any, label: str, *, allow_none:
         raise _mismatch(sig, label, "shape", aval, shape, dtype)
     hint = (f"; convert with .astype(np.{want_dtype.name}), declare {dtype.name}, or "
             f"declare jb.foreign(..., cast=True)")
-    if shape == () and not isinstance(leaf, jax.Array):
-        hint = (f" (a Python or NumPy scalar is a 0-d array of its own dtype); return "
-                f"np.{want_dtype.name}(value) or declare jb.foreign(..., cast=True)")
     raise _mismatch(sig, label, "dtype", aval, shape, dtype, hint)
 
 

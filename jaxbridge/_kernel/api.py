@@ -41,6 +41,7 @@ from .._core.jaxapi import (
     unsplittable_batch_dims,
 )
 from .._core.pair import make_pair
+from .._core.scalars import convert_scalar, is_scalar
 from ..errors import KernelError, MissingRuleError, ShardingError, describe
 from .registry import (
     check_name,
@@ -451,13 +452,48 @@ class Kernel:
                     f"({a!r}); array arguments must be arrays and attributes "
                     f"({', '.join(sorted(self.attrs))}) are keyword-only, e.g. "
                     f"{self.name}(x, {sorted(self.attrs)[0]}=...)")
-            if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+            if is_scalar(a) and self.dtypes is not None and i not in self.nondiff_argnums:
+                pass  # typed by _weak_scalars
+            elif not hasattr(a, "dtype") or not hasattr(a, "shape"):
                 try:
                     a = jnp.asarray(a)
                 except TypeError as e:
                     raise KernelError(f"{where}: argument {self._argname(i)!r} must be an "
                                       f"array; received {type(a).__name__}") from e
             arrays.append(a)
+        return self._weak_scalars(where, args, arrays)
+
+    def _weak_scalars(self, where: str, args: tuple, arrays: list) -> list:
+        """JAX's weak typing for scalar arguments (`jaxbridge._core.scalars`): a Python
+        scalar takes the dtype of the kernel's array arguments (else JAX's default for
+        its kind), a NumPy scalar keeps its own unless `dtypes` excludes it; either must
+        convert exactly."""
+        if self.dtypes is None:
+            return arrays
+        diff = [i for i in range(len(args)) if i not in self.nondiff_argnums]
+        shared = [np.dtype(arrays[i].dtype) for i in diff if not is_scalar(args[i])
+                  and np.dtype(arrays[i].dtype) in self.dtypes]
+        for i in diff:
+            value = args[i]
+            if not is_scalar(value):
+                continue
+            if isinstance(value, np.generic):
+                own = np.dtype(value.dtype)
+            else:  # JAX's default dtype for a Python number of this kind
+                kind = complex if isinstance(value, complex) else \
+                    float if isinstance(value, float) else np.int64
+                own = np.dtype(jax.dtypes.canonicalize_dtype(kind))
+            if own in self.dtypes and (isinstance(value, np.generic) or not shared):
+                target = own
+            else:
+                target = shared[0] if shared else self.dtypes[0]
+            try:
+                arrays[i] = jnp.asarray(convert_scalar(value, target))
+            except ValueError as why:
+                raise KernelError(
+                    f"{where}: argument {self._argname(i)!r}: {why}; the kernel computes in "
+                    f"{target.name} here (allowed dtypes: "
+                    f"{' or '.join(d.name for d in self.dtypes)})") from None
         return arrays
 
     def _result_aval(self, where: str, o: Any) -> Any:
