@@ -433,3 +433,17 @@ def test_bug_empty_pytree_argument_is_passed_not_dropped():
         return x * 2
 
     np.testing.assert_allclose(f(jnp.ones(2), ()), [2.0, 2.0])
+
+
+def test_batch_dims_need_the_same_leading_dimensions():
+    @jb.foreign(lambda a, b: a, batch_dims=1)
+    def add(a, b):
+        return a + b
+
+    ok = jax.jit(add)(jnp.ones((2, 3)), jnp.ones((2, 3)))
+    np.testing.assert_array_equal(ok, np.full((2, 3), 2.0))
+    with pytest.raises(ValueError, match=r"foreign function 'add' declares batch_dims=1, so "
+                       r"every array argument, result and residual must share the same 1 "
+                       r"leading dimension\(s\); got shapes \[\[2, 3\], \[4, 3\], \[2, 3\]\]. "
+                       r"Broadcast unbatched arguments"):
+        jax.jit(add)(jnp.ones((2, 3)), jnp.ones((4, 3)))

@@ -370,3 +370,16 @@ def test_kernel_docstring_states_the_conventions_and_hides_private_parameters():
     assert "adjoint(*primals, *outputs, *cotangents" in doc
     assert "tangent(*primals, *outputs, *tangents" in doc
     assert "_builtin" not in inspect.signature(kernel).parameters and "_builtin" not in doc
+
+
+def test_batch_dims_need_the_same_leading_dimensions():
+    k = _rbf("rbf_batched", batch_dims=1)
+    x, y, l = jnp.ones((2, 3, 4)), jnp.ones((2, 5, 4)), jnp.ones(2)
+    assert jax.jit(k)(x, y, l).shape == (2, 3, 5)
+    with pytest.raises(KernelError, match=r"kernel 'rbf_batched': batch_dims=1, so every array "
+                                          r"argument and result must share the same 1 leading "
+                                          r"dimension\(s\); got shapes \[\[2, 3, 4\], "
+                                          r"\[3, 5, 4\]"):
+        k(x, jnp.ones((3, 5, 4)), l)
+    with pytest.raises(KernelError, match=r"batch_dims must be an int >= 0"):
+        _rbf("rbf_bad_batch", batch_dims=lambda x, y, l: -1)(x, y, l)

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from .._core.arrays import as_struct, is_array_leaf
+from .._core.checks import check_batch_dims, is_differentiable
 from .._core.jaxapi import aval_of
 from .._core.pair import make_pair
 from .definition import Definition, Rule
@@ -284,29 +285,20 @@ def _make_signature(defn: Definition, in_tree: Any, static_leaves: tuple, avals:
     res_tree, res_avals = (None, ())
     if defn.residuals is not None:
         res_tree, res_avals = declared(defn.residuals, "residuals")
-    if defn.batch_dims:
-        _check_batch_dims(defn, in_structs + out_avals + res_avals)
+    check_batch_dims(
+        defn.batch_dims, in_structs + out_avals + res_avals,
+        f"jaxbridge: foreign function {defn.name!r} declares batch_dims={defn.batch_dims}, so "
+        f"every array argument, result and residual",
+        fix="Broadcast unbatched arguments, or call the function inside jax.shard_map instead.")
     if defn.linear:
         _check_linear(defn, in_structs, out_avals)
     return CallSignature(defn, in_tree, static_leaves, in_structs, statics, out_tree,
                          out_avals, res_tree, res_avals)
 
 
-def _check_batch_dims(defn: Definition, structs: tuple) -> None:
-    k = defn.batch_dims
-    leading = {tuple(s.shape[:k]) for s in structs if len(s.shape) >= k}
-    if any(len(s.shape) < k for s in structs) or len(leading) != 1:
-        shapes = [list(s.shape) for s in structs]
-        raise ValueError(
-            f"jaxbridge: foreign function {defn.name!r} declares batch_dims={k}, so every "
-            f"array argument, result and residual must share the same {k} leading "
-            f"dimension(s); got shapes {shapes}. Broadcast unbatched arguments, or call "
-            f"the function inside jax.shard_map instead.")
-
-
 def _check_linear(defn: Definition, ins: tuple, outs: tuple) -> None:
     bad = [f"{'argument' if i < len(ins) else 'result'} {s.dtype}"
-           for i, s in enumerate(ins + outs) if not np.issubdtype(s.dtype, np.inexact)]
+           for i, s in enumerate(ins + outs) if not is_differentiable(s.dtype)]
     if bad:
         raise TypeError(
             f"jaxbridge: foreign function {defn.name!r} is declared linear=True, so every "

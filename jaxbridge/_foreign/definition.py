@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
 import jax
-import jax.numpy as jnp
 
+from .._core.checks import is_differentiable
 from ..errors import MissingRuleError, describe
 from .hostcall import CopyPolicy
 
@@ -82,10 +82,6 @@ class Definition:
         return sig
 
 
-def _inexact(dtype: Any) -> bool:
-    return bool(jnp.issubdtype(dtype, jnp.inexact))
-
-
 class CallLayout:
     """One concrete call of a `Definition`: its arguments, results and rules (the
     `CallSignature` adds how the derivative pair runs it)."""
@@ -105,8 +101,8 @@ class CallLayout:
         self.batch_shape = batch_shape
         self.base = base or self
         self.num_batch_dims = defn.batch_dims + (len(batch_shape) if defn.batch_dims else 0)
-        self.diff_in = tuple(_inexact(a.dtype) for a in in_avals)
-        self.diff_out = tuple(_inexact(a.dtype) for a in primary_avals)
+        self.diff_in = tuple(is_differentiable(a.dtype) for a in in_avals)
+        self.diff_out = tuple(is_differentiable(a.dtype) for a in primary_avals)
         self.tangent_outs = self.diff_out + (False,) * len(res_avals)
         self.prune_zero_tangents = not defn.linear
         self.vectorized = defn.vmap == "vectorized"

@@ -40,13 +40,13 @@ import jax
 import numpy as np
 
 from .._core import extensions, jaxapi
+from .._core.checks import refuse_gather
 from .._core.jaxapi import mlir
 from ..errors import (
     BackendError,
     ForeignCallError,
     JaxbridgeError,
     KeptViewError,
-    ShardingError,
     remember_failure,
 )
 
@@ -337,25 +337,15 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
     if backend == "auto":
         backend = default_backend()
     use_native = backend != "pure_callback" and platform in native_platforms()
-    devices = jaxapi.auto_partitioned_devices(ctx)
-    if devices > 1 and num_batch_dims and jaxapi.unsplittable_batch_dims(ctx, num_batch_dims):
-        raise ShardingError(
-            f"jaxbridge: the {target.what} of foreign function {target.name!r} declares "
-            f"{num_batch_dims} batch dimension(s), but some of its operands or results have "
-            f"no dimension beyond them (ranks {jaxapi.unsplittable_batch_dims(ctx, num_batch_dims)}"
-            f"); XLA splits a call only along leading dimensions that leave at least one, "
-            f"so it would gather the inputs instead. Give such arrays a trailing axis "
-            f"(x[..., None]) or declare fewer batch_dims.")
-    if devices > 1 and not (use_native and num_batch_dims) and on_mesh != "replicate":
-        how = ("declares no batch dimensions" if not num_batch_dims else
-               "runs through jax.pure_callback, which XLA cannot split")
-        raise ShardingError(
-            f"jaxbridge: the {target.what} of foreign function {target.name!r} is compiled into "
-            f"a computation partitioned over {devices} devices, but it {how}, so XLA would "
-            f"gather its inputs onto every device. Declare jb.foreign(..., batch_dims=k) for a "
-            f"function that is independent along its k leading dimensions (it then runs once "
-            f"per shard), call it inside jax.shard_map, or pass on_mesh='replicate' to accept "
-            f"the gather.")
+    refuse_gather(
+        ctx, f"jaxbridge: the {target.what} of foreign function {target.name!r}",
+        num_batch_dims,
+        None if (use_native and num_batch_dims) or on_mesh == "replicate"
+        else "declares no batch dimensions" if not num_batch_dims
+        else "runs through jax.pure_callback, which XLA cannot split",
+        fix="Declare jb.foreign(..., batch_dims=k) for a function that is independent "
+            "along its k leading dimensions (it then runs once per shard), call it inside "
+            "jax.shard_map, or pass on_mesh='replicate' to accept the gather.")
     if backend == "native" and not use_native:
         raise BackendError(
             f"jaxbridge: foreign function {target.name!r} asked for backend='native', but the "

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.arrays import PY_SCALARS, is_none, leaf_paths, local_structs
+from .._core.checks import is_differentiable
 from .._core.scalars import convert_scalar, is_scalar
 from ..errors import ForeignCallError, ResultMismatchError, describe
 from .definition import CallLayout, Rule
@@ -147,7 +148,7 @@ def cotangent_leaves(sig: CallLayout, value: Any, in_avals: Sequence[Any], nz: t
             # One-leaf custom node (e.g. nnx.Param): a bare array is its cotangent,
             # as with jax.custom_vjp.
             aval = avals[0] if avals else None
-            if aval is not None and jnp.issubdtype(aval.dtype, jnp.inexact):
+            if aval is not None and is_differentiable(aval.dtype):
                 leaves.append(check_leaf(sig, ct_i, aval, f"cotangent {i}", allow_none=True,
                                          host=host))
             else:
@@ -168,7 +169,7 @@ def cotangent_leaves(sig: CallLayout, value: Any, in_avals: Sequence[Any], nz: t
                     continue
                 aval = avals[dyn_pos]
                 dyn_pos += 1
-                if not jnp.issubdtype(aval.dtype, jnp.inexact):
+                if not is_differentiable(aval.dtype):
                     leaves.append(None)  # integer input: no cotangent
                     continue
                 try:

@@ -32,17 +32,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._core.checks import check_batch_dims, is_differentiable, refuse_gather
 from .._core.jaxapi import (
     ShapedArray,
-    auto_partitioned_devices,
     ffi_lowering_aliased,
     hold_weakly_in_jax_caches,
     set_num_batch_dims,
-    unsplittable_batch_dims,
 )
 from .._core.pair import make_pair
 from .._core.scalars import convert_scalar, is_scalar
-from ..errors import KernelError, MissingRuleError, ShardingError, describe
+from ..errors import KernelError, MissingRuleError, describe
 from .registry import (
     check_name,
     is_registered,
@@ -148,10 +147,6 @@ def _convert_attr(where: str, key: str, value: Any, declared: type | None) -> An
 
 
 # ----------------------------------------------------------------- the call signature
-def _inexact(dtype: Any) -> bool:
-    return bool(jnp.issubdtype(dtype, jnp.inexact))
-
-
 class KernelSignature:
     """Hashable static description of one kernel call (`jaxbridge._core.pair.Signature`)."""
 
@@ -164,9 +159,9 @@ class KernelSignature:
         self.kernel, self.attrs = kernel, attrs
         self.in_avals, self.out_avals, self.nondiff = in_avals, out_avals, nondiff
         self.num_batch_dims = num_batch_dims
-        self.diff_in = tuple(i not in nondiff and _inexact(a.dtype)
+        self.diff_in = tuple(i not in nondiff and is_differentiable(a.dtype)
                              for i, a in enumerate(in_avals))
-        self.tangent_outs = tuple(_inexact(a.dtype) for a in out_avals)
+        self.tangent_outs = tuple(is_differentiable(a.dtype) for a in out_avals)
         # Attribute types are part of the key: 2 and 2.0 are equal but not the same FFI
         # attribute (int64 vs double) when no type was declared.
         types = tuple((k, type(v)) for k, v in attrs)
@@ -280,21 +275,12 @@ class KernelSignature:
         if self.kernel.linear and role != "forward":
             kernel_role = "forward" if role == "tangent" else "transpose"
         target = self.kernel.target(kernel_role, platform)
-        devices = auto_partitioned_devices(ctx)
-        if devices > 1 and not self.num_batch_dims:  # XLA would gather the operands
-            raise ShardingError(
-                f"jaxbridge kernel {self.name!r} (FFI target {target!r}) is compiled into a "
-                f"computation partitioned over {devices} devices, where XLA would gather its "
-                f"inputs onto every device. Declare jaxbridge.kernel(..., batch_dims=...) if "
-                f"it is independent along leading dimensions, or call it inside "
-                f"jax.shard_map (it then runs once per shard on local data).")
-        if devices > 1 and unsplittable_batch_dims(ctx, self.num_batch_dims):
-            raise ShardingError(
-                f"jaxbridge kernel {self.name!r} declares {self.num_batch_dims} batch "
-                f"dimension(s), but some of its operands or results have no dimension beyond "
-                f"them; XLA splits a call only along leading dimensions that leave at least "
-                f"one, so it would gather the inputs. Give such arrays a trailing axis "
-                f"(x[..., None]) or declare fewer batch_dims.")
+        refuse_gather(
+            ctx, f"jaxbridge kernel {self.name!r} (FFI target {target!r})",
+            self.num_batch_dims, None if self.num_batch_dims else "declares no batch dimensions",
+            fix="Declare jaxbridge.kernel(..., batch_dims=...) if it is independent along "
+                "leading dimensions, or call it inside jax.shard_map (it then runs once per "
+                "shard on local data).")
         aliases = self.kernel.aliases.get(kernel_role, ())
         results = ffi_lowering_aliased(target, aliases)(ctx, *args, **dict(self.attrs))
         if self.num_batch_dims:
@@ -511,11 +497,8 @@ def _check_batch_dims(where: str, k: Any, avals: tuple) -> None:
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
         raise KernelError(f"{where}: batch_dims must be an int >= 0 (or a function of the "
                           f"arguments returning one); received {k!r}")
-    if k and (any(len(a.shape) < k for a in avals)
-              or len({tuple(a.shape[:k]) for a in avals}) != 1):
-        raise KernelError(
-            f"{where}: batch_dims={k}, so every array argument and result must share the "
-            f"same {k} leading dimension(s); got shapes {[list(a.shape) for a in avals]}")
+    check_batch_dims(int(k), avals, f"{where}: batch_dims={k}, so every array argument and "
+                     f"result", error=KernelError)
 
 
 def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: Any,
