@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._core import extensions
-from ._kernel import Kernel, make_kernel, register_target
+from ._kernel import Kernel, kernel, register_target
 from .errors import KernelError
 
 __all__ = ["softplus", "tridiagonal_solve", "rbf_kernel", "available", "export_checks",
@@ -79,9 +79,11 @@ def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
     plats = _register()
     assert _kernels is not None  # _register() raised otherwise
     targets = _kernels.targets()[op]  # the C++ target table (csrc/builtin/targets.h)
-    return make_kernel(targets["forward"], targets["adjoint"], targets["tangent"],
-                       result=result, platforms=plats, vmap="vectorized", name=op,
-                       arg_names=arg_names, attrs=attrs, builtin=True, **options)
+    # The targets are registered above (under the reserved prefix, as built-ins), so
+    # jaxbridge.kernel accepts their names like any registered target's.
+    return kernel(targets["forward"], targets["adjoint"], targets["tangent"],
+                  result=result, platforms=plats, vmap="vectorized", name=op,
+                  arg_names=arg_names, attrs=attrs, **options)
 
 
 @functools.cache

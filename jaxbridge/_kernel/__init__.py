@@ -4,7 +4,7 @@ api.py (Kernel, kernel, the call signature of the derivative pair) and registry.
 (target names and their registration with XLA).
 """
 
-from .api import Kernel, get_include, kernel, kernel_pair, make_kernel
+from .api import Kernel, get_include, kernel, kernel_pair
 from .registry import register_target
 
-__all__ = ["Kernel", "get_include", "kernel", "kernel_pair", "make_kernel", "register_target"]
+__all__ = ["Kernel", "get_include", "kernel", "kernel_pair", "register_target"]

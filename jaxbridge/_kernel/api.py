@@ -50,7 +50,7 @@ from .registry import (
     register_target,
 )
 
-__all__ = ["Kernel", "kernel", "make_kernel", "get_include", "kernel_pair"]
+__all__ = ["Kernel", "kernel", "get_include", "kernel_pair"]
 
 ROLES = ("forward", "adjoint", "tangent", "transpose")
 VMAP_CHOICES = ("loop", "vectorized")
@@ -294,7 +294,7 @@ hold_weakly_in_jax_caches(KernelSignature)
 
 # ----------------------------------------------------------------- the Kernel object
 def _targets(spec: Any, role: str, name: str, platforms: Sequence[str] | None,
-             namespace: str | None, builtin: bool) -> dict[str, str]:
+             namespace: str | None) -> dict[str, str]:
     """Normalize a role's target(s) to {platform: target name}, registering capsules."""
     if spec is None:
         return {}
@@ -310,11 +310,11 @@ def _targets(spec: Any, role: str, name: str, platforms: Sequence[str] | None,
         if isinstance(target, str):
             # Referring to an already registered built-in target is fine; only
             # registering new names under the reserved prefix is refused.
-            check_name(target, builtin=builtin or is_registered(target, plat))
+            check_name(target, builtin=is_registered(target, plat))
             out[plat] = target
         else:
             out[plat] = register_target(f"{name}_{role}", target, platform=plat,
-                                        namespace=namespace or "user", builtin=builtin)
+                                        namespace=namespace or "user")
     return out
 
 
@@ -579,25 +579,6 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
             pass_outputs=False, aliases={"adjoint": {1: 0}})
     """
     vmap = vmap_choice(vmap)
-    return make_kernel(forward, adjoint, tangent, result=result, platforms=platforms,
-                       vmap=vmap, name=name, arg_names=arg_names, dtypes=dtypes, attrs=attrs,
-                       check=check, nondiff_argnums=nondiff_argnums, namespace=namespace,
-                       pass_outputs=pass_outputs, aliases=aliases, linear=linear,
-                       transpose=transpose, batch_dims=batch_dims, builtin=False)
-
-
-def make_kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: Any,
-                platforms: Sequence[str] | None = None, vmap: str = "loop",
-                name: str | None = None, arg_names: Sequence[str] | None = None,
-                dtypes: Sequence[Any] | None = ("float32", "float64"),
-                attrs: Mapping[str, Any] | None = None, check: Callable | None = None,
-                nondiff_argnums: Sequence[int] = (), namespace: str | None = None,
-                pass_outputs: bool = True,
-                aliases: Mapping[str, Mapping[int, int]] | None = None,
-                linear: bool = False, transpose: Any = None,
-                batch_dims: int | Callable[..., int] = 0, builtin: bool = False) -> Kernel:
-    """`kernel`, plus `builtin=True` for jaxbridge's own `jaxbridge_*` targets."""
-    vmap = vmap_choice(vmap)
     if name is None:
         name = forward if isinstance(forward, str) else "kernel"
         name = name.removesuffix("_fwd").removesuffix("_forward")
@@ -610,14 +591,14 @@ def make_kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, resul
     if transpose is not None and not linear:
         raise KernelError(f"{where}: transpose= is for linear kernels (linear=True); give "
                           f"adjoint= for this one")
-    fwd = _targets(forward, "forward", name, platforms, namespace, builtin)
+    fwd = _targets(forward, "forward", name, platforms, namespace)
     if not fwd:
         raise KernelError(f"{where}: a forward target is required")
     plats = platforms or list(fwd)
     targets = {"forward": fwd,
-               "adjoint": _targets(adjoint, "adjoint", name, plats, namespace, builtin),
-               "tangent": _targets(tangent, "tangent", name, plats, namespace, builtin),
-               "transpose": _targets(transpose, "transpose", name, plats, namespace, builtin)}
+               "adjoint": _targets(adjoint, "adjoint", name, plats, namespace),
+               "tangent": _targets(tangent, "tangent", name, plats, namespace),
+               "transpose": _targets(transpose, "transpose", name, plats, namespace)}
     attrs = dict(attrs or {})
     for key, value in attrs.items():
         if _attr_type(value) is None:
