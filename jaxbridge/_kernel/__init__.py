@@ -1,7 +1,8 @@
 """C++/CUDA XLA FFI kernels as differentiable JAX functions: `jaxbridge.kernel`.
 
-api.py (Kernel, kernel, the call signature of the derivative pair) and registry.py
-(target names and their registration with XLA).
+api.py (Kernel, kernel) -> signature.py (KernelSpec: what kernel() was given, frozen;
+KernelSignature: one call, the parameter of the derivative pair) -> attributes.py (FFI
+attribute types) and registry.py (target names and their registration with XLA).
 """
 
 from .api import Kernel, get_include, kernel, kernel_pair

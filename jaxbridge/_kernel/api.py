@@ -1,5 +1,9 @@
 """C++/CUDA XLA FFI targets -> differentiable JAX functions (`jaxbridge.kernel`).
 
+The public face: `kernel` and the `Kernel` it returns. What one call depends on is in
+signature.py (`KernelSpec`, `KernelSignature`), attribute typing in attributes.py and
+target names in registry.py.
+
 A kernel is up to three FFI targets playing the three roles of a derivative pair
 (`jaxbridge._core.pair`), with fixed calling conventions:
 
@@ -32,27 +36,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.checks import check_batch_dims, is_differentiable, refuse_gather
+from .._core.checks import check_batch_dims
 from .._core.jaxapi import (
     ShapedArray,
-    ffi_lowering_aliased,
-    hold_weakly_in_jax_caches,
-    set_num_batch_dims,
 )
 from .._core.pair import make_pair
 from .._core.scalars import convert_scalar, is_scalar
-from ..errors import KernelError, MissingRuleError, describe
-from .registry import (
-    check_name,
-    is_registered,
-    make_batch_partitionable,
-    platform_key,
-    register_target,
-)
+from ..errors import KernelError
+from .attributes import attr_type, convert_attr
+from .registry import check_name, is_registered, platform_key, register_target
+from .signature import ROLES, KernelSignature, KernelSpec
 
 __all__ = ["Kernel", "kernel", "get_include", "kernel_pair"]
 
-ROLES = ("forward", "adjoint", "tangent", "transpose")
 VMAP_CHOICES = ("loop", "vectorized")
 kernel_pair = make_pair("jaxbridge_kernel")
 
@@ -89,209 +85,6 @@ def vmap_choice(vmap: Any, stacklevel: int = 3) -> str:
     return str(vmap)
 
 
-# ----------------------------------------------------------------- FFI attributes
-# Python value (or declared type) -> the C++ type the handler binds with .Attr<T>().
-_ATTR_TYPES: dict[Any, str] = {
-    bool: "bool", int: "int64_t", float: "double", str: "std::string_view",
-    np.bool_: "bool", np.int8: "int8_t", np.int16: "int16_t", np.int32: "int32_t",
-    np.int64: "int64_t", np.uint8: "uint8_t", np.uint16: "uint16_t", np.uint32: "uint32_t",
-    np.uint64: "uint64_t", np.float32: "float", np.float64: "double",
-}
-
-
-def _attr_type(value: Any) -> type | None:
-    """The attribute type a default value or a declared type stands for."""
-    if isinstance(value, type):
-        return bool if value is np.bool_ else value if value in _ATTR_TYPES else None
-    if isinstance(value, (bool, np.bool_)):
-        return bool
-    if isinstance(value, str):
-        return str
-    if isinstance(value, np.generic) and type(value) in _ATTR_TYPES:
-        return type(value)
-    if isinstance(value, int):
-        return int
-    if isinstance(value, float):
-        return float
-    return None
-
-
-def _convert_attr(where: str, key: str, value: Any, declared: type | None) -> Any:
-    """`value` as the FFI attribute of type `declared` (inferred from `value` if None)."""
-    kind = declared or _attr_type(value)
-    if kind is None:
-        raise KernelError(f"{where}: attribute {key!r} must be a bool, int, float, str or "
-                          f"NumPy scalar (an FFI attribute); received "
-                          f"{type(value).__name__} {value!r}")
-    ok = {
-        bool: isinstance(value, (bool, np.bool_)),
-        str: isinstance(value, str),
-    }.get(kind)
-    if ok is None:  # numbers: ints for integer attributes; ints or floats for floats
-        is_int = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-        is_float = isinstance(value, (float, np.floating))
-        ok = is_int if np.issubdtype(np.dtype(kind), np.integer) else (is_int or is_float)
-    if not ok:
-        raise KernelError(
-            f"{where}: attribute {key!r} is declared {_ATTR_TYPES[kind]} "
-            f"({kind.__name__}); received {type(value).__name__} {value!r}")
-    if kind is bool:
-        return np.bool_(value)
-    if kind is str:
-        return value
-    if kind is int:
-        return np.int64(value)
-    if kind is float:
-        return np.float64(value)
-    return kind(value)
-
-
-# ----------------------------------------------------------------- the call signature
-class KernelSignature:
-    """Hashable static description of one kernel call (`jaxbridge._core.pair.Signature`)."""
-
-    __slots__ = ("kernel", "attrs", "in_avals", "out_avals", "nondiff", "num_batch_dims",
-                 "diff_in", "tangent_outs", "_key", "_hash", "__weakref__")
-    prune_zero_tangents = False  # kernels take every differentiable tangent
-
-    def __init__(self, kernel: Kernel, attrs: tuple, in_avals: tuple, out_avals: tuple,
-                 nondiff: frozenset, num_batch_dims: int = 0):
-        self.kernel, self.attrs = kernel, attrs
-        self.in_avals, self.out_avals, self.nondiff = in_avals, out_avals, nondiff
-        self.num_batch_dims = num_batch_dims
-        self.diff_in = tuple(i not in nondiff and is_differentiable(a.dtype)
-                             for i, a in enumerate(in_avals))
-        self.tangent_outs = tuple(is_differentiable(a.dtype) for a in out_avals)
-        # Attribute types are part of the key: 2 and 2.0 are equal but not the same FFI
-        # attribute (int64 vs double) when no type was declared.
-        types = tuple((k, type(v)) for k, v in attrs)
-        self._key = (id(kernel), attrs, types, in_avals, out_avals, nondiff, num_batch_dims)
-        self._hash = hash(self._key)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, KernelSignature) and self._key == other._key
-
-    def __repr__(self) -> str:
-        return f"KernelSignature({self.kernel.name!r}, attrs={dict(self.attrs)})"
-
-    @property
-    def name(self) -> str:
-        return self.kernel.name
-
-    @property
-    def vectorized(self) -> bool:
-        return self.kernel.vmap == "vectorized"
-
-    def batched(self, size: int) -> KernelSignature:
-        def pre(a: Any) -> Any:
-            return ShapedArray((size, *a.shape), a.dtype)
-        return KernelSignature(self.kernel, self.attrs, tuple(map(pre, self.in_avals)),
-                               tuple(map(pre, self.out_avals)), self.nondiff,
-                               self.num_batch_dims + 1 if self.num_batch_dims else 0)
-
-    # ---- the derivative pair
-    def eager(self, role: str, args: Sequence[Any], nz: tuple) -> None:
-        return None  # compiled, like JAX's own primitives
-
-    def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list:
-        if self.kernel.linear:
-            return []
-        return [*primals, *outs] if self.kernel.pass_outputs else list(primals)
-
-    def _targets(self, role: str) -> dict:
-        k = self.kernel
-        if role == "forward":
-            return k.forward
-        if role == "tangent":
-            return k.forward if k.linear else k.tangent
-        return k.transpose if k.linear else k.adjoint
-
-    def rule(self, role: str) -> str | None:
-        return "native" if self._targets(role) else None
-
-    def traced(self, role: str, nz: tuple) -> Callable[..., list]:  # pragma: no cover
-        raise AssertionError("kernels have no traced rules")
-
-    def missing(self, role: str) -> MissingRuleError:
-        name = self.name
-        if role == "tangent":
-            return MissingRuleError(
-                f"jaxbridge: forward-mode differentiation (jvp, jacfwd, hessian, linearize) "
-                f"of kernel {name!r} needs a tangent kernel, and none was given. Pass "
-                f"tangent=<FFI target> to jaxbridge.kernel, or use reverse mode (grad, vjp, "
-                f"jacrev), which uses the adjoint kernel.")
-        if role == "adjoint":
-            what = "transpose" if self.kernel.linear else "adjoint"
-            return MissingRuleError(
-                f"jaxbridge: reverse-mode differentiation (grad, vjp, jacrev) of kernel "
-                f"{name!r} needs {'a' if what == 'transpose' else 'an'} {what} kernel, and "
-                f"none was given. Pass {what}=<FFI target> to jaxbridge.kernel.")
-        return MissingRuleError(
-            f"jaxbridge: differentiation of kernel {name!r} needs an adjoint or tangent "
-            f"kernel, and none was given. Pass adjoint=... and/or tangent=... to "
-            f"jaxbridge.kernel (or linear=True with transpose=...).")
-
-    def second_order_error(self, role: str) -> MissingRuleError:
-        return MissingRuleError(
-            f"jaxbridge: a second-order derivative of kernel {self.name!r} would "
-            f"differentiate its {role} kernel with respect to the primal inputs, which C++ "
-            f"kernels do not provide. Compose first-order derivatives instead, or declare a "
-            f"linear kernel (linear=True, transpose=...), whose derivatives of every order "
-            f"are the kernel and its transpose.")
-
-    def role_avals(self, role: str) -> tuple[list, list]:
-        """(operand avals, result avals) of the kernel playing `role` (for aliases)."""
-        tan = [a for a, d in zip(self.out_avals, self.tangent_outs) if d]
-        adj = [a for a, d in zip(self.in_avals, self.diff_in) if d]
-        if role == "forward":
-            return list(self.in_avals), list(self.out_avals)
-        fixed = self.fixed(list(self.in_avals), list(self.out_avals))
-        if role == "adjoint" or role == "transpose":
-            return fixed + tan, adj
-        return fixed + adj, tan
-
-    def check_aliases(self, where: str) -> None:
-        """Raise unless every declared alias pairs an operand and a result of one type."""
-        for role, pairs in self.kernel.aliases.items():
-            operands, results = self.role_avals(role)
-            for o, r in pairs:
-                if o >= len(operands) or r >= len(results):
-                    raise KernelError(
-                        f"{where}: aliases[{role!r}] maps operand {o} to result {r}, but the "
-                        f"{role} kernel has {len(operands)} operands and {len(results)} "
-                        "results here")
-                a, b = operands[o], results[r]
-                if (a.shape, a.dtype) != (b.shape, b.dtype):
-                    raise KernelError(
-                        f"{where}: aliases[{role!r}] maps operand {o} ({describe(a)}) to result "
-                        f"{r} ({describe(b)}); aliased buffers need the same shape and dtype")
-
-    def lower(self, role: str, ctx: Any, *args: Any, nz: tuple, platform: str | None
-              ) -> Sequence[Any]:
-        kernel_role = role
-        if self.kernel.linear and role != "forward":
-            kernel_role = "forward" if role == "tangent" else "transpose"
-        target = self.kernel.target(kernel_role, platform)
-        refuse_gather(
-            ctx, f"jaxbridge kernel {self.name!r} (FFI target {target!r})",
-            self.num_batch_dims, None if self.num_batch_dims else "declares no batch dimensions",
-            fix="Declare jaxbridge.kernel(..., batch_dims=...) if it is independent along "
-                "leading dimensions, or call it inside jax.shard_map (it then runs once per "
-                "shard on local data).")
-        aliases = self.kernel.aliases.get(kernel_role, ())
-        results = ffi_lowering_aliased(target, aliases)(ctx, *args, **dict(self.attrs))
-        if self.num_batch_dims:
-            make_batch_partitionable(target)
-            set_num_batch_dims(results, self.num_batch_dims)
-        return results
-
-
-hold_weakly_in_jax_caches(KernelSignature)
-
-
 # ----------------------------------------------------------------- the Kernel object
 def _targets(spec: Any, role: str, name: str, platforms: Sequence[str] | None,
              namespace: str | None) -> dict[str, str]:
@@ -321,28 +114,30 @@ def _targets(spec: Any, role: str, name: str, platforms: Sequence[str] | None,
 class Kernel:
     """A differentiable JAX function backed by XLA FFI targets. See :func:`kernel`."""
 
-    def __init__(self, name: str, targets: dict[str, dict], result: Any, vmap: str,
-                 dtypes: tuple | None, arg_names: tuple | None, attrs: dict,
-                 check: Callable | None, nondiff_argnums: tuple, pass_outputs: bool,
-                 aliases: dict, linear: bool, batch_dims: int | Callable[..., int] = 0):
-        self.name = name
-        self.batch_dims = batch_dims
-        self.forward, self.adjoint = targets["forward"], targets["adjoint"]
-        self.tangent, self.transpose = targets["tangent"], targets["transpose"]
-        self.result = result
-        self.vmap = vmap
-        self.dtypes = dtypes
-        self.arg_names = arg_names
-        self.attrs = attrs
-        self.attr_types = {k: _attr_type(v) for k, v in attrs.items()}
-        self.defaults = {k: v for k, v in attrs.items() if not isinstance(v, type)}
-        self.check = check
-        self.nondiff_argnums = nondiff_argnums
-        self.pass_outputs = pass_outputs
-        self.aliases = aliases
-        self.linear = linear
-        self.__name__ = name
-        self.__doc__ = f"jaxbridge kernel {name!r} (FFI targets: {self.targets()})"
+    def __init__(self, spec: KernelSpec):
+        self.spec = spec
+        self.attr_types = {k: attr_type(v) for k, v in spec.attrs.items()}
+        self.defaults = {k: v for k, v in spec.attrs.items() if not isinstance(v, type)}
+        self.__name__ = spec.name
+        self.__doc__ = f"jaxbridge kernel {spec.name!r} (FFI targets: {self.targets()})"
+
+    # What it is (read-only: a kernel is immutable; see KernelSpec).
+    name = property(lambda self: self.spec.name)
+    forward = property(lambda self: self.spec.forward)
+    adjoint = property(lambda self: self.spec.adjoint)
+    tangent = property(lambda self: self.spec.tangent)
+    transpose = property(lambda self: self.spec.transpose)
+    result = property(lambda self: self.spec.result)
+    vmap = property(lambda self: self.spec.vmap)
+    dtypes = property(lambda self: self.spec.dtypes)
+    arg_names = property(lambda self: self.spec.arg_names)
+    attrs = property(lambda self: self.spec.attrs)
+    check = property(lambda self: self.spec.check)
+    nondiff_argnums = property(lambda self: self.spec.nondiff_argnums)
+    pass_outputs = property(lambda self: self.spec.pass_outputs)
+    aliases = property(lambda self: self.spec.aliases)
+    linear = property(lambda self: self.spec.linear)
+    batch_dims = property(lambda self: self.spec.batch_dims)
 
     def __repr__(self) -> str:
         extra = (f"transpose={self.transpose}" if self.linear
@@ -351,8 +146,7 @@ class Kernel:
 
     def targets(self) -> list[str]:
         """Every FFI target name this kernel may emit."""
-        tables = (self.forward, self.adjoint, self.tangent, self.transpose)
-        return sorted({t for d in tables for t in d.values()})
+        return self.spec.targets()
 
     def export_checks(self) -> list:
         """`disabled_checks` for `jax.export.export` of programs that call this kernel.
@@ -370,13 +164,7 @@ class Kernel:
 
     def target(self, role: str, platform: str | None) -> str:
         """The FFI target of `role` on `platform` (KernelError if there is none)."""
-        table = {"forward": self.forward, "adjoint": self.adjoint, "tangent": self.tangent,
-                 "transpose": self.transpose}[role]
-        if platform is None or platform not in table:
-            raise KernelError(
-                f"jaxbridge: kernel {self.name!r} has no {role} implementation for platform "
-                f"{platform!r} (available: {sorted(table)})")
-        return table[platform]
+        return self.spec.target(role, platform)
 
     # -- calling
     def __call__(self, *args: Any, **static: Any) -> Any:
@@ -403,7 +191,7 @@ class Kernel:
         k = self.batch_dims(*structs, **py_attrs) if callable(self.batch_dims) \
             else self.batch_dims
         _check_batch_dims(where, k, in_avals + out_avals)
-        sig = KernelSignature(self, tuple(sorted(attrs.items())), in_avals, out_avals,
+        sig = KernelSignature(self.spec, tuple(sorted(attrs.items())), in_avals, out_avals,
                               frozenset(self.nondiff_argnums), int(k))
         sig.check_aliases(where)
         outs = kernel_pair.call(sig, *arrays)
@@ -421,7 +209,7 @@ class Kernel:
         if missing:
             raise KernelError(f"{where}: attribute(s) {missing} are required (declared "
                               f"without a default); pass them as keyword arguments")
-        return {k: _convert_attr(where, k, v, self.attr_types.get(k)) for k, v in values.items()}
+        return {k: convert_attr(where, k, v, self.attr_types.get(k)) for k, v in values.items()}
 
     def _arrays(self, where: str, args: tuple) -> list:
         if self.arg_names is not None and len(args) != len(self.arg_names):
@@ -601,15 +389,16 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
                "transpose": _targets(transpose, "transpose", name, plats, namespace)}
     attrs = dict(attrs or {})
     for key, value in attrs.items():
-        if _attr_type(value) is None:
+        if attr_type(value) is None:
             raise KernelError(f"{where}: attrs[{key!r}] must be a default value (bool, int, "
                               f"float, str or a NumPy scalar) or one of those types; "
                               f"received {value!r}")
     dts = None if dtypes is None else tuple(np.dtype(d) for d in dtypes)
-    return Kernel(name, targets, result, vmap, dts,
-                  None if arg_names is None else tuple(arg_names), attrs, check,
-                  tuple(nondiff_argnums), bool(pass_outputs), _check_aliases_arg(name, aliases),
-                  bool(linear), batch_dims)
+    return Kernel(KernelSpec(
+        name=name, **targets, result=result, vmap=vmap, dtypes=dts,
+        arg_names=None if arg_names is None else tuple(arg_names), attrs=attrs, check=check,
+        nondiff_argnums=tuple(nondiff_argnums), pass_outputs=bool(pass_outputs),
+        aliases=_check_aliases_arg(name, aliases), linear=bool(linear), batch_dims=batch_dims))
 
 
 def _check_aliases_arg(name: str, aliases: Any) -> dict[str, tuple[tuple[int, int], ...]]:

@@ -1,0 +1,208 @@
+"""What a kernel call depends on, frozen.
+
+* `KernelSpec`: a kernel's targets and options (what `jaxbridge.kernel` was given).
+* `KernelSignature`: one call -- the spec, attributes, abstract values -- as the
+  parameter of the derivative-pair primitives (`jaxbridge._core.pair.Signature`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .._core.checks import is_differentiable, refuse_gather
+from .._core.jaxapi import (
+    ShapedArray,
+    ffi_lowering_aliased,
+    hold_weakly_in_jax_caches,
+    set_num_batch_dims,
+)
+from ..errors import KernelError, MissingRuleError, describe
+from .registry import make_batch_partitionable
+
+__all__ = ["ROLES", "KernelSpec", "KernelSignature"]
+
+ROLES = ("forward", "adjoint", "tangent", "transpose")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelSpec:
+    """What `jaxbridge.kernel` was given, checked and normalized, as one immutable value
+    (compared by identity: it holds the user's callables)."""
+
+    name: str
+    forward: Mapping[str, str]          # {platform: FFI target name}
+    adjoint: Mapping[str, str]
+    tangent: Mapping[str, str]
+    transpose: Mapping[str, str]
+    result: Any                         # a pytree of ShapeDtypeStruct, or a function
+    vmap: str                           # "loop" | "vectorized"
+    dtypes: tuple | None                # allowed dtypes of differentiable arguments
+    arg_names: tuple | None
+    attrs: Mapping[str, Any]            # {name: default value or type}
+    check: Callable | None
+    nondiff_argnums: tuple
+    pass_outputs: bool
+    aliases: Mapping[str, tuple]        # {role: ((operand, result), ...)}
+    linear: bool
+    batch_dims: int | Callable[..., int]
+
+    def table(self, role: str) -> Mapping[str, str]:
+        return {"forward": self.forward, "adjoint": self.adjoint, "tangent": self.tangent,
+                "transpose": self.transpose}[role]
+
+    def target(self, role: str, platform: str | None) -> str:
+        """The FFI target of `role` on `platform` (KernelError if there is none)."""
+        table = self.table(role)
+        if platform is None or platform not in table:
+            raise KernelError(
+                f"jaxbridge: kernel {self.name!r} has no {role} implementation for platform "
+                f"{platform!r} (available: {sorted(table)})")
+        return table[platform]
+
+    def targets(self) -> list[str]:
+        """Every FFI target name the kernel may emit."""
+        return sorted({t for role in ROLES for t in self.table(role).values()})
+
+
+class KernelSignature:
+    """Hashable static description of one kernel call (`jaxbridge._core.pair.Signature`)."""
+
+    __slots__ = ("spec", "attrs", "in_avals", "out_avals", "nondiff", "num_batch_dims",
+                 "diff_in", "tangent_outs", "_key", "_hash", "__weakref__")
+    prune_zero_tangents = False  # kernels take every differentiable tangent
+
+    def __init__(self, spec: KernelSpec, attrs: tuple, in_avals: tuple, out_avals: tuple,
+                 nondiff: frozenset, num_batch_dims: int = 0):
+        self.spec, self.attrs = spec, attrs
+        self.in_avals, self.out_avals, self.nondiff = in_avals, out_avals, nondiff
+        self.num_batch_dims = num_batch_dims
+        self.diff_in = tuple(i not in nondiff and is_differentiable(a.dtype)
+                             for i, a in enumerate(in_avals))
+        self.tangent_outs = tuple(is_differentiable(a.dtype) for a in out_avals)
+        # Attribute types are part of the key: 2 and 2.0 are equal but not the same FFI
+        # attribute (int64 vs double) when no type was declared.
+        types = tuple((k, type(v)) for k, v in attrs)
+        self._key = (spec, attrs, types, in_avals, out_avals, nondiff, num_batch_dims)
+        self._hash = hash(self._key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, KernelSignature) and self._key == other._key
+
+    def __repr__(self) -> str:
+        return f"KernelSignature({self.spec.name!r}, attrs={dict(self.attrs)})"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def vectorized(self) -> bool:
+        return self.spec.vmap == "vectorized"
+
+    def batched(self, size: int) -> KernelSignature:
+        def pre(a: Any) -> Any:
+            return ShapedArray((size, *a.shape), a.dtype)
+        return KernelSignature(self.spec, self.attrs, tuple(map(pre, self.in_avals)),
+                               tuple(map(pre, self.out_avals)), self.nondiff,
+                               self.num_batch_dims + 1 if self.num_batch_dims else 0)
+
+    # ---- the derivative pair
+    def eager(self, role: str, args: Sequence[Any], nz: tuple) -> None:
+        return None  # compiled, like JAX's own primitives
+
+    def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list:
+        if self.spec.linear:
+            return []
+        return [*primals, *outs] if self.spec.pass_outputs else list(primals)
+
+    def kernel_role(self, role: str) -> str:
+        """The kernel that plays the pair's `role`: a linear kernel's tangent is its
+        forward kernel, its adjoint the transpose kernel."""
+        if self.spec.linear and role != "forward":
+            return "forward" if role == "tangent" else "transpose"
+        return role
+
+    def rule(self, role: str) -> str | None:
+        return "native" if self.spec.table(self.kernel_role(role)) else None
+
+    def traced(self, role: str, nz: tuple) -> Callable[..., list]:  # pragma: no cover
+        raise AssertionError("kernels have no traced rules")
+
+    def missing(self, role: str) -> MissingRuleError:
+        name = self.name
+        if role == "tangent":
+            return MissingRuleError(
+                f"jaxbridge: forward-mode differentiation (jvp, jacfwd, hessian, linearize) "
+                f"of kernel {name!r} needs a tangent kernel, and none was given. Pass "
+                f"tangent=<FFI target> to jaxbridge.kernel, or use reverse mode (grad, vjp, "
+                f"jacrev), which uses the adjoint kernel.")
+        if role == "adjoint":
+            what = "transpose" if self.spec.linear else "adjoint"
+            return MissingRuleError(
+                f"jaxbridge: reverse-mode differentiation (grad, vjp, jacrev) of kernel "
+                f"{name!r} needs {'a' if what == 'transpose' else 'an'} {what} kernel, and "
+                f"none was given. Pass {what}=<FFI target> to jaxbridge.kernel.")
+        return MissingRuleError(
+            f"jaxbridge: differentiation of kernel {name!r} needs an adjoint or tangent "
+            f"kernel, and none was given. Pass adjoint=... and/or tangent=... to "
+            f"jaxbridge.kernel (or linear=True with transpose=...).")
+
+    def second_order_error(self, role: str) -> MissingRuleError:
+        return MissingRuleError(
+            f"jaxbridge: a second-order derivative of kernel {self.name!r} would "
+            f"differentiate its {role} kernel with respect to the primal inputs, which C++ "
+            f"kernels do not provide. Compose first-order derivatives instead, or declare a "
+            f"linear kernel (linear=True, transpose=...), whose derivatives of every order "
+            f"are the kernel and its transpose.")
+
+    def role_avals(self, role: str) -> tuple[list, list]:
+        """(operand avals, result avals) of the kernel playing `role` (for aliases)."""
+        tan = [a for a, d in zip(self.out_avals, self.tangent_outs) if d]
+        adj = [a for a, d in zip(self.in_avals, self.diff_in) if d]
+        if role == "forward":
+            return list(self.in_avals), list(self.out_avals)
+        fixed = self.fixed(list(self.in_avals), list(self.out_avals))
+        if role == "adjoint" or role == "transpose":
+            return fixed + tan, adj
+        return fixed + adj, tan
+
+    def check_aliases(self, where: str) -> None:
+        """Raise unless every declared alias pairs an operand and a result of one type."""
+        for role, pairs in self.spec.aliases.items():
+            operands, results = self.role_avals(role)
+            for o, r in pairs:
+                if o >= len(operands) or r >= len(results):
+                    raise KernelError(
+                        f"{where}: aliases[{role!r}] maps operand {o} to result {r}, but the "
+                        f"{role} kernel has {len(operands)} operands and {len(results)} "
+                        "results here")
+                a, b = operands[o], results[r]
+                if (a.shape, a.dtype) != (b.shape, b.dtype):
+                    raise KernelError(
+                        f"{where}: aliases[{role!r}] maps operand {o} ({describe(a)}) to result "
+                        f"{r} ({describe(b)}); aliased buffers need the same shape and dtype")
+
+    def lower(self, role: str, ctx: Any, *args: Any, nz: tuple, platform: str | None
+              ) -> Sequence[Any]:
+        kernel_role = self.kernel_role(role)
+        target = self.spec.target(kernel_role, platform)
+        refuse_gather(
+            ctx, f"jaxbridge kernel {self.name!r} (FFI target {target!r})",
+            self.num_batch_dims, None if self.num_batch_dims else "declares no batch dimensions",
+            fix="Declare jaxbridge.kernel(..., batch_dims=...) if it is independent along "
+                "leading dimensions, or call it inside jax.shard_map (it then runs once per "
+                "shard on local data).")
+        aliases = self.spec.aliases.get(kernel_role, ())
+        results = ffi_lowering_aliased(target, aliases)(ctx, *args, **dict(self.attrs))
+        if self.num_batch_dims:
+            make_batch_partitionable(target)
+            set_num_batch_dims(results, self.num_batch_dims)
+        return results
+
+
+hold_weakly_in_jax_caches(KernelSignature)
