@@ -43,14 +43,11 @@ runs its code, so the cache is trusted only as far as nobody else can write it:
 from __future__ import annotations
 
 import ctypes
-import errno
 import hashlib
 import os
 import re
-import secrets
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -62,6 +59,16 @@ from typing import Any
 
 import jax
 
+from ._build_cache import (
+    FILE_FLAGS,
+    cache_dir,
+    cache_path,
+    open_root,
+    open_verified,
+    publish,
+    read_fd,
+    sha256,
+)
 from ._kernel import Kernel, get_include, kernel
 from ._kernel.api import vmap_choice
 from .errors import CompileError, KernelError, UnsafeCacheError
@@ -70,184 +77,25 @@ __all__ = ["CompileError", "UnsafeCacheError", "Library", "load", "cache_dir"]
 
 _SYMBOL_RE = re.compile(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 _lock = threading.Lock()
 _loaded: dict[str, Library] = {}
 # Descriptors of dlopen-ed "/proc/<pid>/fd/N" paths, open for the life of the process:
 # the loader remembers a library by that name, so the number must never be reused.
 _pinned_fds: list[int] = []
 
-# getattr: this module is imported on every platform; load() refuses non-POSIX ones.
-# (os.open's descriptors are close-on-exec already: PEP 446.)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
-_FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW  # a FIFO cannot block us
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
-_FIX = ("or set JAXBRIDGE_CACHE_DIR to a directory of your own (jaxbridge creates a "
-        "missing one with mode 0700)")
-
-
-# ----------------------------------------------------------------- the trusted cache
-def _cache_path() -> Path:
-    return Path(os.environ.get("JAXBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "jaxbridge")
-
-
-def _check_owner(st: os.stat_result, path: Path | str, what: str) -> None:
-    me = os.geteuid()  # the owner of what this process creates
-    if st.st_uid not in (me, 0):
-        raise UnsafeCacheError(
-            f"jaxbridge.cpp.load: refusing {what} {path}: expected it to be owned by you "
-            f"(uid {me}) or root, found uid {st.st_uid}, who could have put code there. "
-            f"Remove it if you do not trust it, {_FIX}")
-
-
-def _check_trusted(st: os.stat_result, path: Path | str, what: str) -> None:
-    """Raise UnsafeCacheError unless `st` is owned by us or root and not group/other-writable."""
-    _check_owner(st, path, what)
-    if st.st_mode & 0o022:
-        if st.st_mode & stat.S_ISVTX:  # shared, like /tmp: chmod-ing it would lock others out
-            fix = "Do not chmod a shared directory; set JAXBRIDGE_CACHE_DIR to one of your own"
-        else:
-            fix = (f"If you trust its contents run `chmod go-w {shlex.quote(str(path))}`; "
-                   f"otherwise remove it, {_FIX}")
-        raise UnsafeCacheError(
-            f"jaxbridge.cpp.load: refusing {what} {path}: expected no write permission for "
-            f"group or others, found mode {stat.filemode(st.st_mode)} "
-            f"({stat.S_IMODE(st.st_mode):04o}). {fix}")
-
-
-def _open_root() -> tuple[Path, int]:
-    """Create (0700) or open the cache directory without following a link; check it."""
-    root = _cache_path()
-    try:
-        os.mkdir(root, 0o700)
-    except FileNotFoundError:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(root, 0o700)
-        except FileExistsError:
-            pass
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(root, _DIR_FLAGS)
-    except OSError as e:
-        if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-            raise
-        st = os.lstat(root)
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafeCacheError(
-                f"jaxbridge.cpp.load: refusing cache directory {root}: expected a directory, "
-                f"found a symbolic link (to {os.path.realpath(root)}), which jaxbridge does "
-                "not follow since anyone who can write its parent could have planted it. "
-                "If you made the link, set JAXBRIDGE_CACHE_DIR to its target") from None
-        raise UnsafeCacheError(
-            f"jaxbridge.cpp.load: refusing cache directory {root}: expected a directory, "
-            f"found a non-directory ({stat.filemode(st.st_mode)}). Remove it, {_FIX}") from None
-    try:
-        _check_trusted(os.fstat(fd), root, "cache directory")
-    except BaseException:
-        os.close(fd)
-        raise
-    return root, fd
-
-
-def cache_dir() -> Path:
-    """The build cache of `load`: ``$JAXBRIDGE_CACHE_DIR``, default ``~/.cache/jaxbridge``.
-
-    A missing directory is created with mode 0700; an existing one is used as it is,
-    never chmod-ed, and only if it is owned by the current user or root and not
-    writable by group or others, and is not a symbolic link.
-
-    Raises:
-      UnsafeCacheError: the directory fails those rules; the message says how to fix it.
-
-    Example:
-        >>> import jaxbridge.cpp
-        >>> jaxbridge.cpp.cache_dir()  # doctest: +SKIP
-        PosixPath('/home/me/.cache/jaxbridge')
-    """
-    root, fd = _open_root()
-    os.close(fd)
-    return root
-
-
-def _open_entry(dir_fd: int, name: str, path: Path, what: str, is_dir: bool) -> int | None:
-    """Open ``dir_fd/name`` without following a link, or None where it is missing or is
-    not the kind expected (a stale entry, to rebuild). Raises UnsafeCacheError where it
-    is not trusted: owned by someone else, or writable by group/others."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    _check_owner(st, path, what)  # a link's owner too; its mode means nothing
-    if not (stat.S_ISDIR if is_dir else stat.S_ISREG)(st.st_mode):
-        return None
-    try:
-        fd = os.open(name, _DIR_FLAGS if is_dir else _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:  # replaced since the stat
-        return None
-    try:
-        st = os.fstat(fd)  # what was opened is what is checked (and read)
-        _check_trusted(st, path, what)
-        if (stat.S_ISDIR if is_dir else stat.S_ISREG)(st.st_mode):
-            return fd
-    except BaseException:
-        os.close(fd)
-        raise
-    os.close(fd)
-    return None
-
-
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _read_digest(fd: int) -> str | None:
-    try:
-        text = os.read(fd, 256).decode("ascii").strip()
-    except UnicodeDecodeError:
-        return None
-    return text if _DIGEST_RE.match(text) else None
 
 
 def _load_cached(root: Path, root_fd: int, entry: str, so_name: str, name: str,
-                 symbols: list[str], *, use: bool) -> Library | None:
-    """The cached library, verified, or None where there is none or it is stale.
-
-    Untrusted entries raise UnsafeCacheError even with ``use=False`` (``rebuild=True``)."""
-    entry_fd = _open_entry(root_fd, entry, root / entry, "cache entry", is_dir=True)
-    if entry_fd is None:
+                 symbols: list[str], rebuild: bool) -> Library | None:
+    """The cached library, verified and loaded, or None where there is none, it is stale,
+    or the loader rejects it (e.g. a library it links against has changed: rebuild it)."""
+    found = open_verified(root, root_fd, entry, so_name, use=not rebuild)
+    if found is None:
         return None
-    so_path = root / entry / so_name
+    fd, data, path = found
     try:
-        sum_fd = _open_entry(entry_fd, so_name + ".sha256", Path(f"{so_path}.sha256"),
-                             "cache checksum", is_dir=False)
-        digest = None
-        if sum_fd is not None:
-            try:
-                digest = _read_digest(sum_fd)
-            finally:
-                os.close(sum_fd)
-        so_fd = _open_entry(entry_fd, so_name, so_path, "cached library", is_dir=False)
-    finally:
-        os.close(entry_fd)
-    if so_fd is None:
-        return None
-    try:
-        data = _read_fd(so_fd) if use and digest is not None else b""
-    except BaseException:
-        os.close(so_fd)
-        raise
-    if not data or _sha256(data) != digest:
-        os.close(so_fd)
-        return None
-    try:
-        return _dlopen(name, so_fd, data, str(so_path), symbols, so_path)
-    except CompileError:  # e.g. a library it links against has changed: rebuild it
+        return _dlopen(name, fd, data, str(path), symbols, path)
+    except CompileError:
         return None
 
 
@@ -314,67 +162,6 @@ def _loader_message(err: BaseException, where: str, shown: str) -> str:
     return msg[len(where) + 2:] if msg.startswith(where + ": ") else msg.replace(where, shown)
 
 
-def _remove(dir_fd: int, name: str) -> None:
-    """Best-effort removal of ``dir_fd/name`` (a file, link or tree), never following links."""
-    try:
-        if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
-        else:
-            os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
-
-
-def _publish(root: Path, root_fd: int, entry: str, files: dict[str, bytes], name: str) -> bool:
-    """Write `files` into a private staging directory and rename it to `entry` in one step,
-    so that readers see the old entry, no entry, or the complete new one."""
-    staging = f".tmp-{entry}-{secrets.token_hex(6)}"
-    try:
-        os.mkdir(staging, 0o700, dir_fd=root_fd)
-        staging_fd = os.open(staging, _DIR_FLAGS, dir_fd=root_fd)
-        try:
-            for fname, data in files.items():
-                with os.fdopen(os.open(fname, _NEW_FILE_FLAGS, 0o644, dir_fd=staging_fd),
-                               "wb") as f:
-                    f.write(data)
-        finally:
-            os.close(staging_fd)
-        if not _rename(root_fd, staging, entry):
-            # An old, stale entry is in the way: move it aside first (readers then find
-            # none and build it themselves). Never someone else's: that was refused above.
-            trash = f".trash-{entry}-{secrets.token_hex(6)}"
-            try:
-                _check_owner(os.stat(entry, dir_fd=root_fd, follow_symlinks=False),
-                             root / entry, "cache entry")
-                os.rename(entry, trash, src_dir_fd=root_fd, dst_dir_fd=root_fd)
-            except FileNotFoundError:
-                pass
-            _rename(root_fd, staging, entry)  # False: another process published it first
-            _remove(root_fd, trash)
-        return True
-    except UnsafeCacheError:
-        raise
-    except OSError as e:  # a read-only or someone else's (root's) cache, a full disk
-        warnings.warn(f"jaxbridge.cpp.load({name!r}): could not write the cache {root} "
-                      f"({e.strerror or e}); the library was built and loaded from a temporary "
-                      "directory and will be rebuilt next time. Set JAXBRIDGE_CACHE_DIR to a "
-                      "writable directory to cache it.", RuntimeWarning, stacklevel=4)
-        return False
-    finally:
-        _remove(root_fd, staging)
-
-
-def _rename(dir_fd: int, src: str, dst: str) -> bool:
-    """Rename, or False where `dst` is in the way (and is not an empty directory)."""
-    try:
-        os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        return True
-    except OSError as e:
-        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-            return False
-        raise
-
-
 def _compiler(cuda: bool) -> list[str]:
     if cuda:
         nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
@@ -395,10 +182,6 @@ def _compiler_id(cmd: list[str]) -> str:
         return out.stdout + out.stderr
     except (OSError, subprocess.TimeoutExpired) as e:
         raise CompileError(f"jaxbridge.cpp: cannot run compiler {cmd!r}: {e}") from e
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _headers_digest() -> str:
@@ -555,18 +338,18 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
             return _loaded[key]
         entry, so_name = f"{name}-{key[:20]}", f"lib{name}.so"
         try:
-            root, root_fd = _open_root()
+            root, root_fd = open_root()
         except UnsafeCacheError:
             raise
         except OSError as e:  # e.g. a read-only home directory: still build, uncached
-            warnings.warn(f"jaxbridge.cpp.load({name!r}): cannot use the cache {_cache_path()} "
+            warnings.warn(f"jaxbridge.cpp.load({name!r}): cannot use the cache {cache_path()} "
                           f"({e.strerror or e}); building uncached. Set JAXBRIDGE_CACHE_DIR to "
                           "a writable directory to cache builds.", RuntimeWarning, stacklevel=2)
             root, root_fd = None, None
         try:
             lib = None
             if root is not None and root_fd is not None:
-                lib = _load_cached(root, root_fd, entry, so_name, name, symbols, use=not rebuild)
+                lib = _load_cached(root, root_fd, entry, so_name, name, symbols, rebuild)
             if lib is None:
                 lib = _build_and_load(name, srcs, cmd, flags, includes, list(extra_ldflags),
                                       so_name, symbols, verbose, root, root_fd, entry)
@@ -600,12 +383,12 @@ def _build_and_load(name: str, srcs: list, cmd: list, flags: list, includes: lis
             raise CompileError(f"jaxbridge.cpp.load({name!r}): compilation failed "
                                f"(exit {proc.returncode}):\n$ {shlex.join(argv)}\n"
                                f"{proc.stdout}{proc.stderr}")
-        fd = os.open(out, _FILE_FLAGS)
-        data = _read_fd(fd)
+        fd = os.open(out, FILE_FLAGS)
+        data = read_fd(fd)
         # Loaded before it is published: a library the loader rejects is never cached.
         lib = _dlopen(name, fd, data, f"{so_name} (just built from your sources)", symbols,
                       None)
-        if root is not None and root_fd is not None and _publish(root, root_fd, entry, {
-                so_name: data, f"{so_name}.sha256": f"{_sha256(data)}\n".encode()}, name):
+        if root is not None and root_fd is not None and publish(root, root_fd, entry, {
+                so_name: data, f"{so_name}.sha256": f"{sha256(data)}\n".encode()}, name):
             lib.path = root / entry / so_name
         return lib

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import jaxbridge.cpp as cpp
+from jaxbridge import _build_cache
 from jaxbridge.errors import UnsafeCacheError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -377,7 +378,7 @@ def test_checksum_is_checked_on_the_bytes_loaded(fresh, tiny_entry, planted_so, 
     # names by then.
     so = load_tiny().path
     cpp._loaded.clear()
-    read = cpp._read_fd
+    read = _build_cache.read_fd
 
     def read_then_swap(fd):
         data = read(fd)
@@ -386,7 +387,7 @@ def test_checksum_is_checked_on_the_bytes_loaded(fresh, tiny_entry, planted_so, 
         os.replace(swap, so)
         return data
 
-    monkeypatch.setattr(cpp, "_read_fd", read_then_swap)
+    monkeypatch.setattr(_build_cache, "read_fd", read_then_swap)
     lib = load_tiny()
     assert lib._cdll.Tiny() == 7 and not planted_ran(fresh.parent)
 
