@@ -15,6 +15,9 @@ and nothing uses `jax.custom_vjp` (which would rule out forward mode).
 
 Each primitive is parameterized by a *signature* (`sig`): a hashable description of one
 call that says what the derivatives are and how to lower each role (see `Signature`).
+A derivative rule is either "traced" (written in JAX: inlined, so JAX can differentiate
+it again) or "opaque" (a host call or an FFI kernel, bound as the tangent or adjoint
+primitive).
 The tangent and adjoint also take `nz`, the inputs whose (co)tangents are not symbolic
 zeros.
 """
@@ -71,7 +74,7 @@ class Signature(Protocol):
 
     def eager(self, role: str, args: Sequence[Any], nz: tuple) -> list | None: ...
     def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list: ...
-    def rule(self, role: str) -> str | None: ...            # "native" | "traced" | None
+    def rule(self, role: str) -> str | None: ...            # "opaque" | "traced" | None
     def traced(self, role: str, nz: tuple) -> Callable[..., list]: ...
     def missing(self, role: str) -> Exception: ...
     def second_order_error(self, role: str) -> Exception: ...

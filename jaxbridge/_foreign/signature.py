@@ -52,7 +52,7 @@ class CallSignature(CallLayout):
         rule = self._rule_of(role)
         if rule is None:
             return None
-        return "traced" if rule.kind == "jax" else "native"
+        return "traced" if rule.kind == "jax" else "opaque"  # kind="numpy": a host call
 
     def traced(self, role: str, nz: tuple) -> Callable[..., list]:
         """The user's JAX-written rule as a function of flat operands (vmapped over any

@@ -128,7 +128,7 @@ class KernelSignature:
         return role
 
     def rule(self, role: str) -> str | None:
-        return "native" if self.spec.table(self.kernel_role(role)) else None
+        return "opaque" if self.spec.table(self.kernel_role(role)) else None
 
     def traced(self, role: str, nz: tuple) -> Callable[..., list]:  # pragma: no cover
         raise AssertionError("kernels have no traced rules")
