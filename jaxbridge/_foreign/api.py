@@ -66,8 +66,8 @@ class ForeignFunction:
         self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
         self._definition = Definition(
             fun=fun, name=self.__name__, result=result, residuals=residuals, vmap=vmap,
-            backend=backend, batch_dims=batch_dims, on_mesh=on_mesh, out=out, linear=linear,
-            cast=cast)
+            backend=backend, batch_dims=batch_dims, on_mesh=on_mesh, in_place=out,
+            linear=linear, cast=cast)
 
     # ---- what it is
     @property
@@ -128,7 +128,7 @@ class ForeignFunction:
             if not callable(fun):
                 raise TypeError(f"{where} expects a function, got {fun!r}")
             # A new snapshot: calls traced before keep the rules they were traced with.
-            new = Rule(fun, kind, out)
+            new = Rule(fun, kind, in_place=out)
             d = self._definition
             self._definition = (dataclasses.replace(d, vjp=new) if which == "vjp" else
                                 dataclasses.replace(d, jvp=new) if which == "jvp" else

@@ -34,11 +34,12 @@ L = TypeVar("L", bound="CallLayout")
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """A user derivative rule: `kind="numpy"` runs on the host, `"jax"` is traced.
-    `out=True`: the rule writes its results into arrays passed as ``out=``."""
+    `in_place` (the public ``out=True``): the rule writes its results into arrays passed
+    as ``out=`` (here "out" is only ever the forward output, never this flag)."""
 
     fun: Callable[..., Any]
     kind: str
-    out: bool = False
+    in_place: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -53,7 +54,7 @@ class Definition:
     backend: str
     batch_dims: int
     on_mesh: str
-    out: bool
+    in_place: bool       # jb.foreign(out=True): the function fills `out=` buffers
     linear: bool
     cast: bool
     vjp: Rule | None = None
@@ -190,7 +191,7 @@ class CallLayout:
     def _rule_of(self, role: str) -> Rule | None:
         defn = self.defn
         if role == "tangent":
-            return Rule(defn.fun, "numpy", defn.out) if defn.linear else defn.jvp
+            return Rule(defn.fun, "numpy", defn.in_place) if defn.linear else defn.jvp
         return defn.transpose if defn.linear else defn.vjp
 
     def missing(self, role: str) -> MissingRuleError:

@@ -302,12 +302,12 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
         raise sig.missing(role)
     if role == "tangent":
         avals = tuple(a for a, d in zip(sig.primary_avals, sig.diff_out) if d)
-        if rule.out:
+        if rule.in_place:
             return _inplace_tangent_filler(sig, rule, nz), avals, what
         run = run_tangent
     else:
         avals = tuple(a for a, z in zip(sig.in_avals, nz) if z)
-        if rule.out:
+        if rule.in_place:
             return _inplace_adjoint_filler(sig, rule, nz), avals, what
         if not sig.defn.linear:
             return _adjoint_filler(sig, rule, nz), avals, what
@@ -324,7 +324,7 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
 def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
     """The forward call, with a fast path for one array result."""
     fun, kwargs, args = sig.defn.fun, sig.kwargs, sig.args
-    if sig.defn.out:
+    if sig.defn.in_place:
         one_leaf = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
             and sig.out_tree.num_leaves == 1
 
