@@ -5,10 +5,7 @@
     Array([6., 6., 6.], dtype=float32)
 """
 
-try:
-    from jaxbridge import kernel
-except ImportError:  # a jaxbridge that does not re-export it yet
-    from jaxbridge._kernel import kernel
+from jaxbridge import kernel
 
 from . import _cube
 
