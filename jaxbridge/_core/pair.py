@@ -45,9 +45,12 @@ from .jaxapi import (
     zero_tangent,
 )
 
-__all__ = ["ROLES", "Signature", "Pair", "make_pair", "join_varying"]
+__all__ = ["ROLES", "VMAP_CHOICES", "Signature", "Pair", "make_pair", "join_varying"]
 
 ROLES = ("forward", "tangent", "adjoint")
+# How vmap runs a pair (Signature.vectorized): one call per batch element, or one call
+# with a leading batch axis. The words of jb.foreign(vmap=...) and jb.kernel(vmap=...).
+VMAP_CHOICES = ("loop", "vectorized")
 PLATFORMS = ("cpu", "cuda", "rocm")
 
 

@@ -13,14 +13,13 @@ import numpy as np
 from .._core.arrays import as_struct, is_array_leaf
 from .._core.checks import check_batch_dims, is_differentiable
 from .._core.jaxapi import aval_of
-from .._core.pair import make_pair
+from .._core.pair import VMAP_CHOICES, make_pair
 from .definition import Definition, Rule
 from .hostcall import BACKENDS, ON_MESH
 from .signature import CallSignature
 
 __all__ = ["ForeignFunction", "foreign", "custom_gradient", "foreign_pair"]
 
-VMAP_CHOICES = ("loop", "vectorized")
 RULE_KINDS = ("numpy", "jax")
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -40,7 +40,7 @@ from .._core.checks import check_batch_dims
 from .._core.jaxapi import (
     ShapedArray,
 )
-from .._core.pair import make_pair
+from .._core.pair import VMAP_CHOICES, make_pair
 from .._core.scalars import convert_scalar, is_scalar
 from ..errors import KernelError
 from .attributes import attr_type, convert_attr
@@ -49,7 +49,6 @@ from .signature import ROLES, KernelSignature, KernelSpec
 
 __all__ = ["Kernel", "kernel", "get_include", "kernel_pair"]
 
-VMAP_CHOICES = ("loop", "vectorized")
 kernel_pair = make_pair("jaxbridge_kernel")
 
 
