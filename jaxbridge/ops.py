@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._core import extensions
+from ._core.scalars import convert_scalar, is_scalar
 from ._kernel import Kernel, kernel, register_target
 from .errors import KernelError
 
@@ -230,7 +231,12 @@ def rbf_kernel(x: Any, y: Any, length_scale: Any = 1.0) -> jax.Array:
     fn = "rbf_kernel"
     x = _as_array(fn, "x", x)
     y = _as_array(fn, "y", y)
-    if not hasattr(length_scale, "dtype"):
+    if is_scalar(length_scale) and not isinstance(length_scale, np.generic):
+        try:  # a Python number takes x's dtype, if it converts exactly (JAX's weak typing)
+            length_scale = jnp.asarray(convert_scalar(length_scale, x.dtype))
+        except ValueError as why:
+            raise KernelError(f"jaxbridge.ops.{fn}: argument 'length_scale': {why}") from None
+    elif not hasattr(length_scale, "dtype"):
         length_scale = jnp.asarray(length_scale, dtype=x.dtype)
     l = _as_array(fn, "length_scale", length_scale)
     _same_dtype(fn, "x", {"x": x, "y": y, "length_scale": l})

@@ -456,6 +456,15 @@ def test_softplus_does_not_overflow_for_huge_beta_x(dtype, beta, x):
     np.testing.assert_array_equal(tangent, sigmoid.astype(dtype))
 
 
+def test_rbf_python_length_scale_takes_the_dtype_of_x_only_when_exact():
+    x = jnp.ones((2, 3), jnp.float32)
+    k = jax.jit(lambda x: ops.rbf_kernel(x, x, 2))(x)  # the literal 2 becomes float32
+    assert k.dtype == jnp.float32 and np.allclose(k, 1.0)
+    with pytest.raises(TypeError, match=r"rbf_kernel: argument 'length_scale': 1e\+40 "
+                                        r"overflows float32"):
+        ops.rbf_kernel(x, x, 1e40)  # was silently inf
+
+
 def test_bad_input_raises_under_jit_at_trace_time():
     f = jax.jit(lambda a: ops.tridiagonal_solve(a, a, a[:2], a))
     with pytest.raises(TypeError, match="tridiagonal_solve"):
