@@ -1,11 +1,13 @@
-"""The package's own house rules: no import circle inside a package."""
+"""The package's own house rules: no import circle inside a package; examples use only
+the public API."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "jaxbridge"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "jaxbridge"
 
 
 def _module_name(path: Path) -> str:
@@ -101,3 +103,16 @@ def test_the_import_graph_is_read_right():
 def test_no_import_circle_inside_a_package():
     circles = _circles(_graph())
     assert not circles, f"import circles inside a package: {circles}"
+
+
+def test_examples_import_only_the_public_api():
+    private = []
+    for path in sorted((ROOT / "examples").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names] \
+                if isinstance(node, ast.ImportFrom) and not node.level else []
+            private += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                        if n.startswith("jaxbridge") and any(
+                            part.startswith("_") for part in n.split(".")[1:])]
+    assert not private, f"examples importing private jaxbridge modules: {private}"
