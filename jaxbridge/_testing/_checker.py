@@ -24,9 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ForeignFunction
+from .._core.capabilities import Derivatives, derivatives_of
 from . import _diagnose, _transforms
-from ._fd import Derivative, complex_step, direction, element_scales, ridders
-from ._report import CHECKS, CheckOptions, CheckResult, RuleReport
+from ._fd import ULPS, Derivative, complex_step, direction, element_scales, ridders
+from ._report import (
+    CHECKS,
+    FORWARD_CHECKS,
+    REVERSE_CHECKS,
+    CheckOptions,
+    CheckResult,
+    RuleReport,
+)
 
 _PY_NUMBERS = (bool, int, float, complex)
 
@@ -80,9 +88,30 @@ def _dtype_name(dtype: Any) -> str:
     return "float0" if dtype == jax.dtypes.float0 else dtype.name
 
 
+#: Hints of `_hint`, by the bug they name (the mutation tests look for these words).
+HINTS = {
+    "sign": "sign flipped (rule ~ -reference)",
+    "transposed": "cotangent looks transposed",
+    "jacobian_transposed": "Jacobian looks transposed (a matrix used where its transpose "
+                           "belongs?)",
+    "zeros": "rule returns zeros (does it ignore this input?)",
+    "dropped": "wrong in {bad} of {n} entries, right in the others (a dropped term?)",
+    "operator": "wrong in every entry, not by a sign, scale, transpose or swap (the "
+                "derivative or transpose of another operator?)",
+}
+
+
 def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
-          transposed: np.ndarray | None = None) -> str:
-    """A cheap guess at what is wrong when `rule` (what the rule gave) != `ref`."""
+          transposed: np.ndarray | None = None,
+          swapped: Sequence[tuple[str, np.ndarray, np.ndarray]] = (),
+          entries: bool = False) -> str:
+    """A cheap guess at what is wrong when `rule` (what the rule gave) != `ref`.
+
+    `transposed`: what the rule's result would be if it were transposed; `swapped`:
+    (label, reference, tolerance) of the other inputs of the same shape (a rule that
+    swapped two arguments matches one of them); `entries`: `rule` and `ref` are the
+    entries of a Jacobian, so a rule right in some entries and wrong in others is told
+    apart from one wrong everywhere."""
     if rule.shape != ref.shape:
         return f"wrong shape: got {list(rule.shape)}, expected {list(ref.shape)}"
     if not np.all(np.isfinite(rule)):
@@ -94,17 +123,29 @@ def _hint(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
     if not big.any():
         return "rule is non-zero where the reference is zero"
     if np.all(np.abs(rule + ref) <= tol):
-        return "sign flipped (rule ~ -reference)"
+        return HINTS["sign"]
     if transposed is not None and np.all(np.abs(transposed - ref) <= tol):
-        return "cotangent looks transposed"
+        return HINTS["transposed"]
+    if entries and ref.ndim == 2 and ref.shape[0] == ref.shape[1] > 1 and \
+            np.all(np.abs(rule.T - ref) <= tol):
+        return HINTS["jacobian_transposed"]
+    for label, other, other_tol in swapped:
+        if other.shape == rule.shape and np.any(other != 0) and \
+                np.all(np.abs(rule - other) <= other_tol):
+            return f"looks like the derivative with respect to {label} (arguments swapped?)"
     if np.all(rule == 0):
-        return "rule returns zeros"
+        return HINTS["zeros"]
     k = np.median((rule[big] / ref[big]).real)
     if np.isfinite(k) and abs(k - 1) > 1e-3 and k != 0 and \
             np.all(np.abs(rule - k * ref) <= np.asarray(tol) * max(1.0, abs(k)) * 10):
         return f"off by a constant factor ~{k:.3g}"
     if np.iscomplexobj(rule) and np.all(np.abs(rule - np.conj(ref)) <= tol):
         return "looks complex-conjugated"
+    if entries:
+        good = np.abs(rule - ref) <= np.broadcast_to(tol, ref.shape)
+        if good[big].any():
+            return HINTS["dropped"].format(bad=int(np.sum(~good)), n=good.size)
+        return HINTS["operator"]
     return ""
 
 
@@ -224,7 +265,9 @@ class _Checker:
         self.results.append(CheckResult(name, status, arg, output, **kw))  # type: ignore[arg-type]
 
     def compare(self, name: str, arg: str | None, output: str | None, rule: Any, ref: Any,
-                tol: Any, scale: Any, note: str = "", transposed: Any = None) -> None:
+                tol: Any, scale: Any, note: str = "", transposed: Any = None,
+                swapped: Sequence[tuple[str, np.ndarray, np.ndarray]] = (),
+                entries: bool = False) -> None:
         """Record pass/fail of |rule - ref| <= tol (elementwise; tol broadcasts). A
         reference or tolerance that is not finite fails: nothing was verified there."""
         rule, ref = np.asarray(rule), np.asarray(ref)
@@ -247,7 +290,8 @@ class _Checker:
         ok = bool(np.all((diff <= tol) & np.isfinite(tol) & np.isfinite(ref)))
         self.add(name, "pass" if ok else "fail", arg, output, abs_err=float(diff.max()),
                  rel_err=float(np.max(rel)), tol=float(tol.ravel()[worst]),
-                 hint="" if ok else _hint(rule, ref, tol, transposed), note=note)
+                 hint="" if ok else _hint(rule, ref, tol, transposed, swapped, entries),
+                 note=note)
 
     def guarded(self, name: str, fun: Callable[[], None], arg: str | None = None,
                 output: str | None = None, note: str = "", record_pass: bool = False) -> bool:
@@ -309,6 +353,7 @@ class _Checker:
             "export": functools.partial(_transforms.check_export, self),
             "second_order": self.check_second_order,
             "inputs_unchanged": functools.partial(_transforms.check_inputs_unchanged, self),
+            "derivatives_checked": self.check_derivatives_checked,
         }
         assert tuple(steps) == CHECKS
         for name, step in steps.items():
@@ -321,31 +366,44 @@ class _Checker:
 
     # ------------------------------------------------------------ setup
     def _modes(self) -> None:
-        """Which of forward / reverse mode the function supports."""
+        """Which of forward / reverse mode the function supports: asked of the function
+        (`derivatives()`, see `jaxbridge._core.capabilities`) where it can answer,
+        found by trying otherwise (plain ``jax.custom_vjp`` / ``custom_jvp`` functions
+        and anything built on jaxbridge functions)."""
+        asked = derivatives_of(self.f)
+        self.asked = asked is not None
+        self.derivatives = asked if asked is not None else self._probe()
+        d = self.derivatives
+        if asked is not None:
+            says = f"{self.name}.derivatives() says so" + (f": {d.missing}" if d.missing else "")
+            self.fwd_reason = "" if d.forward else f"no forward rule ({says})"
+            self.rev_reason = "" if d.reverse else f"no reverse rule ({says})"
+        self.auto_second = self.asked and d.second_order
+        self.fwd = d.forward is not None
+        self.rev = d.reverse is not None
+
+    def _probe(self) -> Derivatives:
+        """Try forward and reverse mode on the function; what raises "no such rule"
+        (or, in forward mode, runs a ``jax.custom_vjp``) is absent."""
         self.fwd_reason = self.rev_reason = ""
-        if self.foreign:
-            vjp, jvp = getattr(self.f, "vjp_rule", None), getattr(self.f, "jvp_rule", None)
-            if jvp is None:
-                self.fwd_reason = "no forward rule (the foreign function has no defjvp)"
-            if vjp is None and (jvp is None or jvp.kind != "jax"):
-                self.rev_reason = ("no reverse rule (no defvjp, and a NumPy JVP rule cannot "
-                                   "be transposed)")
-            rules = [r for r in (vjp, jvp) if r is not None]
-            self.auto_second = bool(rules) and all(r.kind == "jax" for r in rules)
-        else:
-            self.auto_second = False
-            if self.diff and self.dout:
-                tans = [jnp.zeros_like(self.dyn[i]) for i in self.diff]
-                try:
-                    self.jitted["jvp_all"](self.dyn, tans)
-                except Exception as exc:  # noqa: BLE001
-                    if _diagnose.is_missing_rule(exc):
-                        self.fwd_reason = f"no forward rule ({_diagnose.note(exc)})"
-                    elif _diagnose.has_custom_vjp(self.diffout, self.dyn):
-                        self.fwd_reason = ("no forward rule (the function uses jax.custom_vjp, "
-                                           "which JAX cannot differentiate in forward mode)")
-        self.fwd = not self.fwd_reason
-        self.rev = not self.rev_reason
+        if self.diff and self.dout:
+            tans = [jnp.zeros_like(self.dyn[i]) for i in self.diff]
+            try:
+                self.jitted["jvp_all"](self.dyn, tans)
+            except Exception as exc:  # noqa: BLE001
+                if _diagnose.is_missing_rule(exc):
+                    self.fwd_reason = f"no forward rule ({_diagnose.note(exc)})"
+                elif _diagnose.has_custom_vjp(self.diffout, self.dyn):
+                    self.fwd_reason = ("no forward rule (the function uses jax.custom_vjp, "
+                                       "which JAX cannot differentiate in forward mode)")
+            cts = [jnp.zeros_like(self.outs[o]) for o in self.dout]
+            try:
+                self.jitted["vjp_all"](self.dyn, cts)
+            except Exception as exc:  # noqa: BLE001 - anything else: the checks report it
+                if _diagnose.is_missing_rule(exc):
+                    self.rev_reason = f"no reverse rule ({_diagnose.note(exc)})"
+        return Derivatives(forward=None if self.fwd_reason else "found by trying jax.jvp",
+                           reverse=None if self.rev_reason else "found by trying jax.vjp")
 
     def _precision(self) -> None:
         """Pick the dtype of the finite-difference checks, their steps and tolerances."""
@@ -490,6 +548,17 @@ class _Checker:
         error bound is `err`: `rtol` relative to each element (so small elements are
         checked as strictly as large ones), plus `err` and `atol`."""
         return self.atol + self.rtol * np.abs(np.asarray(ref)) + err + self.nondet
+
+    def jac_tol(self, ref: np.ndarray, err: np.ndarray) -> np.ndarray:
+        """`fd_tol` for a Jacobian [out, in], plus the rounding of a correct rule: an
+        entry that is small by cancellation (a DCT's cos(pi/2)) is computed to a few ulps
+        of the largest entry in its row (a VJP) or column (a JVP), not of itself."""
+        a = np.abs(np.asarray(ref))
+        if a.size == 0:
+            return self.fd_tol(ref, err)
+        rows = a.max(axis=1, keepdims=True, initial=0.0)
+        cols = a.max(axis=0, keepdims=True, initial=0.0)
+        return self.fd_tol(ref, err) + ULPS * self.eps_mach * np.maximum(rows, cols)
 
     def _jlabel(self, j: int) -> str:
         return self.labels[self.diff[j]]
@@ -689,9 +758,13 @@ class _Checker:
             perm = np.arange(n * n).reshape(n, n).T.ravel()
             trans = rule[:, perm]
         scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
-        self.compare(name, self._jlabel(j), self._olabel(o), rule, ref, self.fd_tol(ref, err),
+        swapped = [(self._jlabel(k), self.fd_jacobian[k][0][o],
+                    self.jac_tol(self.fd_jacobian[k][0][o], self.fd_jacobian[k][1][o]))
+                   for k in range(len(self.diff))
+                   if k != j and np.shape(self.work[self.diff[k]]) == np.shape(x)]
+        self.compare(name, self._jlabel(j), self._olabel(o), rule, ref, self.jac_tol(ref, err),
                      scale, note=f"Jacobian {list(ref.shape)} vs finite differences",
-                     transposed=trans)
+                     transposed=trans, swapped=swapped, entries=True)
 
     def check_vjp_jacobian(self) -> None:
         if not self._need_diff("vjp_jacobian", "rev") or not self._small("vjp_jacobian"):
@@ -835,6 +908,35 @@ class _Checker:
             scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-300)
             self.compare(name, self._jlabel(j), "sum(w*out)", got, ref, self.fd_tol(ref, err),
                          scale, note=f"Hessian-vector products via {how} vs fd of the gradient")
+
+
+    # ------------------------------------------------------------ coverage
+    def check_derivatives_checked(self) -> None:
+        """Each mode the function has was checked against a reference by at least one
+        enabled check: a rule that no check ran cannot pass."""
+        name = "derivatives_checked"
+        if not self.diff or not self.dout:
+            return self.skip(name, "no floating-point inputs" if not self.diff
+                             else "no floating-point outputs")
+        ran = {r.name for r in self.results if r.status != "skip"}
+        d = self.derivatives
+        for mode, how, checks in (("forward", d.forward, FORWARD_CHECKS),
+                                  ("reverse", d.reverse, REVERSE_CHECKS)):
+            enabled = [c for c in checks if self.opts.enabled(c)]
+            if how is None:
+                self.add(name, "skip", note=f"{mode} mode: the function has none")
+            elif not enabled:
+                self.add(name, "skip", note=f"{mode} mode ({how}): no {mode}-mode check "
+                                            f"selected")
+            elif ran & set(enabled):
+                self.add(name, "pass", note=f"{mode} mode ({how}) checked by "
+                         + ", ".join(c for c in enabled if c in ran))
+            else:
+                why = "; ".join(f"{r.name}: {r.note}" for r in self.results
+                                if r.name in enabled and r.status == "skip")
+                self.add(name, "fail", hint=f"{mode} mode never checked",
+                         note=f"the function has {mode} mode ({how}), but every {mode}-mode "
+                              f"check was skipped ({why})")
 
 
 def run_checks(f: Callable[..., Any], args: tuple, static: dict,
