@@ -20,7 +20,6 @@ import functools
 import os
 import shutil
 
-import jax
 import numpy as np
 import pytest
 
@@ -60,12 +59,6 @@ MUTANT_OPTIONS = CheckOptions(n_directions=2, checks=(
     "cotangent_shapes", "tangent_shapes", "vjp_fd", "jvp_fd", "vjp_jacobian", "jvp_jacobian",
     "jvp_vjp_consistency", "inputs_unchanged", "derivatives_checked"))
 CORRECT_OPTIONS = CheckOptions(n_directions=2)
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
 
 
 # ------------------------------------------------------------------ NumPy rules
@@ -320,8 +313,7 @@ def _outcome(lib, kind, mutant):
     _, x, y = INPUTS["well"]
     f = _function(lib, kind, mutant)
     try:
-        with jax.enable_x64(True):
-            check_rules(f, x.copy(), y.copy(), check_options=MUTANT_OPTIONS)
+        check_rules(f, x.copy(), y.copy(), check_options=MUTANT_OPTIONS)
     except RuleCheckError as err:
         hints = tuple(sorted({r.hint for r in err.report.failures}))
         return any(MUTANTS[mutant] in h for h in hints), hints

@@ -116,7 +116,7 @@ def check_integer_inputs(r: Run) -> None:
         got = _all_cts(r)
         for i in call.ints:
             _expect(r, "integer_inputs", got[i], call.dyn[i], "cotangent",
-                      arg=call.labels[i])
+                    arg=call.labels[i])
     if p.fwd and call.diff:
         tans = [r.randn(x) if inexact(x.dtype) else np.zeros(x.shape, jax.dtypes.float0)
                 for x in call.dyn]
