@@ -253,9 +253,9 @@ def _handlers() -> str:
     f32 = "ffi::Buffer<ffi::F32>"
     lines = [f"XLA_FFI_DEFINE_HANDLER_SYMBOL(Forward_{c}, (Fwd<{m}>), {fwd});"
              for c, m in (("well", 0), ("ill", 1))]
-    ids = {"correct": "kCorrect", **{m: "k" + "".join(w.title() for w in m.split("_"))
-                                     for m in MUTANTS}}
-    ids["other_operator"], ids["float32"] = "kOtherOperator", None
+    # "in_place" -> kInPlace (the C++ enum); float32 has its own handlers (a float32 result)
+    ids = {m: "k" + "".join(w.title() for w in m.split("_")) for m in ("correct", *MUTANTS)}
+    ids["float32"] = None
     for role, bind, impl in (("Adjoint", adj, "Adj"), ("Tangent", tan, "Tan")):
         for mutant, cid in ids.items():
             if cid is None:
