@@ -24,7 +24,15 @@ against finite differences, against each other, and under JAX's transformations:
 ``export``                ``jax.export`` round trip (values, VJP) of FFI-kernel programs
 ``second_order``          Hessian-vector products vs finite differences of the gradient
 ``inputs_unchanged``      no call wrote into an input's buffer
+``derivatives_checked``   each mode the function has (forward, reverse) was checked
 ========================  ==============================================================
+
+The checker asks the function which derivatives it has (``f.derivatives()``, a
+:class:`Derivatives`: jaxbridge's host functions, linear functions, ``custom_gradient``
+and kernels answer) and plans from the answer; for other callables (``jax.custom_vjp``,
+``jax.custom_jvp``, functions built on jaxbridge functions) it tries each mode.
+``derivatives_checked`` fails when a mode the function has was not checked by any
+enabled derivative check, so a rule cannot pass unseen.
 
 Finite differences step each input element relative to its own magnitude, extrapolate
 (Richardson; refined by a complex step where the function takes complex inputs) and
@@ -32,7 +40,7 @@ carry an error bound per output element, which is added to the tolerance: a corr
 rule is not failed because the reference was inaccurate, whatever the inputs' range.
 They are evaluated in float64 when the function accepts float64 inputs (else in its
 own dtype). Integer and boolean inputs are held fixed. Forward-mode checks are skipped
-("no forward rule") for functions without one, e.g. ``jax.custom_vjp``.
+("no forward mode") for functions without one, e.g. ``jax.custom_vjp``.
 
 Example:
     >>> import jax, numpy as np, jaxbridge as jb
@@ -53,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._core.capabilities import Derivatives
 from ._testing._checker import run_checks
 from ._testing._report import CHECKS, CheckOptions, CheckResult, RuleReport, failure_message
 from .errors import RuleCheckError
@@ -60,7 +69,7 @@ from .errors import RuleCheckError
 if TYPE_CHECKING:
     from ._testing import strategies as strategies
 
-for _cls in (CheckOptions, CheckResult, RuleReport):
+for _cls in (CheckOptions, CheckResult, RuleReport, Derivatives):
     _cls.__module__ = __name__  # shown as jaxbridge.testing.X in reprs and tracebacks
 del _cls
 
@@ -68,6 +77,7 @@ __all__ = [
     "CHECKS",
     "CheckOptions",
     "CheckResult",
+    "Derivatives",
     "RuleCheckError",
     "RuleReport",
     "assert_rules_correct",

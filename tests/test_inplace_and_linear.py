@@ -9,7 +9,7 @@ import scipy.fft
 
 import jaxbridge as jb
 from jaxbridge.errors import ForeignCallError, KeptViewError, MissingRuleError
-from jaxbridge.testing import check_rules
+from jaxbridge.testing import RuleCheckError, check_rules
 
 
 # ----------------------------------------------------------------- in place
@@ -173,7 +173,31 @@ def test_linear_function_of_several_arguments_jointly():
 
 
 def test_linear_function_passes_the_checker():
-    assert check_rules(make_dct(), jnp.linspace(-1.0, 2.0, N)).passed
+    report = check_rules(make_dct(), jnp.linspace(-1.0, 2.0, N))
+    ran = {r.name for r in report.results if r.status == "pass"}
+    # the transpose is the reverse mode, the function itself the forward mode: both checked
+    assert {"vjp_fd", "jvp_fd", "vjp_jacobian", "jvp_jacobian", "jvp_vjp_consistency",
+            "second_order"} <= ran
+    assert [r.status for r in report.by_name("derivatives_checked")] == ["pass", "pass"]
+
+
+A3 = np.array([[2.0, -1.0, 0.5], [0.3, 1.0, -2.0], [1.5, 0.2, 0.7]])
+B3 = np.array([[0.4, 1.1, -0.6], [-1.3, 0.8, 0.9], [0.1, -0.7, 2.2]])
+
+
+@pytest.mark.parametrize("transpose, hint", [
+    (lambda ct: (1.5 * (A3.T @ ct),), "constant factor ~1.5"),
+    (lambda ct: (A3 @ ct,), "Jacobian looks transposed"),
+    (lambda ct: (B3.T @ ct,), "another operator"),
+    (lambda ct: (-(A3.T @ ct),), "sign flipped"),
+])
+def test_a_wrong_transpose_fails_the_checker_with_a_hint(transpose, hint):
+    matvec = jb.foreign(lambda x: x, linear=True)(lambda x: A3 @ x)
+    matvec.deftranspose(transpose)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(matvec, np.array([1.0, -2.0, 0.5]))
+    hints = {r.hint for r in info.value.report.failures}
+    assert any(hint in h for h in hints), hints
 
 
 def test_linear_declaration_errors():

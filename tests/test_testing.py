@@ -786,3 +786,126 @@ def test_failures_are_classified_by_exception_type_and_attributes():
     assert _diagnose.is_missing_rule(jaxbridge.errors.MissingRuleError("no jvp"))
     assert not _diagnose.is_missing_rule(TypeError("forward-mode needs a custom_vjp defjvp"))
     assert _diagnose.note(ValueError("INTERNAL: boom\nsecond")) == "raised ValueError: boom second"
+
+
+# ------------------------------------------------------------------ the checker asks
+DERIVATIVE_CHECKS = {"forward": ("jvp_fd", "jvp_jacobian"), "reverse": ("vjp_fd", "vjp_jacobian")}
+
+
+def _linear_scale():
+    f = jb.foreign(lambda x: x, linear=True)(lambda x: 2.0 * x)
+    f.deftranspose(lambda ct: (2.0 * ct,))
+    return f
+
+
+def _custom_gradient_sin():
+    @jb.custom_gradient(lambda x: x)
+    def sin(x):
+        return np.sin(x), lambda ct: np.cos(x) * ct
+    return sin
+
+
+CHECKABLE = {
+    "foreign vjp": lambda: _host_sin("numpy", jvp=False),
+    "foreign jvp": lambda: _host_sin("numpy", vjp=False),
+    "foreign jvp kind=jax": lambda: _host_sin("jax", vjp=False),
+    "foreign both": lambda: _host_sin("numpy"),
+    "linear + deftranspose": _linear_scale,
+    "custom_gradient": _custom_gradient_sin,
+}
+if jb.ops.available():
+    CHECKABLE["kernel"] = lambda: jb.ops._softplus_kernel()
+
+
+@pytest.mark.parametrize("what", sorted(CHECKABLE))
+def test_no_derivative_check_is_skipped_for_a_derivative_the_function_has(what, rng):
+    f = CHECKABLE[what]()
+    says = f.derivatives()
+    assert isinstance(says, jb.testing.Derivatives) and (says.forward or says.reverse)
+    report = check_rules(f, _x(rng, 4), check_options=FAST)
+    for mode, has in (("forward", says.forward), ("reverse", says.reverse)):
+        for name in DERIVATIVE_CHECKS[mode]:
+            (row,) = report.by_name(name)
+            assert (row.status == "pass") == bool(has), (what, name, row)
+    assert {r.status for r in report.by_name("derivatives_checked")} <= {"pass", "skip"}
+
+
+def test_what_each_object_says_it_has():
+    d = _linear_scale().derivatives()
+    assert (d.forward, d.reverse, d.second_order) == (
+        "the function itself (linear=True)", "deftranspose rule (numpy)", True)
+    d = jb.foreign(lambda x: x, linear=True)(lambda x: x).derivatives()
+    assert d.reverse is None and "deftranspose" in d.missing
+    d = _custom_gradient_sin().derivatives()
+    assert d.forward is None and d.reverse == "custom_gradient's grad_fn (numpy)"
+    d = _host_sin("jax", vjp=False).derivatives()
+    assert d.reverse.startswith("JAX transposes") and d.second_order
+    d = _host_sin("numpy", vjp=False).derivatives()
+    assert d.reverse is None and not d.second_order and "defvjp" in d.missing
+    k = jb.kernel("k_fwd", tangent="k_tan", result=lambda x: x)
+    assert (k.derivatives().forward, k.derivatives().reverse) == ("tangent kernel", None)
+    assert "forward mode: tangent kernel" in k.derivatives().how
+
+
+def test_a_function_with_rules_that_no_check_ran_on_does_not_pass(rng):
+    # Only the full-Jacobian check selected, and the input too large for it: nothing
+    # checked the reverse rule, so the report must not pass.
+    opts = CheckOptions(checks=("vjp_jacobian", "derivatives_checked"), jacobian_max_size=2)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(_host_sin("numpy", jvp=False), _x(rng, 4), check_options=opts)
+    (row,) = _failed(info.value)["derivatives_checked"]
+    assert row.hint == "reverse mode never checked"
+    assert "defvjp rule (numpy)" in row.note and "too large" in row.note
+
+
+class _Wrapper:
+    """A callable from outside jaxbridge that answers the capability query (as the
+    PyTorch wrapper will)."""
+
+    def __init__(self, forward):
+        self.claims_forward = forward
+
+        @jax.custom_vjp
+        def f(x):
+            return jnp.sin(x)
+
+        f.defvjp(lambda x: (jnp.sin(x), x), lambda x, ct: (jnp.cos(x) * ct,))
+        self.f = f
+
+    def __call__(self, x):
+        return self.f(x)
+
+    def derivatives(self):
+        return jb.testing.Derivatives(forward="claimed" if self.claims_forward else None,
+                                      reverse="a custom_vjp", missing="no forward mode here")
+
+
+def test_the_checker_trusts_the_answer_and_fails_loudly_when_it_is_wrong(rng):
+    report = check_rules(_Wrapper(forward=False), _x(rng, 3), check_options=FAST)
+    (row,) = report.by_name("jvp_fd")
+    assert row.status == "skip" and "no forward mode here" in row.note
+    with pytest.raises(RuleCheckError) as info:  # claims a forward mode it lacks
+        check_rules(_Wrapper(forward=True), _x(rng, 3), check_options=FAST)
+    assert "jvp_fd" in _failed(info.value)
+
+
+def test_a_plain_function_over_a_jvp_only_host_function_is_probed_in_reverse_too(rng):
+    inner = _host_sin("numpy", vjp=False)
+    report = check_rules(lambda x: inner(x) * 2.0, _x(rng, 3), check_options=FAST)
+    (row,) = report.by_name("vjp_fd")
+    assert row.status == "skip" and "no reverse rule" in row.note
+    assert report.summary()["jvp_fd"] == "pass"
+
+
+def test_the_checking_rules_guide_runs_as_written():
+    """docs/guides/checking-rules.md: its Python blocks run in order, their asserts hold."""
+    import re
+    from pathlib import Path
+
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "checking-rules.md"
+    text = guide.read_text()
+    namespace: dict = {"__name__": "guide"}
+    for m in re.finditer(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
+        line = text.count("\n", 0, m.start(1))  # tracebacks show the guide's line numbers
+        exec(compile("\n" * line + m.group(1), str(guide), "exec"), namespace)
+    assert namespace["report"].passed

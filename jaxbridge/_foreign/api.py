@@ -12,6 +12,7 @@ import numpy as np
 
 from .._core.arrays import as_struct, is_array_leaf
 from .._core.checks import check_batch_dims, is_differentiable
+from .._core.capabilities import Derivatives
 from .._core.jaxapi import aval_of
 from .._core.pair import VMAP_CHOICES, make_pair
 from .definition import Definition, Rule
@@ -81,6 +82,41 @@ class ForeignFunction:
     vjp_rule = property(lambda self: self._definition.vjp)
     jvp_rule = property(lambda self: self._definition.jvp)
     transpose_rule = property(lambda self: self._definition.transpose)
+
+    def derivatives(self) -> Derivatives:
+        """Which derivatives this function has and what computes them (asked by
+        `jaxbridge.testing.check_rules`, which plans its checks from the answer).
+
+        Example:
+            >>> import numpy as np, jaxbridge as jb
+            >>> f = jb.foreign(lambda x: x)(np.sin)
+            >>> _ = f.defvjp(lambda primals, y, ct: (np.cos(primals[0]) * ct,))
+            >>> f.derivatives().how
+            'forward mode: none; reverse mode: defvjp rule (numpy); second order: no'
+        """
+        d = self._definition
+
+        def words(rule: Rule, name: str) -> str:
+            return getattr(rule.fun, "derivative_name", None) or f"{name} rule ({rule.kind})"
+
+        if d.linear:
+            if d.transpose is None:
+                return Derivatives(forward="the function itself (linear=True)",
+                                   missing=f"define @{self.__name__}.deftranspose for "
+                                           f"reverse mode")
+            return Derivatives(forward="the function itself (linear=True)",
+                               reverse=words(d.transpose, "deftranspose"), second_order=True)
+        forward = None if d.jvp is None else words(d.jvp, "defjvp")
+        reverse = None if d.vjp is None else words(d.vjp, "defvjp")
+        if reverse is None and d.jvp is not None and d.jvp.kind == "jax":
+            reverse = "JAX transposes the defjvp rule (kind='jax')"
+        rules = [r for r in (d.vjp, d.jvp) if r is not None]
+        missing = "; ".join(
+            [f"define @{self.__name__}.defjvp for forward mode"] * (forward is None)
+            + [f"define @{self.__name__}.defvjp (or a defjvp rule with kind='jax') for "
+               f"reverse mode"] * (reverse is None))
+        return Derivatives(forward=forward, reverse=reverse, missing=missing,
+                           second_order=bool(rules) and all(r.kind == "jax" for r in rules))
 
     def __repr__(self) -> str:
         d = self._definition
@@ -411,6 +447,8 @@ def custom_gradient(result: Any, **options: Any) -> Callable[[Callable[..., Any]
             if len(primals) == 1 and not (isinstance(cts, (tuple, list)) and len(cts) == 1):
                 cts = (cts,)
             return tuple(cts)
+
+        _vjp.derivative_name = "custom_gradient's grad_fn (numpy)"  # type: ignore[attr-defined]
 
         return wrapped
 

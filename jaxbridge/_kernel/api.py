@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.checks import check_batch_dims
+from .._core.capabilities import Derivatives
 from .._core.jaxapi import (
     ShapedArray,
 )
@@ -142,6 +143,31 @@ class Kernel:
         extra = (f"transpose={self.transpose}" if self.linear
                  else f"adjoint={self.adjoint}, tangent={self.tangent}")
         return f"Kernel({self.name!r}, forward={self.forward}, {extra}, vmap={self.vmap!r})"
+
+    def derivatives(self) -> Derivatives:
+        """Which derivatives this kernel has and what computes them (asked by
+        `jaxbridge.testing.check_rules`, which plans its checks from the answer).
+
+        Example:
+            >>> import jaxbridge as jb
+            >>> k = jb.kernel("my_forward", adjoint="my_adjoint", result=lambda x: x)
+            >>> k.derivatives().how
+            'forward mode: none; reverse mode: adjoint kernel; second order: no'
+        """
+        forward: str | None
+        if self.linear:
+            forward, reverse = "the forward kernel (linear=True)", (
+                "transpose kernel" if self.transpose else None)
+        else:
+            forward = "tangent kernel" if self.tangent else None
+            reverse = "adjoint kernel" if self.adjoint else None
+        what = "transpose" if self.linear else "adjoint"
+        missing = "; ".join(["pass tangent= to jaxbridge.kernel for forward mode"]
+                            * (forward is None)
+                            + [f"pass {what}= to jaxbridge.kernel for reverse mode"]
+                            * (reverse is None))
+        return Derivatives(forward=forward, reverse=reverse, missing=missing,
+                           second_order=self.linear and reverse is not None)
 
     def targets(self) -> list[str]:
         """Every FFI target name this kernel may emit."""

@@ -67,11 +67,20 @@ def note(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {first}"
 
 
+#: The hint for code that wrote into an input it was lent (a read-only view).
+WROTE_INPUT = ("an input was overwritten (the function or a rule writes in place into an "
+               "input it was lent, which is read-only)")
+
+
 def hint(exc: BaseException) -> str:
     """A short guess at the bug: "wrong shape", "wrong dtype", ... or ""."""
     mismatch = find(exc, ResultMismatchError)
     if mismatch is not None and mismatch.problem in PROBLEM_HINTS:
         return PROBLEM_HINTS[mismatch.problem]
+    # NumPy's error for a write into a read-only array (jaxbridge lends XLA's buffers
+    # to host code as read-only views) has no attribute to read but its wording.
+    if any(isinstance(e, ValueError) and "read-only" in str(e) for e in _chain(exc)):
+        return WROTE_INPUT
     return _jax_hint(str(exc))
 
 
@@ -80,8 +89,11 @@ def _jax_hint(msg: str) -> str:
     # rule produced an output of type float64[2] corresponding to an input of type
     # float64[3], so the shapes do not match") carry no attributes: their wording is all
     # there is. (jaxbridge's own errors are ResultMismatchError, classified above.)
+    # XLA's FFI, for a handler bound to another buffer type: "Wrong buffer dtype:
+    # expected F32 but got F64".
     for words, what in (("shapes do not match", "shape"), ("shape mismatch", "shape"),
-                        ("incompatible shapes", "shape"), ("dtypes do not match", "dtype")):
+                        ("incompatible shapes", "shape"), ("dtypes do not match", "dtype"),
+                        ("Wrong buffer dtype", "dtype")):
         if words in msg:
             return f"wrong {what}"
     return ""

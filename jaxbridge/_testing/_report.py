@@ -28,7 +28,12 @@ CHECKS: tuple[str, ...] = (
     "export",               # jax.export round trip of programs calling FFI kernels
     "second_order",         # Hessian-vector products vs finite differences of the gradient
     "inputs_unchanged",     # no call wrote into its inputs' buffers
+    "derivatives_checked",  # every derivative the function has was checked by a check above
 )
+
+#: The checks that compare derivative values with a reference, by mode.
+REVERSE_CHECKS = ("vjp_fd", "vjp_jacobian", "jvp_vjp_consistency")
+FORWARD_CHECKS = ("jvp_fd", "jvp_jacobian", "jvp_vjp_consistency")
 
 Status = Literal["pass", "fail", "error", "skip"]
 
@@ -63,7 +68,9 @@ class CheckOptions:
       complex_step: refine the finite differences with a complex step where the
         function accepts complex inputs and agrees with them (default True).
       second_order: True/False forces the Hessian check on/off; None (default) runs it
-        for foreign functions whose rules all have ``kind="jax"``.
+        for functions that say they have second derivatives (``f.derivatives()``:
+        foreign functions whose rules all have ``kind="jax"``, linear functions and
+        kernels with a transpose).
       export: True/False forces the ``jax.export`` round trip on/off; None (default)
         runs it when the program calls FFI kernels and no host (Python) function.
       jacobian_max_size: the full-Jacobian checks run when the differentiable inputs have
