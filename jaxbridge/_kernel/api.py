@@ -486,7 +486,7 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
 
     ``grad``/``vjp``/``jacrev`` use the adjoint, ``jvp``/``jacfwd`` the tangent; either
     may be omitted (the transformation that needs it then raises `MissingRuleError`).
-    A guide with a complete example is docs/kernels.md.
+    A guide with a complete example is docs/guides/kernels.md.
 
     Args:
       forward: the forward target: a registered target name, a PyCapsule (registered
