@@ -493,7 +493,10 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
         C++ source text.
       source: C++ (or, with ``cuda=True``, CUDA) source text.
       cuda: compile with nvcc (CUDA sources, linked with the CUDA runtime).
-      extra_cflags / extra_cuda_cflags / extra_ldflags / extra_include_dirs: passed on.
+      extra_cflags: more flags for the C++ compiler (e.g. ``["-O3"]``).
+      extra_cuda_cflags: more flags for nvcc (with ``cuda=True``).
+      extra_ldflags: more flags for the linker (e.g. ``["-lfoo"]``).
+      extra_include_dirs: more directories to search for headers.
       functions: handler symbols to export in addition to the ones found by scanning
         the sources for ``XLA_FFI_DEFINE_HANDLER_SYMBOL``.
       rebuild: compile again even if the cache holds the library.

@@ -451,7 +451,11 @@ def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr
       method: any of SciPy's root methods. "hybr" and "lm" get the Jacobian from JAX
         (`jax.jacfwd`) unless `jac` is a JAX function `jac(x, *args)`, or False
         (SciPy's finite differences).
-      tol, callback, options: as in SciPy (static: options must be hashable).
+      jac: None or True (JAX's Jacobian; True: `fun` returns `(f, J)`), a JAX
+        function `jac(x, *args)`, or False (SciPy's finite differences).
+      tol: as in SciPy.
+      callback: as in SciPy (called on the host with NumPy values).
+      options: as in SciPy (static: must be hashable).
       linear_solver: for the implicit-function-theorem solve: "auto" (dense up to
         n = 1000, then "gmres"), "direct", "gmres" (matrix-free), "cg".
       on_failure: "raise" (`jaxbridge.scipy.SolverError` with SciPy's message, eager

@@ -384,12 +384,21 @@ def eigsh(A: Any, k: int = 6, M: Any = None, sigma: float | None = None, which: 
       A: symmetric, a `jax.experimental.sparse.BCOO`/`BCSR` (gradients flow to its
         stored values), a dense array (gradient: the whole matrix), or a SciPy sparse
         matrix (a constant). Perturbations are symmetrized, as in `jnp.linalg.eigh`.
-      k, sigma, which, v0, ncv, maxiter, tol, mode: as in SciPy (ARPACK; `sigma`
-        selects shift-invert mode). The result does not depend on `v0` (zero
-        gradient, correctly); without one, a fixed generic start vector is used
-        (SciPy draws a random one), so results are deterministic.
-      M, Minv, OPinv, rng: the generalized problem and custom operators are not
-        supported (raises, naming the argument).
+      k: the number of eigenpairs, as in SciPy (ARPACK).
+      M: the generalized problem is not supported (raises, naming the argument).
+      sigma: as in SciPy: selects shift-invert mode.
+      which: as in SciPy ("LM", "SA", ...).
+      v0: as in SciPy. The result does not depend on it (zero gradient, correctly);
+        without one, a fixed generic start vector is used (SciPy draws a random
+        one), so results are deterministic.
+      ncv: as in SciPy.
+      maxiter: as in SciPy.
+      tol: as in SciPy (0: machine precision).
+      return_eigenvectors: as in SciPy: False returns `w` alone.
+      Minv: custom operators are not supported (raises, naming the argument).
+      OPinv: custom operators are not supported (raises, naming the argument).
+      mode: as in SciPy (with `sigma`).
+      rng: not supported (raises, naming the argument); see `v0`.
       on_failure: "raise" (ARPACK's failure, or an eigenvector derivative asked of a
         degenerate eigenvalue: `jaxbridge.scipy.SolverError`) or "nan".
 
