@@ -118,3 +118,21 @@ def test_the_errors_guide_covers_every_exception():
     assert not missing, f"docs/guides/errors.md does not explain {missing}"
     headed = re.findall(r"^## `(\w+)`", guide, re.MULTILINE)
     assert set(classes) - {"JaxbridgeError"} <= set(headed)
+
+
+# ---------------------------------------------------------------- numbers come from files
+def test_the_performance_tables_are_rendered_from_the_benchmark_results():
+    spec = importlib.util.spec_from_file_location("plots", ROOT / "benchmarks" / "plots.py")
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    results = plots.load()
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert plots.render_page(page, results) == page, \
+        "docs/performance.md is out of date: run python benchmarks/plots.py"
+    for name, result in results.items():  # every file is shown, with where it came from
+        assert f"<!-- results: {name} -->" in page
+        assert f"assets/performance/{name}.png" in page
+        for key in ("script", "command", "date", "machine", "versions", "conditions",
+                    "provenance"):
+            assert result[key], f"benchmarks/results/{name}.json: no {key!r}"
+        assert (ROOT / result["script"]).exists()
