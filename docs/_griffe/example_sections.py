@@ -54,3 +54,14 @@ class ExampleSections(griffe.Extension):
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
             obj.docstring.value = rewrite(obj.docstring.value)
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        # a package's own docstring (jaxbridge/__init__.py) does not pass through
+        # on_object; walk the loaded tree once more (rewrite() is idempotent)
+        stack: list[Any] = [pkg]
+        while stack:
+            obj = stack.pop()
+            if obj.is_alias:
+                continue
+            self.on_object(obj=obj)
+            stack.extend(obj.members.values())
