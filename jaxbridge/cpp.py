@@ -417,6 +417,12 @@ class Library:
       path: the cache file it was loaded from (or published to, when it was just
         built); None when the cache could not be written and it was loaded uncached.
       handlers: ``{symbol: PyCapsule}`` for every handler symbol.
+
+    Example (compiles C++, so not run as a doctest; docs/getting-started.md runs a
+    complete one):
+        >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
+        >>> sorted(lib.handlers)  # doctest: +SKIP
+        ['CubeAdjoint', 'CubeForward', 'CubeTangent']
     """
 
     def __init__(self, name: str, path: Path | None, handlers: dict[str, Any], cdll: Any):
@@ -506,6 +512,10 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
     owned by the current user or root and not writable by group or others; links in
     it are never followed, and a library is loaded only if its bytes match its
     checksum (details in the module docstring).
+
+    Returns:
+      The loaded `Library`: its ``handlers`` by symbol, and ``kernel(...)`` to declare
+      a differentiable kernel over them.
 
     Raises:
       CompileError: the compiler failed (with its output), or the dynamic loader
