@@ -48,8 +48,11 @@ def table(result: dict[str, Any]) -> str:
     """The Markdown block for one results file: provenance line, then the table."""
     versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
     lines = [f"*{result['title']}* ({result['unit']}). `{result['command']}`, "
-             f"{result['date']}; {result['machine']}; {versions}; {result['conditions']}.",
-             "",
+             f"{result['date']}; {result['machine']}; {versions}; {result['conditions']}."]
+    if result.get("legend"):
+        lines.append("Columns: " + "; ".join(f"{k}: {v}" for k, v in result["legend"].items())
+                     + ".")
+    lines += ["",
              "| " + " | ".join(result["columns"]) + " |",
              "|" + "---|" * len(result["columns"])]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in result["rows"]]
