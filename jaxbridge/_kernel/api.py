@@ -576,8 +576,18 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         time: a dtype outside ``dtypes``, an unknown or missing attribute or one of the
         wrong type, aliased buffers of different shapes; ``check`` raises its own.
 
-    Example (the built-in softplus: an elementwise adjoint needs only ``x`` and
-    overwrites the cotangent with the input cotangent)::
+    Example (compiles C++, so not run as a doctest; docs/getting-started.md and
+    docs/guides/kernels.md run complete ones):
+        >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
+        >>> cube = jaxbridge.kernel(lib.handlers["CubeForward"],
+        ...                         lib.handlers["CubeAdjoint"],
+        ...                         result=lambda x, **_: x, vmap="batch",
+        ...                         name="cube")  # doctest: +SKIP
+        >>> jax.grad(lambda x: cube(x).sum())(jnp.ones(3))  # doctest: +SKIP
+
+    This is how `jaxbridge.ops` declares the built-in softplus (its targets carry the
+    reserved ``jaxbridge_`` prefix): the elementwise adjoint needs only ``x`` and
+    overwrites the cotangent with the input cotangent::
 
         softplus = jaxbridge.kernel(
             "jaxbridge_softplus_fwd", "jaxbridge_softplus_adj", "jaxbridge_softplus_tan",
