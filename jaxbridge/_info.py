@@ -18,6 +18,16 @@ __version__ = "0.1.0"
 def info() -> dict[str, object]:
     """Versions and capabilities of this installation.
 
+    `python -m jaxbridge` prints it with a one-line verdict.
+
+    Returns:
+      A dict: ``jaxbridge``, ``jax``, ``jaxlib``, ``numpy``, ``python`` and
+      ``platform`` (versions); ``location`` (where the package was imported from);
+      ``native`` (the host-call trampoline loaded) with ``native_error`` (why not) and
+      ``native_platforms``; ``cuda_built``; ``kernels`` (the built-in kernels loaded)
+      with ``kernels_error``; ``jax_backend``; ``host_call_default`` (the backend
+      ``jb.foreign(backend="auto")`` uses).
+
     Example:
         >>> import jaxbridge
         >>> jaxbridge.info()["native"]

@@ -201,6 +201,12 @@ class Library:
       path: the cache file it was loaded from (or published to, when it was just
         built); None when the cache could not be written and it was loaded uncached.
       handlers: ``{symbol: PyCapsule}`` for every handler symbol.
+
+    Example (compiles C++, so not run as a doctest; docs/getting-started.md runs a
+    complete one):
+        >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
+        >>> sorted(lib.handlers)  # doctest: +SKIP
+        ['CubeAdjoint', 'CubeForward', 'CubeTangent']
     """
 
     def __init__(self, name: str, path: Path | None, handlers: dict[str, Any], cdll: Any):
@@ -279,7 +285,10 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
         C++ source text.
       source: C++ (or, with ``cuda=True``, CUDA) source text.
       cuda: compile with nvcc (CUDA sources, linked with the CUDA runtime).
-      extra_cflags / extra_cuda_cflags / extra_ldflags / extra_include_dirs: passed on.
+      extra_cflags: more flags for the C++ compiler (e.g. ``["-O3"]``).
+      extra_cuda_cflags: more flags for nvcc (with ``cuda=True``).
+      extra_ldflags: more flags for the linker (e.g. ``["-lfoo"]``).
+      extra_include_dirs: more directories to search for headers.
       functions: handler symbols to export in addition to the ones found by scanning
         the sources for ``XLA_FFI_DEFINE_HANDLER_SYMBOL``.
       rebuild: compile again even if the cache holds the library.
@@ -289,6 +298,10 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
     owned by the current user or root and not writable by group or others; links in
     it are never followed, and a library is loaded only if its bytes match its
     checksum (details in the module docstring).
+
+    Returns:
+      The loaded `Library`: its ``handlers`` by symbol, and ``kernel(...)`` to declare
+      a differentiable kernel over them.
 
     Raises:
       CompileError: the compiler failed (with its output), or the dynamic loader

@@ -148,6 +148,16 @@ class RuleCheckError(JaxbridgeError, AssertionError):
 def describe(aval: Any) -> str:
     """``dtype[shape]`` of anything with ``.shape``/``.dtype``, e.g. ``"float32[2, 3]"``.
 
+    The form jaxbridge's messages and `ResultMismatchError`'s ``declared`` and
+    ``received`` use.
+
+    Args:
+      aval: an array, a ``jax.ShapeDtypeStruct`` or anything with ``shape`` and
+        ``dtype``.
+
+    Returns:
+      The description, e.g. ``"float32[2, 3]"`` (``"float64[]"`` for a scalar).
+
     Example:
         >>> import numpy as np
         >>> describe(np.zeros((2, 3), np.float32))
@@ -185,6 +195,14 @@ def original_exception(err: BaseException) -> BaseException | None:
     failure on one of XLA's own worker threads (e.g. one host call per shard of a
     sharded input) arrives inside JAX's runtime error; this returns the original object
     (or None if `err` carries none, or it is no longer kept).
+
+    Args:
+      err: the exception JAX raised (its ``__cause__`` and ``__context__`` chain is
+        searched too).
+
+    Returns:
+      The host function's exception object, or None. The last 32 such failures are
+      kept.
 
     Example:
         >>> original_exception(ValueError("unrelated")) is None

@@ -42,7 +42,20 @@ _kernels = extensions.load("_kernels")
 
 
 def available() -> bool:
-    """True when the compiled built-in kernels (`jaxbridge._kernels`) are importable."""
+    """True when the compiled built-in kernels (`jaxbridge._kernels`) are importable.
+
+    Without them (Python started in the repository root with a non-editable install,
+    or a failed build), calling an op raises; `jaxbridge.info()["kernels_error"]` says
+    why they are missing.
+
+    Returns:
+      Whether `softplus`, `tridiagonal_solve` and `rbf_kernel` can run here.
+
+    Example:
+        >>> from jaxbridge import ops
+        >>> ops.available()
+        True
+    """
     return _kernels is not None
 
 
@@ -118,7 +131,23 @@ def _rbf_kernel() -> Kernel:
 
 
 def export_checks() -> list:
-    """`disabled_checks` for `jax.export.export` of functions that use these ops."""
+    """`disabled_checks` for `jax.export.export` of functions that use these ops.
+
+    The ops' FFI targets are not among JAX's stable custom calls, so an export that
+    contains them must opt in explicitly (the artifact runs where jaxbridge is
+    installed).
+
+    Returns:
+      A list of `jax.export.DisabledSafetyCheck`, one per target of every op.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxbridge import ops
+        >>> exported = jax.export.export(jax.jit(ops.softplus),
+        ...                              disabled_checks=ops.export_checks())(jnp.zeros(3))
+        >>> float(exported.call(jnp.zeros(3))[0])  # doctest: +ELLIPSIS
+        0.693...
+    """
     return [c for k in (_softplus_kernel(), _tridiag_kernel(), _rbf_kernel())
             for c in k.export_checks()]
 
@@ -160,6 +189,19 @@ def softplus(x: Any, *, beta: float = 1.0) -> jax.Array:
     and flushes subnormals to zero): about ``[1.2e-38, 8.5e37]`` for float32,
     ``[2.2e-308, 4.5e307]`` for float64. Anything else raises `KernelError` at trace time.
 
+    Args:
+      x: a float32 or float64 array of any shape (leading dimensions run as one call
+        under `vmap`, and split per shard under `jit` on a mesh).
+      beta: the sharpness (static).
+
+    Returns:
+      An array shaped like `x`, of its dtype. Differentiable (`grad`, `jvp`, any order
+      through the kernel's adjoint and tangent).
+
+    Raises:
+      KernelError: `x` is not float32/float64, or `beta` is out of range.
+
+    Example:
     >>> import jax.numpy as jnp
     >>> from jaxbridge import ops
     >>> float(ops.softplus(jnp.float32(0.0)))  # doctest: +ELLIPSIS
@@ -206,6 +248,30 @@ def tridiagonal_solve(dl: Any, d: Any, du: Any, b: Any) -> jax.Array:
     are ignored (their gradients are 0), as in ``jax.lax.linalg.tridiagonal_solve``.
     No pivoting: meant for diagonally dominant or symmetric positive definite
     systems. Gradients flow to all three diagonals and to ``b``.
+
+    Args:
+      dl: the lower diagonal, shape ``(..., n)`` (``dl[..., 0]`` ignored).
+      d: the diagonal, shape ``(..., n)``.
+      du: the upper diagonal, shape ``(..., n)`` (``du[..., n-1]`` ignored).
+      b: the right-hand side, shape ``(..., n)``.
+
+    Returns:
+      ``x`` of shape ``(..., n)``.
+
+    Raises:
+      KernelError: the dtypes differ or are not float32/float64, or the shapes differ.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxbridge import ops
+        >>> d, off, b = jnp.full(4, 4.0), jnp.ones(4), jnp.arange(4.0)
+        >>> x = ops.tridiagonal_solve(off, d, off, b)
+        >>> A = jnp.diag(d) + jnp.diag(off[1:], -1) + jnp.diag(off[:-1], 1)
+        >>> bool(jnp.allclose(A @ x, b, atol=1e-5))
+        True
+        >>> g = jax.grad(lambda b: ops.tridiagonal_solve(off, d, off, b).sum())(b)
+        >>> bool(jnp.allclose(g, jnp.linalg.solve(A.T, jnp.ones(4)), atol=1e-5))
+        True
     """
     fn = "tridiagonal_solve"
     arrs = {k: _as_array(fn, k, v) for k, v in (("dl", dl), ("d", d), ("du", du), ("b", b))}
@@ -227,6 +293,25 @@ def rbf_kernel(x: Any, y: Any, length_scale: Any = 1.0) -> jax.Array:
     ``x``: ``(..., n, d)``, ``y``: ``(..., m, d)``, ``length_scale``: a scalar or an
     array of shape ``(...)`` (the batch dims); result ``(..., n, m)``. Differentiable
     in ``x``, ``y`` and ``length_scale``.
+
+    Args:
+      x: points, shape ``(..., n, d)``, float32 or float64.
+      y: points, shape ``(..., m, d)``, the dtype and batch dims of ``x``.
+      length_scale: ``l``, a scalar or an array of the batch shape ``(...)``.
+
+    Returns:
+      ``K`` of shape ``(..., n, m)``.
+
+    Raises:
+      KernelError: mismatched dtypes, ranks or shapes (the message names the argument).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxbridge import ops
+        >>> x = jnp.array([[0.0, 0.0], [1.0, 0.0]])
+        >>> K = ops.rbf_kernel(x, x, 1.0)
+        >>> [round(float(v), 4) for v in K[0]]  # exp(-1/2) off the diagonal
+        [1.0, 0.6065]
     """
     fn = "rbf_kernel"
     x = _as_array(fn, "x", x)

@@ -135,6 +135,18 @@ def assert_rules_correct(f: Callable[..., Any], *args: Any,
                          **static: Any) -> RuleReport:
     """:func:`check_rules` for use in tests: the traceback stops at the caller.
 
+    Args:
+      f: as in :func:`check_rules`.
+      *args: as in :func:`check_rules`.
+      check_options: as in :func:`check_rules`.
+      **static: as in :func:`check_rules`.
+
+    Returns:
+      The `RuleReport` when every check passed.
+
+    Raises:
+      RuleCheckError: a rule is wrong; the message lists the failed checks.
+
     Example (in a pytest test):
         >>> def test_host_sin():
         ...     assert_rules_correct(host_sin, np.linspace(0.0, 1.0, 4))

@@ -1,10 +1,21 @@
-"""The examples in public docstrings run and print what they claim (doctest)."""
+"""The docs do not rot: the examples in public docstrings run and print what they claim
+(doctest), every Python block of README.md and docs/ runs and checks its result (Sybil),
+and every public name is on an API reference page."""
 
 import doctest
 import importlib
+import importlib.util
 import pkgutil
+import re
+import unittest
+import warnings
+from pathlib import Path
 
+import jax
 import pytest
+from sybil import Sybil
+from sybil.example import NotEvaluated
+from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 import jaxbridge
 
@@ -19,3 +30,109 @@ def test_docstring_examples(name):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
                              report=True, verbose=False)
     assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
+
+
+# ---------------------------------------------------------------- the docs' code blocks
+# Every ```python block in README.md and docs/ runs, in order, one namespace per page,
+# with Sybil (its Markdown parsers: fenced code blocks, and `<!-- skip: next "why" -->`
+# comments that skip a block and say why). A block checks its own result with `assert`
+# or a doctest-style `>>>` session. docs/guides/kernels.md is run by tests/test_guide.py,
+# which first writes its C++ blocks to the files its Python blocks compile.
+ROOT = Path(__file__).resolve().parents[1]
+RUN_ELSEWHERE = {"docs/guides/kernels.md": "tests/test_guide.py"}
+PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
+
+
+def _sybil() -> Sybil:
+    return Sybil(parsers=[PythonCodeBlockParser(), SkipParser()])
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p not in RUN_ELSEWHERE])
+def test_code_blocks(page, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # a page may write files (a C++ source, a plot)
+    monkeypatch.setenv("JAXBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    document = _sybil().parse(ROOT / page)
+    # `<!-- skip: start if(find_spec("flax") is None, reason=...) -->` skips what needs
+    # an optional package (the examples extra) where it is not installed
+    document.namespace["find_spec"] = importlib.util.find_spec
+    skipped = []
+    for example in document.examples():
+        try:
+            # as users run them: JAX's default rank promotion, not the suite's "raise"
+            with jax.numpy_rank_promotion("allow"):
+                example.evaluate()
+        except NotEvaluated:
+            pass
+        except unittest.SkipTest as why:
+            skipped.append(f"{page}:{example.line}: {why}")
+    for line in skipped:  # shown by -ra; the other blocks of the page still ran
+        warnings.warn(f"code block skipped: {line}", stacklevel=1)
+
+
+# ---------------------------------------------------------------- the API reference
+PUBLIC_MODULES = ["jaxbridge", "jaxbridge.errors", "jaxbridge.testing", "jaxbridge.cpp",
+                  "jaxbridge.ops", "jaxbridge.scipy", "jaxbridge.scipy.integrate",
+                  "jaxbridge.scipy.optimize", "jaxbridge.scipy.signal",
+                  "jaxbridge.scipy.special", "jaxbridge.scipy.sparse.linalg"]
+# `::: identifier` and its indented options block (mkdocstrings' syntax)
+_DIRECTIVE = re.compile(r"^::: (\S+)\n((?:[ \t]+.*\n|[ \t]*\n)*)", re.MULTILINE)
+
+
+def public_names(module_name: str) -> list[str]:
+    module = importlib.import_module(module_name)
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n in vars(module) if not n.startswith("_")]
+    return sorted(names)
+
+
+def documented() -> tuple[set[str], str]:
+    """The identifiers the API pages render (`module.name`), and the pages' text."""
+    text = "".join(p.read_text() for p in sorted((ROOT / "docs" / "api").glob("*.md")))
+    names: set[str] = set()
+    for target, options in _DIRECTIVE.findall(text):
+        names.add(target)
+        members = re.search(r"^\s+members:(.*)\n((?:\s+- .*\n)*)", options, re.MULTILINE)
+        if members is None:  # the whole module: every public name
+            if importlib.util.find_spec(target) is not None:
+                names.update(f"{target}.{n}" for n in public_names(target))
+        else:
+            names.update(f"{target}.{m}" for m in re.findall(r"- (\w+)", members.group(2)))
+    return names, text
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
+def test_every_public_name_is_in_the_api_reference(module):
+    names, text = documented()
+    missing = [n for n in public_names(module)
+               if f"{module}.{n}" not in names and f"`{module}.{n}`" not in text]
+    assert not missing, (f"{module}: public names missing from docs/api/*.md (add a `:::` "
+                         f"directive or a members entry): {missing}")
+
+
+def test_the_errors_guide_covers_every_exception():
+    from jaxbridge import errors
+    guide = (ROOT / "docs" / "guides" / "errors.md").read_text()
+    classes = [n for n in errors.__all__ if isinstance(getattr(errors, n), type)]
+    missing = [n for n in classes if f"`{n}`" not in guide]
+    assert not missing, f"docs/guides/errors.md does not explain {missing}"
+    headed = re.findall(r"^## `(\w+)`", guide, re.MULTILINE)
+    assert set(classes) - {"JaxbridgeError"} <= set(headed)
+
+
+# ---------------------------------------------------------------- numbers come from files
+def test_the_performance_tables_are_rendered_from_the_benchmark_results():
+    spec = importlib.util.spec_from_file_location("plots", ROOT / "benchmarks" / "plots.py")
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    results = plots.load()
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert plots.render_page(page, results) == page, \
+        "docs/performance.md is out of date: run python benchmarks/plots.py"
+    for name, result in results.items():  # every file is shown, with where it came from
+        assert f"<!-- results: {name} -->" in page
+        assert f"assets/performance/{name}.png" in page
+        for key in ("script", "command", "date", "machine", "versions", "conditions",
+                    "provenance"):
+            assert result[key], f"benchmarks/results/{name}.json: no {key!r}"
+        assert (ROOT / result["script"]).exists()

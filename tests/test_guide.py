@@ -1,4 +1,4 @@
-"""docs/kernels.md, the kernel authors' guide: its code compiles and runs as written, and
+"""docs/guides/kernels.md, the kernel authors' guide: its code compiles and runs as written, and
 what its prose and tables claim is what jaxbridge does."""
 
 import os
@@ -15,7 +15,7 @@ import jaxbridge as jb
 from jaxbridge.errors import KernelError, MissingRuleError
 from jaxbridge.testing import RuleCheckError, check_rules
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "kernels.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "kernels.md"
 _FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,

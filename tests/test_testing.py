@@ -895,17 +895,3 @@ def test_a_plain_function_over_a_jvp_only_host_function_is_probed_in_reverse_too
     (row,) = report.by_name("vjp_fd")
     assert row.status == "skip" and "no reverse rule" in row.note
     assert report.summary()["jvp_fd"] == "pass"
-
-
-def test_the_checking_rules_guide_runs_as_written():
-    """docs/guides/checking-rules.md: its Python blocks run in order, their asserts hold."""
-    import re
-    from pathlib import Path
-
-    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "checking-rules.md"
-    text = guide.read_text()
-    namespace: dict = {"__name__": "guide"}
-    for m in re.finditer(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
-        line = text.count("\n", 0, m.start(1))  # tracebacks show the guide's line numbers
-        exec(compile("\n" * line + m.group(1), str(guide), "exec"), namespace)
-    assert namespace["report"].passed

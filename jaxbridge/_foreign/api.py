@@ -38,7 +38,33 @@ def callable_name(fun: Any) -> str:
 
 
 class ForeignFunction:
-    """A host (NumPy/SciPy) function callable from JAX; see :func:`foreign`."""
+    """A host (NumPy/SciPy) function callable from JAX, made by :func:`foreign`.
+
+    Call it like the wrapped function, with JAX or NumPy arrays (pytrees of them) as
+    positional arguments and static keyword arguments; it works under `jit`, `vmap`,
+    `grad`, `jvp`, `lax.scan` and the rest, as far as its rules allow. Register rules
+    with the decorators `defvjp` (adjoint), `defjvp` (tangent) and, for functions
+    declared ``linear=True``, `deftranspose`. Registering a rule makes a new immutable
+    snapshot (`definition`): calls traced before keep the rules they were traced with.
+
+    Attributes:
+      fun: the wrapped callable.
+      result: the declared result (a pytree of ``ShapeDtypeStruct`` or a function).
+      vmap: ``"loop"`` or ``"vectorized"``.
+      backend: ``"auto"``, ``"native"`` or ``"pure_callback"``.
+      vjp_rule: the registered adjoint rule (or None).
+      jvp_rule: the registered tangent rule (or None).
+      transpose_rule: the registered transpose rule (or None).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, numpy as np, jaxbridge as jb
+        >>> f = jb.foreign(lambda x: x)(np.tanh)
+        >>> f
+        <jaxbridge.foreign 'tanh': vjp=-, jvp=-, vmap=loop>
+        >>> _ = f.defvjp(lambda primals, y, ct: (ct * (1 - y * y),))
+        >>> print(f"{float(jax.grad(f)(jnp.float32(0.5))):.4f}")
+        0.7864
+    """
 
     def __init__(self, fun: Callable[..., Any], result: Any, *, residuals: Any = None,
                  vmap: str = "loop", backend: str = "auto", batch_dims: int = 0,
@@ -390,6 +416,18 @@ def foreign(result: Any, *, residuals: Any = None,
     from then on) -- and must return exactly the declared shapes and dtypes. An
     exception it raises reaches the caller as itself, under `jit` too.
 
+    Returns:
+      A decorator: applied to a function, it returns a `ForeignFunction`.
+
+    Raises:
+      TypeError: a non-callable to wrap, or a flag that is not a bool.
+      ValueError: an unknown `vmap`, `backend` or `on_mesh`, a negative `batch_dims`,
+        or `residuals` with ``linear=True``.
+
+    Calls raise `jaxbridge.errors.ResultMismatchError` for results that differ from
+    the declaration, `MissingRuleError` when a transformation needs a rule that was
+    not given, and `ShardingError` when a call would gather sharded inputs.
+
     Example:
         >>> import jax, jax.numpy as jnp, numpy as np, scipy.linalg
         >>> import jaxbridge as jb
@@ -421,6 +459,14 @@ def custom_gradient(result: Any, **options: Any) -> Callable[[Callable[..., Any]
     cotangent itself for a one-argument function. The forward is run again inside
     the backward pass to obtain `grad_fn` (host state cannot cross XLA), so the
     backward costs one extra forward call. Options as in :func:`foreign`.
+
+    Args:
+      result: the declared result, as in :func:`foreign`.
+      **options: any other option of :func:`foreign` (``vmap``, ``batch_dims``, ...).
+
+    Returns:
+      A decorator: applied to ``fun(*args) -> (value, grad_fn)``, it returns a
+      `ForeignFunction` whose adjoint calls ``grad_fn``.
 
     Example:
         >>> import jax, jax.numpy as jnp, numpy as np, jaxbridge as jb

@@ -57,8 +57,17 @@ kernel_pair = make_pair("jaxbridge_kernel")
 def get_include() -> str:
     """Directory with jaxbridge's C++ headers for kernel authors (``jaxbridge/*.h``).
 
-    Use it together with ``jax.ffi.include_dir()`` (the XLA FFI headers):
+    Use it together with ``jax.ffi.include_dir()`` (the XLA FFI headers): pass both
+    as ``-I`` flags (`jaxbridge.cpp.load` does it for you).
 
+    Returns:
+      The directory that holds ``jaxbridge/ffi_helpers.h``, ``jaxbridge/parallel.h``
+      and ``jaxbridge/cuda.h``.
+
+    Raises:
+      FileNotFoundError: the headers are missing from this installation.
+
+    Example:
         >>> import os, jaxbridge as jb
         >>> os.path.exists(os.path.join(jb.get_include(), "jaxbridge", "ffi_helpers.h"))
         True
@@ -112,7 +121,30 @@ def _targets(spec: Any, role: str, name: str, platforms: Sequence[str] | None,
 
 
 class Kernel:
-    """A differentiable JAX function backed by XLA FFI targets. See :func:`kernel`."""
+    """A differentiable JAX function backed by XLA FFI targets, made by :func:`kernel`
+    (or `jaxbridge.cpp.Library.kernel`).
+
+    Call it with the array arguments positionally and the attributes as keywords:
+    ``k(*arrays, **attrs)``. It runs under `jit`, `vmap`, `grad`, `jvp`, `lax.scan` and
+    `jax.export` with no Python at run time.
+
+    Attributes:
+      name: the kernel's name in messages.
+      forward: the forward targets, ``{platform: target name}``.
+      adjoint: the adjoint targets (or None).
+      tangent: the tangent targets (or None).
+      transpose: the transpose targets of a linear kernel (or None).
+      result: the declared result.
+      vmap: ``"batch"`` or ``"loop"``.
+      dtypes: the allowed dtypes of differentiable arguments (None: any).
+      batch_dims: the number of leading dimensions split per shard.
+
+    Example (the built-in softplus is a `Kernel`):
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxbridge import ops
+        >>> print(f"{float(jax.grad(ops.softplus)(jnp.float32(0.0))):.2f}")  # sigmoid(0)
+        0.50
+    """
 
     def __init__(self, spec: KernelSpec):
         self.spec = spec
@@ -335,7 +367,7 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
 
     ``grad``/``vjp``/``jacrev`` use the adjoint, ``jvp``/``jacfwd`` the tangent; either
     may be omitted (the transformation that needs it then raises `MissingRuleError`).
-    A guide with a complete example is docs/kernels.md.
+    A guide with a complete example is docs/guides/kernels.md.
 
     Args:
       forward: the forward target: a registered target name, a PyCapsule (registered
@@ -383,8 +415,29 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         sharded along them (automatic or explicit mesh axes), XLA runs one call per
         shard on local data instead of refusing the call.
 
-    Example (the built-in softplus: an elementwise adjoint needs only ``x`` and
-    overwrites the cotangent with the input cotangent)::
+    Returns:
+      A `Kernel`, called as ``k(*arrays, **attrs)``.
+
+    Raises:
+      KernelError: a bad target (not a name, capsule or ``{platform: ...}`` dict; an
+        invalid or reserved ``jaxbridge_`` name) or contradictory options (an unknown
+        ``vmap``, ``linear`` with ``adjoint``/``tangent``, ``transpose`` without
+        ``linear``, malformed ``attrs`` or ``aliases``). Calls raise it too, at trace
+        time: a dtype outside ``dtypes``, an unknown or missing attribute or one of the
+        wrong type, aliased buffers of different shapes; ``check`` raises its own.
+
+    Example (compiles C++, so not run as a doctest; docs/getting-started.md and
+    docs/guides/kernels.md run complete ones):
+        >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
+        >>> cube = jaxbridge.kernel(lib.handlers["CubeForward"],
+        ...                         lib.handlers["CubeAdjoint"],
+        ...                         result=lambda x, **_: x, vmap="batch",
+        ...                         name="cube")  # doctest: +SKIP
+        >>> jax.grad(lambda x: cube(x).sum())(jnp.ones(3))  # doctest: +SKIP
+
+    This is how `jaxbridge.ops` declares the built-in softplus (its targets carry the
+    reserved ``jaxbridge_`` prefix): the elementwise adjoint needs only ``x`` and
+    overwrites the cotangent with the input cotangent::
 
         softplus = jaxbridge.kernel(
             "jaxbridge_softplus_fwd", "jaxbridge_softplus_adj", "jaxbridge_softplus_tan",

@@ -55,9 +55,27 @@ def register_target(name: str, handler: Any, *, platform: str = "cpu",
                     namespace: str | None = None, builtin: bool = False) -> str:
     """Register an XLA FFI handler (a PyCapsule) under a validated, namespaced name.
 
-    Returns the full target name (``f"{namespace}.{name}"`` when a namespace is
-    given). Registering the same handler twice is a no-op; registering a different
-    handler under a name already taken raises `KernelError`.
+    Registering the same handler twice is a no-op. Kernels made by `jaxbridge.kernel`
+    from capsules, and `jaxbridge.cpp.Library.kernel`, register their targets
+    themselves; call this to register a handler from your own extension module under
+    a name that `jaxbridge.kernel` (or `jax.ffi.ffi_call`) then refers to.
+
+    Args:
+      name: the target name: letters, digits and underscores, optionally namespaced
+        with dots (``"mylib.op_fwd"``); the prefix ``jaxbridge_`` is reserved for the
+        built-in kernels.
+      handler: the handler, a PyCapsule (e.g. from a pybind11 module built against
+        `jaxbridge.get_include()` and ``jax.ffi.include_dir()``).
+      platform: the XLA platform (``"cpu"``, ``"cuda"``).
+      namespace: prefixed to the name (``f"{namespace}.{name}"``).
+      builtin: for jaxbridge's own kernels only.
+
+    Returns:
+      The full target name (``f"{namespace}.{name}"`` when a namespace is given).
+
+    Raises:
+      KernelError: an invalid or reserved name, or a different handler registered
+        under the same name.
 
     Example:
         >>> import jaxbridge as jb

@@ -32,6 +32,15 @@ def shapes(*, min_dims: int = 0, max_dims: int = 3, min_side: int = 1,
            max_side: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
     """Array shapes, small by default (at most 4**3 elements).
 
+    Args:
+      min_dims: the fewest dimensions (0: scalars included).
+      max_dims: the most dimensions.
+      min_side: the smallest size of a dimension.
+      max_side: the largest size of a dimension.
+
+    Returns:
+      A Hypothesis strategy of shape tuples.
+
     Example:
         >>> shapes(min_dims=1, max_dims=2).example()  # doctest: +SKIP
         (3, 1)
@@ -46,6 +55,15 @@ def arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = -2.
 
     `shape` is a tuple, a strategy of tuples, or None (``shapes()``). Complex dtypes
     get real and imaginary parts in the range.
+
+    Args:
+      dtype: a NumPy dtype: floating, complex, integer or bool.
+      shape: a tuple, a strategy of tuples, or None (``shapes()``).
+      min_value: the smallest element (of each part, for complex dtypes).
+      max_value: the largest element.
+
+    Returns:
+      A Hypothesis strategy of NumPy arrays, never NaN or infinite.
 
     Example:
         >>> arrays(np.float32, (2, 3)).example().shape  # doctest: +SKIP
@@ -74,7 +92,14 @@ def arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = -2.
 
 def positive_arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = 0.1,
                     max_value: float = 3.0) -> st.SearchStrategy[np.ndarray]:
-    """Arrays with elements in [min_value, max_value] (for log, sqrt, gamma, ...)."""
+    """Arrays with elements in [min_value, max_value] (for log, sqrt, gamma, ...).
+
+    Args and returns as in `arrays`, with a positive default range.
+
+    Example:
+        >>> bool((positive_arrays(np.float64, (3,)).example() > 0).all())  # doctest: +SKIP
+        True
+    """
     return arrays(dtype, shape, min_value=min_value, max_value=max_value)
 
 
@@ -83,6 +108,14 @@ def well_conditioned_matrices(n: int | st.SearchStrategy[int] | None = None, *,
                               batch_shape: tuple[int, ...] = ()) -> st.SearchStrategy[np.ndarray]:
     """Square matrices ``I * n + A`` with ``|A_ij| <= 1``: diagonally dominant, so
     invertible with condition number at most about 3.
+
+    Args:
+      n: the size: an int, a strategy of ints, or None (1 to 4).
+      dtype: a floating NumPy dtype.
+      batch_shape: leading batch dimensions of every matrix.
+
+    Returns:
+      A Hypothesis strategy of arrays of shape ``(*batch_shape, n, n)``.
 
     Example:
         >>> well_conditioned_matrices(3).example().shape  # doctest: +SKIP
@@ -100,6 +133,15 @@ def well_conditioned_matrices(n: int | st.SearchStrategy[int] | None = None, *,
 def array_tuples(n: int, dtype: Any = np.float64, *, shape: Any = None,
                  same_shape: bool = True) -> st.SearchStrategy[tuple[np.ndarray, ...]]:
     """`n` arrays, all of one random shape (or each its own with ``same_shape=False``).
+
+    Args:
+      n: how many arrays.
+      dtype: their NumPy dtype.
+      shape: a tuple, a strategy of tuples, or None (``shapes()``).
+      same_shape: one shape for all (default) or one each.
+
+    Returns:
+      A Hypothesis strategy of n-tuples of arrays.
 
     Example:
         >>> a, b = array_tuples(2).example()  # doctest: +SKIP

@@ -451,7 +451,11 @@ def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr
       method: any of SciPy's root methods. "hybr" and "lm" get the Jacobian from JAX
         (`jax.jacfwd`) unless `jac` is a JAX function `jac(x, *args)`, or False
         (SciPy's finite differences).
-      tol, callback, options: as in SciPy (static: options must be hashable).
+      jac: None or True (JAX's Jacobian; True: `fun` returns `(f, J)`), a JAX
+        function `jac(x, *args)`, or False (SciPy's finite differences).
+      tol: as in SciPy.
+      callback: as in SciPy (called on the host with NumPy values).
+      options: as in SciPy (static: must be hashable).
       linear_solver: for the implicit-function-theorem solve: "auto" (dense up to
         n = 1000, then "gmres"), "direct", "gmres" (matrix-free), "cg".
       on_failure: "raise" (`jaxbridge.scipy.SolverError` with SciPy's message, eager
@@ -498,6 +502,37 @@ def minimize(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str | N
     `constraints` (the KKT system's multipliers are not returned), `hess`/`hessp`
     functions (JAX's exact ones are used; pass None). `linear_solver` "auto" is dense
     up to n = 1000, then "cg". Other arguments as in :func:`root`.
+
+    Args:
+      fun: the scalar objective ``fun(x, *args)``, written in JAX.
+      x0: the starting point (zero gradient: the minimum does not depend on it).
+      args: a tuple passed as ``fun(x, *args)``; array and float leaves are
+        differentiable, other leaves static.
+      method: any of SciPy's methods; None picks "BFGS", or "L-BFGS-B" with bounds.
+      jac: None (JAX's gradient), a JAX function ``jac(x, *args)``, True (`fun`
+        returns ``(f, g)``) or a finite-difference string (also JAX's gradient).
+      hess: must be None (JAX's exact Hessian is used).
+      hessp: must be None (JAX's exact Hessian-vector products are used).
+      bounds: as in SciPy (a sequence of ``(lo, hi)`` or a `Bounds`); only with the
+        bounded methods. Gradients flow to active bounds.
+      constraints: must be empty (not supported).
+      tol: as in SciPy.
+      callback: as in SciPy (called on the host; static, so hashable).
+      options: as in SciPy (static: hashable values).
+      linear_solver: the implicit-function-theorem solve: "auto" (dense up to
+        n = 1000, then "cg"), "direct", "gmres", "cg".
+      on_failure: "raise" (`jaxbridge.scipy.SolverError`) or "nan".
+
+    Returns:
+      :class:`OptimizeResult` with `x`, `fun`, `success`, `status`, `nfev`, `njev`,
+      `nit`; `x` and `fun` are differentiable.
+
+    Raises:
+      SolverError: SciPy reported failure, or the implicit-function-theorem system is
+        singular, with ``on_failure="raise"``.
+      NotImplementedError: `constraints`, `hess` or `hessp` given.
+      ValueError: bounds with a method that does not take them, or an unknown
+        `linear_solver` or `on_failure`.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -550,10 +585,45 @@ def least_squares(fun: Callable[..., Any], x0: Any, jac: Any = "2-point",
     Not supported, with the reason in the error: `kwargs` (use `args` or a
     closure), a callable `loss` (write it into `fun`), `jac_sparsity`, `workers`.
 
+    Args:
+      fun: the residuals ``fun(x, *args)``, written in JAX (any shape; raveled).
+      x0: the starting point (zero gradient: the optimum does not depend on it).
+      jac: a JAX function ``jac(x, *args)``; anything else (the default "2-point",
+        "3-point", "cs") means JAX's exact Jacobian.
+      bounds: ``(lb, ub)`` as in SciPy; gradients flow to active bounds.
+      method: "trf", "dogbox" or "lm".
+      ftol: as in SciPy.
+      xtol: as in SciPy.
+      gtol: as in SciPy.
+      x_scale: as in SciPy (static).
+      loss: one of SciPy's named losses ("linear", "soft_l1", "huber", "cauchy",
+        "arctan"); the implicit function theorem uses its exact derivatives.
+      f_scale: as in SciPy.
+      diff_step: ignored (the Jacobian is JAX's).
+      tr_solver: as in SciPy.
+      tr_options: as in SciPy (static).
+      jac_sparsity: not supported.
+      max_nfev: as in SciPy.
+      verbose: as in SciPy.
+      args: a tuple passed as ``fun(x, *args)``; array and float leaves are
+        differentiable, other leaves static.
+      kwargs: not supported (use `args` or a closure).
+      callback: as in SciPy (called on the host; static, so hashable).
+      workers: not supported.
+      linear_solver: the implicit-function-theorem solve: "auto" (dense up to
+        n = 1000, then "cg"), "direct", "gmres", "cg".
+      on_failure: "raise" (`jaxbridge.scipy.SolverError`) or "nan".
+
     Returns:
       :class:`OptimizeResult` with `x`, `cost`, `fun` (residuals), `jac`, `grad`,
       `optimality`, `active_mask`, `success`, `status`, `nfev`, `njev`; all but the
       counters are differentiable (recomputed in JAX at `x*`).
+
+    Raises:
+      SolverError: SciPy reported failure, or the implicit-function-theorem system is
+        singular, with ``on_failure="raise"``.
+      NotImplementedError: `kwargs`, a callable or unknown `loss`, `jac_sparsity` or
+        `workers` given.
 
     Example:
       >>> import jax, jax.numpy as jnp

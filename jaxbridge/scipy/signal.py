@@ -119,6 +119,23 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
     time-reversed filter; see the module docstring), for every argument, to any
     order.
 
+    Args:
+      b: the numerator coefficients, a non-empty 1-D array.
+      a: the denominator coefficients, a non-empty 1-D array with ``a[0] != 0``.
+      x: the signal, at least 1-D; filtered along `axis` (other dimensions are
+        filtered independently, in one host call).
+      axis: the axis of `x` to filter along (static).
+      zi: the initial state (optional), shaped like `x` with `axis` replaced by
+        ``max(len(a), len(b)) - 1``.
+
+    Returns:
+      ``y`` shaped like `x`; with `zi`, the tuple ``(y, zf)`` with the final state
+      shaped like `zi`.
+
+    Raises:
+      ValueError: empty or non-1-D coefficients, a scalar `x`, ``a[0] == 0``, or a
+        `zi` of the wrong shape.
+
     Example:
         >>> import jax, jax.numpy as jnp
         >>> from jaxbridge.scipy.signal import lfilter

@@ -167,6 +167,15 @@ def _dawsn_jvp(primals: tuple, out: Any, tangents: tuple) -> Any:
 def kv(v: Any, x: Any) -> Any:
     """Modified Bessel function of the second kind, `scipy.special.kv`.
 
+    Args:
+      v: the order (real; broadcast with `x`). Not differentiable: its derivative
+        is NaN, never a silent zero.
+      x: the argument (real, > 0 for finite values); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
+
     Example:
         >>> import jax
         >>> from jaxbridge.scipy.special import kv
@@ -179,6 +188,15 @@ def kv(v: Any, x: Any) -> Any:
 
 def kve(v: Any, x: Any) -> Any:
     """Exponentially scaled `kv`: `kv(v, x) * exp(x)` (`scipy.special.kve`).
+
+    Args:
+      v: the order (real; broadcast with `x`). Not differentiable: its derivative
+        is NaN, never a silent zero.
+      x: the argument (real); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
 
     Example:
         >>> import jax
@@ -193,6 +211,15 @@ def kve(v: Any, x: Any) -> Any:
 def iv(v: Any, x: Any) -> Any:
     """Modified Bessel function of the first kind, `scipy.special.iv`.
 
+    Args:
+      v: the order (real; broadcast with `x`). Not differentiable: its derivative
+        is NaN, never a silent zero.
+      x: the argument (real); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
+
     Example:
         >>> import jax
         >>> from jaxbridge.scipy.special import iv
@@ -205,6 +232,15 @@ def iv(v: Any, x: Any) -> Any:
 
 def ive(v: Any, x: Any) -> Any:
     """Exponentially scaled `iv`: `iv(v, x) * exp(-|x|)` (`scipy.special.ive`).
+
+    Args:
+      v: the order (real; broadcast with `x`). Not differentiable: its derivative
+        is NaN, never a silent zero.
+      x: the argument (real); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
 
     Example:
         >>> import jax
@@ -219,6 +255,15 @@ def ive(v: Any, x: Any) -> Any:
 def hyp1f1(a: Any, b: Any, x: Any) -> Any:
     """Confluent hypergeometric function 1F1(a; b; x) (`scipy.special.hyp1f1`).
 
+    Args:
+      a: the first parameter (real). Not differentiable: NaN.
+      b: the second parameter (real). Not differentiable: NaN.
+      x: the argument (real); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
+
     Example:
         >>> import jax
         >>> from jaxbridge.scipy.special import hyp1f1
@@ -232,6 +277,13 @@ def hyp1f1(a: Any, b: Any, x: Any) -> Any:
 def ellipk(m: Any) -> Any:
     """Complete elliptic integral of the first kind K(m) (`scipy.special.ellipk`).
 
+    Args:
+      m: the parameter (real, m < 1); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
+
     Example:
         >>> import jax
         >>> from jaxbridge.scipy.special import ellipk
@@ -244,6 +296,13 @@ def ellipk(m: Any) -> Any:
 
 def ellipe(m: Any) -> Any:
     """Complete elliptic integral of the second kind E(m) (`scipy.special.ellipe`).
+
+    Args:
+      m: the parameter (real, m <= 1); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
 
     Example:
         >>> import jax
@@ -260,6 +319,13 @@ def erfcx(x: Any) -> Any:
 
     Finite where the `jnp` formula overflows (x > ~27), with an accurate derivative.
 
+    Args:
+      x: the argument (real, any size: no overflow); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
+
     Example:
         >>> import jax
         >>> from jaxbridge.scipy.special import erfcx
@@ -272,6 +338,13 @@ def erfcx(x: Any) -> Any:
 def erfi(x: Any) -> Any:
     """Imaginary error function `-i erf(i x)` (`scipy.special.erfi`).
 
+    Args:
+      x: the argument (real); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
+
     Example:
         >>> from jaxbridge.scipy.special import erfi
         >>> print(f"{float(erfi(1.0)):.6f}")
@@ -282,6 +355,13 @@ def erfi(x: Any) -> Any:
 
 def dawsn(x: Any) -> Any:
     """Dawson's integral `exp(-x^2) int_0^x exp(t^2) dt` (`scipy.special.dawsn`).
+
+    Args:
+      x: the argument (real, any size); differentiable to any order.
+
+    Returns:
+      An array of the broadcast shape of the arguments, in their floating dtype
+      (computed by SciPy in float64 on the host; `vmap` makes one call).
 
     Example:
         >>> import jax

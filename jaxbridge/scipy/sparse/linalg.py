@@ -46,7 +46,19 @@ _cache = LruCache(lambda: FACTOR_CACHE_SIZE)
 
 
 def factor_cache_info() -> dict:
-    """Hits, misses and current size of the host-side factor cache."""
+    """Hits, misses and current size of the host-side factor cache of `spsolve`.
+
+    The cache holds the last `FACTOR_CACHE_SIZE` SuperLU factorizations, keyed by a
+    digest of A's bytes, so the adjoint and tangent solves reuse the forward's factor.
+
+    Returns:
+      A dict with the counters and the current number of entries.
+
+    Example:
+        >>> from jaxbridge.scipy.sparse.linalg import factor_cache_info
+        >>> sorted(factor_cache_info())
+        ['hits', 'maxsize', 'misses', 'size']
+    """
     return _cache.info()
 
 
@@ -192,6 +204,13 @@ def spsolve(A: Any, b: Any, permc_spec: str | None = None, use_umfpack: bool = T
     Returns:
       `x`, shaped like `b`. One `splu` factorization serves the forward solve, the
       adjoint solve and the tangent solve (see the module docstring for the cache).
+
+    Raises:
+      SolverError: a singular matrix or a non-finite solution, with
+        ``on_failure="raise"`` (eager and under `jit`).
+      TypeError: `A` in none of the accepted forms.
+      ValueError: a malformed `A` (not square, a BCOO with batch or dense dimensions,
+        a bad CSR `indptr`) or `b` not 1-D or 2-D.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -384,14 +403,34 @@ def eigsh(A: Any, k: int = 6, M: Any = None, sigma: float | None = None, which: 
       A: symmetric, a `jax.experimental.sparse.BCOO`/`BCSR` (gradients flow to its
         stored values), a dense array (gradient: the whole matrix), or a SciPy sparse
         matrix (a constant). Perturbations are symmetrized, as in `jnp.linalg.eigh`.
-      k, sigma, which, v0, ncv, maxiter, tol, mode: as in SciPy (ARPACK; `sigma`
-        selects shift-invert mode). The result does not depend on `v0` (zero
-        gradient, correctly); without one, a fixed generic start vector is used
-        (SciPy draws a random one), so results are deterministic.
-      M, Minv, OPinv, rng: the generalized problem and custom operators are not
-        supported (raises, naming the argument).
+      k: the number of eigenpairs, as in SciPy (ARPACK).
+      M: the generalized problem is not supported (raises, naming the argument).
+      sigma: as in SciPy: selects shift-invert mode.
+      which: as in SciPy ("LM", "SA", ...).
+      v0: as in SciPy. The result does not depend on it (zero gradient, correctly);
+        without one, a fixed generic start vector is used (SciPy draws a random
+        one), so results are deterministic.
+      ncv: as in SciPy.
+      maxiter: as in SciPy.
+      tol: as in SciPy (0: machine precision).
+      return_eigenvectors: as in SciPy: False returns `w` alone.
+      Minv: custom operators are not supported (raises, naming the argument).
+      OPinv: custom operators are not supported (raises, naming the argument).
+      mode: as in SciPy (with `sigma`).
+      rng: not supported (raises, naming the argument); see `v0`.
       on_failure: "raise" (ARPACK's failure, or an eigenvector derivative asked of a
         degenerate eigenvalue: `jaxbridge.scipy.SolverError`) or "nan".
+
+    Returns:
+      ``(w, v)``: the eigenvalues, shape ``(k,)``, ascending, and the unit
+      eigenvectors as columns, shape ``(n, k)``; or ``w`` alone with
+      ``return_eigenvectors=False``. Both differentiable in `A`.
+
+    Raises:
+      SolverError: see `on_failure`.
+      NotImplementedError: `M`, `Minv`, `OPinv` or `rng` given.
+      TypeError: `A` not a square BCOO/BCSR, dense array or SciPy sparse matrix.
+      ValueError: not ``0 < k < n``.
 
     Gradients: eigenvalues `dlam = v^T dA v`; eigenvectors through one bordered
     sparse solve per eigenpair (see the module docstring). Eigenvector signs are
