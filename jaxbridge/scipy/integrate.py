@@ -507,6 +507,12 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     name = "integrate.solve_ivp"
     check_policy(on_failure, name)
     _check_method(method, name)
+    if events is not None or dense_output or t_eval is None:
+        from . import _events  # SciPy's events, dense output and step times (issue 26)
+        return _events.solve_ivp(
+            fun, t_span, y0, method, t_eval, dense_output, events, args, rtol=rtol, atol=atol,
+            jac=jac, adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol,
+            sensitivity=sensitivity, stepping=stepping, on_failure=on_failure, **options)
     if t_eval is None:
         raise ValueError(
             f"jaxbridge.scipy.{name}: t_eval is required (SciPy's default, None, returns the "
