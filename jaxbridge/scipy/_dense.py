@@ -14,9 +14,11 @@ the method, padded to a static number of steps:
 `searchsorted` side, extrapolation with the first/last segment) and evaluates the
 polynomial in JAX: its value is SciPy's to rounding and its `t`-derivative is the
 interpolant's own. Its derivative with respect to parameters, `y0` and `t0` is the
-sensitivity `dy/dθ` interpolated on the step: a cubic Hermite correction from the
-sensitivities at the step's ends (`dY_k`, from the host call's rules) and their time
-derivatives (`dF_k`, `F_k = fun(t_k, Y_k)` evaluated in JAX), added with value zero.
+sensitivity `dy/dθ` interpolated on the step: a quintic Hermite correction from the
+sensitivities at the step's ends (`dY_k`, from the host call's rules) and their first
+and second time derivatives (`dF_k`, `dG_k`, with `F_k = fun(t_k, Y_k)` and
+`G_k = fun_t + fun_y F_k` evaluated in JAX), added with value zero. Its error is
+O(h^6) in the step, below the solution's own error for every method.
 """
 
 from __future__ import annotations
@@ -87,10 +89,15 @@ def _segment(method: str, t_ref: Any, h: Any, y_old: Any, C: Any, t: Any) -> Any
     return p @ C
 
 
-def _hermite(s: Any, dt: Any, ya: Any, yb: Any, fa: Any, fb: Any) -> Any:
-    s2, s3 = s * s, s * s * s
-    return ((2 * s3 - 3 * s2 + 1) * ya + (s3 - 2 * s2 + s) * dt * fa
-            + (-2 * s3 + 3 * s2) * yb + (s3 - s2) * dt * fb)
+def _hermite(s: Any, dt: Any, ya: Any, yb: Any, fa: Any, fb: Any, ga: Any, gb: Any) -> Any:
+    """The quintic Hermite interpolant on one step from values, first and second
+    time derivatives at both ends (`s` in [0, 1], step `dt`)."""
+    s2 = s * s
+    s3, s4, s5 = s2 * s, s2 * s2, s2 * s2 * s
+    return ((1 - 10 * s3 + 15 * s4 - 6 * s5) * ya + (10 * s3 - 15 * s4 + 6 * s5) * yb
+            + dt * ((s - 6 * s3 + 8 * s4 - 3 * s5) * fa + (-4 * s3 + 7 * s4 - 3 * s5) * fb)
+            + dt * dt * ((0.5 * s2 - 1.5 * s3 + 1.5 * s4 - 0.5 * s5) * ga
+                         + (0.5 * s3 - s4 + 0.5 * s5) * gb))
 
 
 class OdeSolution:
@@ -111,13 +118,13 @@ class OdeSolution:
       0.606531
     """
 
-    _leaves = ("ts", "n_nodes", "t_ref", "h", "y_old", "C", "Y", "F")
+    _leaves = ("ts", "n_nodes", "t_ref", "h", "y_old", "C", "Y", "F", "G")
 
     def __init__(self, method: str, shape: tuple, ts: Any, n_nodes: Any, t_ref: Any, h: Any,
-                 y_old: Any, C: Any, Y: Any, F: Any) -> None:
+                 y_old: Any, C: Any, Y: Any, F: Any, G: Any) -> None:
         self.method, self.shape = method, tuple(shape)
         self.ts, self.n_nodes, self.t_ref, self.h = ts, n_nodes, t_ref, h
-        self.y_old, self.C, self.Y, self.F = y_old, C, Y, F
+        self.y_old, self.C, self.Y, self.F, self.G = y_old, C, Y, F, G
 
     @property
     def n_segments(self) -> Any:
@@ -156,9 +163,11 @@ class OdeSolution:
         ta, tb = sg(self.ts[k]), sg(self.ts[k + 1])
         dt = tb - ta
         s = (sg(t) - ta) / jnp.where(dt == 0, 1.0, dt)
-        Y, F = self.Y, self.F
-        corr = _hermite(s, dt, Y[k] - sg(Y[k]), Y[k + 1] - sg(Y[k + 1]),
-                        F[k] - sg(F[k]), F[k + 1] - sg(F[k + 1]))
+        def zero(a: Any) -> Any:  # value zero, derivative that of `a`
+            return a - sg(a)
+        Y, F, G = self.Y, self.F, self.G
+        corr = _hermite(s, dt, zero(Y[k]), zero(Y[k + 1]), zero(F[k]), zero(F[k + 1]),
+                        zero(G[k]), zero(G[k + 1]))
         return (value + corr).reshape(self.shape)
 
     def __call__(self, t: Any) -> jax.Array:

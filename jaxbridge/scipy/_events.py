@@ -58,7 +58,7 @@ from .integrate import IMPLICIT_METHODS, METHODS, OdeResult
 __all__ = ["OdeEventResult", "solve_ivp", "MAX_EVENTS", "MAX_STEPS"]
 
 MAX_EVENTS = 16   # default slots per event function
-MAX_STEPS = 2048  # default slots for SciPy's steps (t_eval=None, dense_output)
+MAX_STEPS = 4096  # default slots for SciPy's steps (t_eval=None, dense_output)
 NAME = "integrate.solve_ivp"
 sg = jax.lax.stop_gradient
 
@@ -250,8 +250,8 @@ def _trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
         return out
     m = len(sol.t)
     stats[4] = m
-    if not s["steps"]:
-        out["ys"][:m] = sol.y.T.reshape(m, *shape)
+    if not s["steps"] and m:
+        out["ys"][:m] = np.asarray(sol.y).T.reshape(m, *shape)
     for i in range(E):
         te, ye = np.asarray(sol.t_events[i]), np.asarray(sol.y_events[i]).reshape(-1, n)
         k = min(te.size, M)
@@ -499,11 +499,13 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         m = stats[5]
         nodes_t, nodes_y = out["nodes_t"], out["nodes_y"]
         if dense_output:
-            F = jax.vmap(f_jax)(sg(nodes_t), nodes_y)
+            def derivatives(t: Any, y: Any) -> Any:  # y' and y'' along the solution
+                f, g = jax.jvp(f_jax, (t, y), (jnp.ones_like(t), f_jax(t, y)))
+                return jnp.ravel(f), jnp.ravel(g)
+            F, G = jax.vmap(derivatives)(sg(nodes_t), nodes_y)
             sol = _dense.OdeSolution(method, y0.shape, nodes_t, m, out["seg"][:, 0],
                                      out["seg"][:, 1], out["y_old"], out["C"],
-                                     nodes_y.reshape(nodes_y.shape[0], -1),
-                                     F.reshape(F.shape[0], -1))
+                                     nodes_y.reshape(nodes_y.shape[0], -1), F, G)
     if steps:
         k = jnp.arange(max_steps + 1)
         t_out = jnp.where(k == 0, t0, nodes_t)

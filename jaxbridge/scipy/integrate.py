@@ -73,7 +73,8 @@ from ._common import (
 )
 from ._trace import HostFun, array_aval, check_args, convert
 
-__all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES"]
+__all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES",
+           "OdeSolution", "solve_bvp"]
 
 METHODS = ("RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA")
 IMPLICIT_METHODS = ("Radau", "BDF", "LSODA")
@@ -761,3 +762,8 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
     y, err = _quad(a, b, params, fixed, fun=f_hf, options=static_options(options, name),
                    on_failure=on_failure)
     return y, err
+
+
+# issue 26: dense output (sol.sol) and solve_bvp live in their own modules
+from ._bvp import solve_bvp  # noqa: E402
+from ._dense import OdeSolution  # noqa: E402

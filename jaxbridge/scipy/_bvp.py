@@ -1,0 +1,2 @@
+def solve_bvp(*a, **k):
+    raise NotImplementedError
