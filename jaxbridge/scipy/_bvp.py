@@ -36,12 +36,11 @@ from .. import _foreign
 from ._common import (
     Result,
     check_policy,
+    const,
     f64,
     failure,
     fill_zeros,
     host_jit,
-    np_ravel,
-    np_unravel,
     on_cpu,
     unsupported,
 )
@@ -175,7 +174,7 @@ class _Host:
 
         roles = {"F": fv, "F_jac": fv_jac, "BC": BC, "BC_jac": bc_jac, "blocks": blocks,
                  "tangent": tangent, "adjoint": adjoint}
-        self._j = {r: host_jit(key + (r,), (lambda g: lambda: g)(g)) for r, g in roles.items()}
+        self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
 
     def _padded(self, role: str, x: np.ndarray, y: np.ndarray, p: np.ndarray) -> Any:
         m = x.shape[0]

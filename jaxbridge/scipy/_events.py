@@ -42,6 +42,7 @@ from . import _dense
 from ._common import (
     as_float_array,
     check_policy,
+    const,
     f64,
     failure,
     fill_zeros,
@@ -77,7 +78,8 @@ class OdeEventResult(OdeResult):
     (valid entries of `t`, SciPy's `len(sol.t)`).
     """
 
-    _fields = OdeResult._fields + ("n_events", "n_points")
+    # (OdeResult's _fields is inferred as a fixed-length tuple; this one is longer)
+    _fields = OdeResult._fields + ("n_events", "n_points")  # type: ignore[assignment]
     _messages: ClassVar[dict[int, str]] = {
         **OdeResult._messages, 1: "A termination event occurred."}
 
@@ -119,12 +121,12 @@ class _Host:
             return jax.jacfwd(sens, argnums=2)(fx, t, z, p, dp)
 
         roles = {"f": f, "jac": jac_y, "sens": sens, "sens_jac": sens_jac}
-        self._j = {r: host_jit(key + (r,), (lambda g: lambda: g)(g)) for r, g in roles.items()}
+        self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
         self._ev = []
         for hf in events:
             def ev(ops: Any, t: Any, y: Any, hf: HostFun = hf) -> Any:
                 return jnp.asarray(hf(ops, t.astype(tdtype), y.reshape(shape).astype(ydtype)))
-            self._ev.append(host_jit(key + ("event", hf), (lambda e: lambda: e)(ev)))
+            self._ev.append(host_jit(key + ("event", hf), const(ev)))
 
     def f(self, t: float, y: np.ndarray) -> np.ndarray:
         return f64(self._j["f"](self.fixed, t, y, self.params))
@@ -285,7 +287,8 @@ def _points(out: dict, steps: bool) -> tuple[list, list]:
     """(times, (output, index)) of every valid differentiable output entry."""
     stats = out["stats"]
     m, n_nodes = int(stats[4]), int(stats[5])
-    times, where = [], []
+    times: list[float] = []
+    where: list[tuple[str, tuple[int, ...]]] = []
     if not steps:
         for i in range(m):
             times.append(float(out["t_eval_"][i]))
@@ -495,17 +498,16 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         y_events.append(y_i)
 
     sol = None
-    if steps or dense_output:
-        m = stats[5]
-        nodes_t, nodes_y = out["nodes_t"], out["nodes_y"]
-        if dense_output:
-            def derivatives(t: Any, y: Any) -> Any:  # y' and y'' along the solution
-                f, g = jax.jvp(f_jax, (t, y), (jnp.ones_like(t), f_jax(t, y)))
-                return jnp.ravel(f), jnp.ravel(g)
-            F, G = jax.vmap(derivatives)(sg(nodes_t), nodes_y)
-            sol = _dense.OdeSolution(method, y0.shape, nodes_t, m, out["seg"][:, 0],
-                                     out["seg"][:, 1], out["y_old"], out["C"],
-                                     nodes_y.reshape(nodes_y.shape[0], -1), F, G)
+    m = stats[5]
+    nodes_t, nodes_y = out["nodes_t"], out["nodes_y"]
+    if dense_output:
+        def derivatives(t: Any, y: Any) -> Any:  # y' and y'' along the solution
+            f, g = jax.jvp(f_jax, (t, y), (jnp.ones_like(t), f_jax(t, y)))
+            return jnp.ravel(f), jnp.ravel(g)
+        F, G = jax.vmap(derivatives)(sg(nodes_t), nodes_y)
+        sol = _dense.OdeSolution(method, y0.shape, nodes_t, m, out["seg"][:, 0],
+                                 out["seg"][:, 1], out["y_old"], out["C"],
+                                 nodes_y.reshape(nodes_y.shape[0], -1), F, G)
     if steps:
         k = jnp.arange(max_steps + 1)
         t_out = jnp.where(k == 0, t0, nodes_t)
