@@ -455,11 +455,19 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
       t_span: `(t0, tf)`: SciPy integrates from `t0` (differentiable) to `tf`.
       y0: initial state, any shape (float).
       method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA".
-      t_eval: the times at which the solution is returned. **Required** (unlike in
-        SciPy, where None returns SciPy's own step times): JAX needs the output shape
-        before the solve runs. Within `t_span`, monotone.
-      dense_output, events: not supported (they return host-side objects whose size
-        is only known after the solve); passing them raises with the reason.
+      t_eval: the times at which the solution is returned, within `t_span`, monotone.
+        None (SciPy's default): SciPy's own step times, padded to a static
+        `max_steps + 1` with `inf` (`n_points` of them are valid).
+      dense_output: True: `sol.sol` is SciPy's own interpolant as a JAX function of
+        `t` (differentiable in `t` and every parameter; see `OdeSolution`).
+      events: SciPy's event functions `event(t, y, *args)` (in JAX, may close over
+        traced values) with SciPy's `terminal` and `direction` attributes. `t_events`
+        and `y_events` are lists with one array per event, padded with NaN to a
+        static `max_events` (keyword, default 16; `n_events` counts every event,
+        also those past `max_events`); event times are differentiable by the
+        implicit function theorem. After a terminal event `y` is NaN at later
+        `t_eval` times and `status` is 1. These three use the module `_events`
+        (forward sensitivities for gradients); see docs/guides/ode-events.md.
       vectorized: accepted and ignored (Jacobians come from JAX, not from finite
         differences, so SciPy's vectorized evaluation has nothing to speed up).
       args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
