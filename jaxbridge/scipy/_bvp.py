@@ -401,7 +401,7 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
       ...                     jnp.linspace(0.0, 1.0, 11), jnp.zeros((2, 11)), tol=1e-8)
       ...     return res.sol(0.5)[0]
       >>> print(f"{float(mid(1.0)):.5f} {float(jax.grad(mid)(1.0)):.5f}")
-      0.56975 -0.26004
+      0.56975 0.15563
     """
     check_policy(on_failure, NAME)
     if S is not None:
