@@ -233,6 +233,7 @@ def test_dense_output_gradients_closed_form(method):
     np.testing.assert_allclose(jac, -ts * np.sin(w * ts), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # ~10 s alone: five DOP853 solves at rtol 1e-11 plus a jit
 def test_dense_output_gradient_vs_finite_differences_and_from_jit():
     def sol_of(cd, v):
         return solve_ivp(cannon, (0.0, 2.0), jnp.array([0.0, 0.0, 10.0, v]), "DOP853",

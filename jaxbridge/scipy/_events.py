@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.integrate
+from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
 from . import _dense
@@ -110,7 +111,7 @@ class _Host:
 
         def sens(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
             y, S = z[:n], z[n:].reshape(n, -1)
-            flat, unravel = jax.flatten_util.ravel_pytree(p)
+            flat, unravel = ravel_pytree(p)
 
             def column(s: Any, d: Any) -> Any:
                 return jax.jvp(lambda y, q: f(fx, t, y, unravel(q)), (y, flat), (s, d))[1]
