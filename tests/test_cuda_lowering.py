@@ -95,3 +95,32 @@ def test_scipy_solver_lowers_for_cuda():
 
     text = cuda_hlo(jax.grad(lambda a: solve(a)[0]), jnp.float64(2.0))
     assert "jaxbridge_host_call" in text
+
+
+def _ivp_events(cd):
+    from jaxbridge.scipy.integrate import solve_ivp
+
+    def ground(t, s, cd):
+        return s[1]
+    ground.terminal = True
+    sol = solve_ivp(lambda t, s, cd: jnp.stack([s[2], s[3], -cd * s[2], -9.81 - cd * s[3]]),
+                    (0.0, 5.0), jnp.array([0.0, 0.0, 10.0, 10.0]), events=ground, args=(cd,),
+                    dense_output=True, max_events=2, max_steps=64)
+    return sol.t_events[0][0] + sol.sol(0.3)[1] + sol.y[1, 1]
+
+
+def _bvp(k):
+    from jaxbridge.scipy.integrate import solve_bvp
+    res = solve_bvp(lambda x, y: jnp.stack([y[1], -k ** 2 * y[0]]),
+                    lambda ya, yb: jnp.stack([ya[0], yb[0] - 1.0]),
+                    jnp.linspace(0.0, 1.0, 5), jnp.zeros((2, 5)), max_nodes=50)
+    return res.sol(0.5)[0] + res.y[0, 1]
+
+
+@pytest.mark.parametrize("solver", [_ivp_events, _bvp])
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_scipy_events_dense_and_bvp_lower_for_cuda(solver, how):
+    """solve_ivp with events / dense output / t_eval=None and solve_bvp (issue 26)."""
+    text = cuda_hlo(transforms(solver, 1)[how], jnp.float64(0.1))
+    assert "jaxbridge_host_call" in text
+    assert "python_gpu_callback" not in text

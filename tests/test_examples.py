@@ -22,6 +22,7 @@ REQUIRES = {
     "flax_nnx_module.py": ("flax", "optax"),
     "equinox_module.py": ("equinox",),
     "custom_gradient.py": (),
+    "projectile_events.py": (),
     "pytree_model.py": (),
     "softplus.py": (),
     "training_loop.py": (),

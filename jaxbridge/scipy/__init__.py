@@ -3,7 +3,10 @@
 Submodules (names, signatures, defaults and result fields follow SciPy's):
 
 * `jaxbridge.scipy.integrate`: `solve_ivp` (continuous adjoint / forward
-  sensitivities), `quad` (integral of the derivative, Leibniz rule);
+  sensitivities; SciPy's `events`, `dense_output` and `t_eval=None`, with event times
+  differentiable by the implicit function theorem), `solve_bvp` (implicit function
+  theorem on the converged collocation system), `quad` (integral of the derivative,
+  Leibniz rule);
 * `jaxbridge.scipy.optimize`: `root`, `minimize`, `least_squares` (implicit
   function theorem);
 * `jaxbridge.scipy.sparse.linalg`: `spsolve` (one `splu` factorization serves the

@@ -73,7 +73,8 @@ from ._common import (
 )
 from ._trace import HostFun, array_aval, check_args, convert
 
-__all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES"]
+__all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES",
+           "OdeSolution", "solve_bvp"]
 
 METHODS = ("RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA")
 IMPLICIT_METHODS = ("Radau", "BDF", "LSODA")
@@ -454,11 +455,19 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
       t_span: `(t0, tf)`: SciPy integrates from `t0` (differentiable) to `tf`.
       y0: initial state, any shape (float).
       method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA".
-      t_eval: the times at which the solution is returned. **Required** (unlike in
-        SciPy, where None returns SciPy's own step times): JAX needs the output shape
-        before the solve runs. Within `t_span`, monotone.
-      dense_output, events: not supported (they return host-side objects whose size
-        is only known after the solve); passing them raises with the reason.
+      t_eval: the times at which the solution is returned, within `t_span`, monotone.
+        None (SciPy's default): SciPy's own step times, padded to a static
+        `max_steps + 1` with `inf` (`n_points` of them are valid).
+      dense_output: True: `sol.sol` is SciPy's own interpolant as a JAX function of
+        `t` (differentiable in `t` and every parameter; see `OdeSolution`).
+      events: SciPy's event functions `event(t, y, *args)` (in JAX, may close over
+        traced values) with SciPy's `terminal` and `direction` attributes. `t_events`
+        and `y_events` are lists with one array per event, padded with NaN to a
+        static `max_events` (keyword, default 16; `n_events` counts every event,
+        also those past `max_events`); event times are differentiable by the
+        implicit function theorem. After a terminal event `y` is NaN at later
+        `t_eval` times and `status` is 1. These three use the module `_events`
+        (forward sensitivities for gradients); see docs/guides/ode-events.md.
       vectorized: accepted and ignored (Jacobians come from JAX, not from finite
         differences, so SciPy's vectorized evaluation has nothing to speed up).
       args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
@@ -507,6 +516,12 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     name = "integrate.solve_ivp"
     check_policy(on_failure, name)
     _check_method(method, name)
+    if events is not None or dense_output or t_eval is None:
+        from . import _events  # SciPy's events, dense output and step times (issue 26)
+        return _events.solve_ivp(
+            fun, t_span, y0, method, t_eval, dense_output, events, args, rtol=rtol, atol=atol,
+            jac=jac, adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol,
+            sensitivity=sensitivity, stepping=stepping, on_failure=on_failure, **options)
     if t_eval is None:
         raise ValueError(
             f"jaxbridge.scipy.{name}: t_eval is required (SciPy's default, None, returns the "
@@ -755,3 +770,8 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
     y, err = _quad(a, b, params, fixed, fun=f_hf, options=static_options(options, name),
                    on_failure=on_failure)
     return y, err
+
+
+# issue 26: dense output (sol.sol) and solve_bvp live in their own modules
+from ._bvp import solve_bvp  # noqa: E402
+from ._dense import OdeSolution  # noqa: E402

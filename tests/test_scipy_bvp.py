@@ -1,0 +1,127 @@
+"""solve_bvp (issue 26): SciPy's values, IFT gradients vs closed forms and finite
+differences of SciPy's own solve, failures."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.integrate
+from conftest import fd
+
+from jaxbridge.scipy import SolverError
+from jaxbridge.scipy.integrate import solve_bvp
+
+X0 = jnp.linspace(0.0, 1.0, 11)
+
+
+def wave(k, b=1.0, tol=1e-8):
+    """y'' = -k^2 y, y(0) = 0, y(b) = 1: y = sin(k x) / sin(k b)."""
+    return solve_bvp(lambda x, y: jnp.stack([y[1], -k ** 2 * y[0]]),
+                     lambda ya, yb: jnp.stack([ya[0], yb[0] - 1.0]),
+                     jnp.linspace(0.0, b, 11), jnp.zeros((2, 11)), tol=tol, max_nodes=300)
+
+
+def test_values_match_scipy():
+    res = wave(2.0)
+    ref = scipy.integrate.solve_bvp(lambda x, y: np.stack([y[1], -4.0 * y[0]]),
+                                    lambda ya, yb: np.array([ya[0], yb[0] - 1.0]),
+                                    np.linspace(0.0, 1.0, 11), np.zeros((2, 11)), tol=1e-8,
+                                    max_nodes=300)
+    assert ref.success, ref.message
+    m = int(res.n_nodes)
+    assert m == ref.x.size and bool(res.success) and int(res.status) == 0
+    assert res.message == ref.message and res.x.shape == (300,) and res.y.shape == (2, 300)
+    np.testing.assert_allclose(res.x[:m], ref.x, rtol=1e-14)
+    np.testing.assert_allclose(res.y[:, :m], ref.y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.yp[:, :m], ref.yp, rtol=1e-9, atol=1e-12)
+    assert np.all(np.isnan(res.y[:, m:])) and res.p is None
+    xs = np.linspace(-0.1, 1.1, 25)  # extrapolates as SciPy's PPoly does
+    np.testing.assert_allclose(res.sol(xs), ref.sol(xs), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.sol(0.3)[0], np.sin(0.6) / np.sin(2.0), rtol=1e-7)
+
+
+def test_gradients_closed_form_every_transform():
+    k, x = 1.3, 0.5
+
+    def mid(k, b=1.0):
+        return wave(k, b).sol(x)[0]
+
+    exact = (x * np.cos(k * x) * np.sin(k) - np.sin(k * x) * np.cos(k)) / np.sin(k) ** 2
+    np.testing.assert_allclose(jax.grad(mid)(k), exact, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.grad(mid))(k), exact, rtol=1e-6)
+    np.testing.assert_allclose(jax.jvp(mid, (k,), (1.0,))[1], exact, rtol=1e-6)
+    ks = jnp.array([1.0, 1.3])
+    ex = [(x * np.cos(q * x) * np.sin(q) - np.sin(q * x) * np.cos(q)) / np.sin(q) ** 2
+          for q in (1.0, 1.3)]
+    np.testing.assert_allclose(jax.vmap(jax.grad(mid))(ks), ex, rtol=1e-6)
+    # the interval's end: d/db sin(k x) / sin(k b) = -k sin(k x) cos(k b) / sin(k b)^2
+    g_b = jax.grad(lambda b: mid(k, b))(1.0)
+    np.testing.assert_allclose(g_b, -k * np.sin(k * x) * np.cos(k) / np.sin(k) ** 2, rtol=1e-6)
+    # the derivative in x of the spline: y'(x)
+    np.testing.assert_allclose(jax.grad(lambda t: wave(k).sol(t)[0])(x),
+                               k * np.cos(k * x) / np.sin(k), rtol=1e-6)
+
+
+def test_unknown_parameter_eigenvalue():
+    """y'' + p y = 0 on [0, b], y(0) = y(b) = 0, y'(0) = 1: p = (pi / b)^2."""
+    def eig(b, c):
+        x = jnp.linspace(0.0, b, 6)
+        guess = jnp.stack([jnp.sin(jnp.pi * x / b), jnp.cos(jnp.pi * x / b)])
+        res = solve_bvp(lambda x, y, p: jnp.stack([y[1], -p[0] * y[0]]),
+                        lambda ya, yb, p: jnp.stack([ya[0], yb[0], ya[1] - c]),
+                        x, guess, p=[8.0], tol=1e-8)
+        return res.p[0], res.sol(0.25 * b)[0]
+
+    p, y = eig(1.0, 2.0)
+    np.testing.assert_allclose(p, np.pi ** 2, rtol=1e-7)
+    np.testing.assert_allclose(y, 2.0 / np.pi * np.sin(np.pi / 4), rtol=1e-7)
+    gb, gc = jax.grad(lambda b, c: eig(b, c)[0], argnums=(0, 1))(1.0, 2.0)
+    np.testing.assert_allclose(gb, -2 * np.pi ** 2, rtol=1e-6)
+    np.testing.assert_allclose(gc, 0.0, atol=1e-8)
+    np.testing.assert_allclose(jax.grad(lambda c: eig(1.0, c)[1])(2.0),
+                               np.sin(np.pi / 4) / np.pi, rtol=1e-7)
+
+
+def test_gradient_vs_finite_differences_of_scipy():
+    """A nonlinear problem (Bratu, y'' + a e^y = 0, y(0) = y(1) = 0), parameters in
+    fun (closed over) and in bc (args of a closure), against central differences of
+    SciPy's own solve."""
+    def ours(a, c):
+        res = solve_bvp(lambda x, y: jnp.stack([y[1], -a * jnp.exp(y[0])]),
+                        lambda ya, yb: jnp.stack([ya[0], yb[0] - c]), X0,
+                        jnp.zeros((2, 11)), tol=1e-9)
+        return jnp.sum(res.sol(jnp.array([0.2, 0.5, 0.9]))[0])
+
+    def scipy_solve(a, c):
+        ref = scipy.integrate.solve_bvp(lambda x, y: np.stack([y[1], -a * np.exp(y[0])]),
+                                        lambda ya, yb: np.array([ya[0], yb[0] - c]),
+                                        np.asarray(X0), np.zeros((2, 11)), tol=1e-9)
+        assert ref.success, ref.message
+        return np.sum(ref.sol(np.array([0.2, 0.5, 0.9]))[0])
+
+    ga, gc = jax.grad(ours, argnums=(0, 1))(1.0, 0.3)
+    np.testing.assert_allclose(ga, fd(lambda a: scipy_solve(float(a), 0.3), 1.0, 1e-5),
+                               rtol=1e-5)
+    np.testing.assert_allclose(gc, fd(lambda c: scipy_solve(1.0, float(c)), 0.3, 1e-5),
+                               rtol=1e-5)
+
+
+def test_failure_raises_with_scipys_message_and_bad_input():
+    def fun(x, y):  # needs many nodes at a tiny tolerance
+        return jnp.stack([y[1], 1e4 * y[0]])
+
+    def bc(ya, yb):
+        return jnp.stack([ya[0] - 1.0, yb[0]])
+
+    with pytest.raises(SolverError, match=r"solve_bvp.*maximum number of mesh nodes"):
+        jax.block_until_ready(solve_bvp(fun, bc, X0, jnp.zeros((2, 11)), tol=1e-10,
+                                        max_nodes=20).y)
+    res = solve_bvp(fun, bc, X0, jnp.zeros((2, 11)), tol=1e-10, max_nodes=20,
+                    on_failure="nan")
+    assert int(res.status) == 1 and not bool(res.success) and np.all(np.isnan(res.y))
+    with pytest.raises(ValueError, match=r"`bc` must return one array of shape \(2,\)"):
+        solve_bvp(fun, lambda ya, yb: ya[0], X0, jnp.zeros((2, 11)))
+    with pytest.raises(ValueError, match=r"x must be 1-D \(m,\) and y \(n, m\)"):
+        solve_bvp(fun, bc, X0, jnp.zeros((2, 5)))
+    with pytest.raises(NotImplementedError, match="`S`"):
+        solve_bvp(fun, bc, X0, jnp.zeros((2, 11)), S=jnp.zeros((2, 2)))

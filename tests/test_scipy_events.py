@@ -1,0 +1,312 @@
+"""solve_ivp with events, dense_output=True and t_eval=None (issue 26): SciPy's values,
+implicit-function-theorem gradients of event times, dense output as a JAX function."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.integrate
+from conftest import fd
+
+from jaxbridge.scipy import SolverError
+from jaxbridge.scipy.integrate import OdeSolution, solve_ivp
+
+METHODS = ["RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA"]
+# RK23 takes thousands of steps at the tight tolerances used here: in the slow run
+METHODS_FAST = [pytest.param("RK23", marks=pytest.mark.slow), *METHODS[1:]]
+IMPLICIT = ("Radau", "BDF", "LSODA")
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+def cannon(t, s, cd):
+    x, y, vx, vy = s
+    v = jnp.sqrt(vx ** 2 + vy ** 2)
+    return jnp.stack([vx, vy, -cd * v * vx, -9.81 - cd * v * vy])
+
+
+def ground(t, s, cd):
+    return s[1]
+
+
+ground.terminal = True
+ground.direction = -1
+
+
+def apex(t, s, cd):
+    return s[3]
+
+
+S0 = jnp.array([0.0, 0.0, 10.0, 10.0])
+
+
+def scipy_reference(fun, t_span, y0, method, args, events=(), **kw):
+    """SciPy's own solve of the same JAX functions (jitted, as the host side runs them,
+    so the two do the same arithmetic), with the same exact Jacobian."""
+    f = jax.jit(lambda t, y: fun(t, y, *args))
+    extra = {}
+    if method in IMPLICIT:
+        j = jax.jit(jax.jacfwd(lambda t, y: fun(t, y, *args), argnums=1))
+        extra["jac"] = lambda t, y: np.asarray(j(t, y))
+    evs = []
+    for ev in events:
+        g = jax.jit(lambda t, y, ev=ev: ev(t, y, *args))
+        h = (lambda g: lambda t, y: float(g(t, y)))(g)
+        h.terminal = getattr(ev, "terminal", False)
+        h.direction = getattr(ev, "direction", 0)
+        evs.append(h)
+    ref = scipy.integrate.solve_ivp(lambda t, y: np.asarray(f(t, y)), t_span, np.asarray(y0),
+                                    method, events=evs or None, **extra, **kw)
+    assert ref.success, ref.message
+    return ref
+
+
+# ------------------------------------------------------------------ events: values
+@pytest.mark.parametrize("method", METHODS_FAST)
+def test_event_times_and_states_match_scipy(method):
+    sol = solve_ivp(cannon, (0.0, 10.0), S0, method, events=[ground, apex], args=(0.1,), **TOL)
+    ref = scipy_reference(cannon, (0.0, 10.0), S0, method, (0.1,), [ground, apex], **TOL)
+    assert int(sol.status) == ref.status == 1 and sol.message == ref.message
+    assert isinstance(sol.t_events, list) and len(sol.t_events) == 2
+    np.testing.assert_array_equal(sol.n_events, [1, 1])
+    for i in range(2):
+        assert sol.t_events[i].shape == (16,) and sol.y_events[i].shape == (16, 4)
+        np.testing.assert_allclose(sol.t_events[i][:1], ref.t_events[i], rtol=1e-13)
+        np.testing.assert_allclose(sol.y_events[i][:1], ref.y_events[i], rtol=1e-12,
+                                   atol=1e-13)
+        assert np.all(np.isnan(sol.t_events[i][1:])) and np.all(np.isnan(sol.y_events[i][1:]))
+    # t_eval=None: SciPy's own step times, the last one the impact
+    n = int(sol.n_points)
+    assert n == len(ref.t) and sol.t.shape == (4097,)
+    np.testing.assert_allclose(sol.t[:n], ref.t, rtol=1e-13)
+    np.testing.assert_allclose(sol.y[:, :n], ref.y, rtol=1e-12, atol=1e-12)
+    assert np.all(np.isinf(sol.t[n:])) and np.all(np.isinf(sol.y[:, n:]))
+
+
+def test_terminal_event_stops_t_eval_outputs():
+    te = jnp.linspace(0.0, 3.0, 7)
+    sol = solve_ivp(cannon, (0.0, 10.0), S0, t_eval=te, events=ground, args=(0.1,), **TOL)
+    ref = scipy_reference(cannon, (0.0, 10.0), S0, "RK45", (0.1,), [ground], t_eval=te, **TOL)
+    m = len(ref.t)
+    assert m == 4 and int(sol.n_points) == m and int(sol.status) == 1 and bool(sol.success)
+    np.testing.assert_allclose(sol.y[:, :m], ref.y, rtol=1e-12, atol=1e-12)
+    assert np.all(np.isnan(sol.y[:, m:]))
+    np.testing.assert_array_equal(sol.t, te)
+    # the gradient of an output before the impact is that of the plain solve
+    g = jax.grad(lambda c: solve_ivp(cannon, (0.0, 10.0), S0, t_eval=te, events=ground,
+                                     args=(c,), **TOL).y[0, 3])(0.1)
+    g_fd = fd(lambda c: solve_ivp(cannon, (0.0, 10.0), S0, t_eval=te, events=ground,
+                                  args=(c,), **TOL).y[0, 3], 0.1)
+    np.testing.assert_allclose(g, g_fd, rtol=1e-6)
+
+
+def test_terminal_count_and_direction():
+    """SciPy's `terminal=2` stops at the second event; `direction` filters crossings."""
+    def osc(t, y):
+        return jnp.stack([y[1], -y[0]])
+
+    def down(t, y):
+        return y[0]
+    down.direction = -1
+    down.terminal = 2
+    sol = solve_ivp(osc, (0.0, 20.0), jnp.array([1.0, 0.0]), events=down, **TOL)
+    np.testing.assert_allclose(sol.t_events[0][:2], [np.pi / 2, 5 * np.pi / 2], rtol=1e-9)
+    assert int(sol.n_events[0]) == 2 and int(sol.status) == 1
+    np.testing.assert_allclose(sol.t[int(sol.n_points) - 1], 5 * np.pi / 2, rtol=1e-9)
+
+
+# ------------------------------------------------------------------ events: gradients
+@pytest.mark.parametrize("method", METHODS_FAST)
+def test_decay_event_gradients_closed_form(method):
+    """y' = -k y from y0 at t0 hits c at t* = t0 + log(y0 / c) / k: dt*/dk = -(t* - t0)/k,
+    dt*/dc = -1/(k c) (a parameter of the event function), dt*/dy0 = 1/(k y0),
+    dt*/dt0 = 1; and y(t*) = c whatever the inputs (zero gradient)."""
+    def t_star(k, c, y0, t0):
+        def hit(t, y):
+            return y[0] - c
+        sol = solve_ivp(lambda t, y: -k * y, (t0, 5.0), jnp.stack([y0]), method,
+                        t_eval=jnp.zeros(0), events=hit, rtol=1e-9, atol=1e-12)
+        return sol.t_events[0][0], sol.y_events[0][0, 0]
+
+    k, c, y0, t0 = 1.3, 0.4, 2.0, 0.2
+    ts = t0 + np.log(y0 / c) / k
+    t, y = t_star(k, c, y0, t0)
+    np.testing.assert_allclose(t, ts, rtol=1e-8)
+    np.testing.assert_allclose(y, c, rtol=1e-8)
+    grads = jax.jit(jax.grad(lambda *a: t_star(*a)[0], argnums=(0, 1, 2, 3)))(k, c, y0, t0)
+    np.testing.assert_allclose(grads, [-(ts - t0) / k, -1 / (k * c), 1 / (k * y0), 1.0],
+                               rtol=1e-6)
+    gy = jax.grad(lambda *a: t_star(*a)[1], argnums=(0, 1, 2))(k, c, y0, t0)
+    np.testing.assert_allclose(gy, [0.0, 1.0, 0.0], atol=1e-6)
+    _, tangent = jax.jvp(lambda k: t_star(k, c, y0, t0)[0], (k,), (1.0,))
+    np.testing.assert_allclose(tangent, -(ts - t0) / k, rtol=1e-6)
+
+
+def test_oscillator_zero_crossings_closed_form_under_vmap():
+    """y'' = -k y, y(0) = (1, 0): the j-th zero crossing is (2j + 1) pi / (2 sqrt(k))."""
+    def crossings(k):
+        return solve_ivp(lambda t, y: jnp.stack([y[1], -k * y[0]]), (0.0, 10.0),
+                         jnp.array([1.0, 0.0]), events=lambda t, y: y[0], max_events=4,
+                         rtol=1e-9, atol=1e-12)
+
+    ks = jnp.array([1.0, 4.0])
+    sols = jax.jit(jax.vmap(crossings))(ks)
+    j = np.arange(4)
+    for b, k in enumerate(np.asarray(ks)):
+        count = int(np.floor(10.0 * np.sqrt(k) / np.pi + 0.5))
+        assert int(sols.n_events[b, 0]) == count  # all counted, the first 4 stored
+        expect = np.where(j < count, (2 * j + 1) * np.pi / (2 * np.sqrt(k)), np.nan)
+        np.testing.assert_allclose(sols.t_events[0][b], expect, rtol=1e-9)
+    g = jax.vmap(jax.grad(lambda k: jnp.sum(crossings(k).t_events[0][:3])))(ks)
+    expect = -(2 * j[None, :3] + 1) * np.pi / 4 * np.asarray(ks)[:, None] ** -1.5
+    np.testing.assert_allclose(g, expect.sum(1), rtol=1e-6)
+    gf = jax.jacfwd(lambda k: crossings(k).t_events[0][:3])(4.0)
+    np.testing.assert_allclose(gf, expect[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["RK45", "Radau", "LSODA"])
+def test_cannonball_gradients_vs_finite_differences_of_scipy(method):
+    """d(impact time, impact distance)/d(drag) against central differences of SciPy's
+    own solve of the same problem (float64)."""
+    def ours(cd):
+        sol = solve_ivp(cannon, (0.0, 10.0), S0, method, events=ground, args=(cd,), **TOL)
+        return jnp.stack([sol.t_events[0][0], sol.y_events[0][0, 0]])
+
+    def scipy_solve(cd):
+        ref = scipy_reference(cannon, (0.0, 10.0), S0, method, (float(cd),), [ground], **TOL)
+        return np.array([ref.t_events[0][0], ref.y_events[0][0, 0]])
+
+    ref = (scipy_solve(0.1 + 1e-5) - scipy_solve(0.1 - 1e-5)) / 2e-5
+    np.testing.assert_allclose(jax.jacrev(ours)(0.1), ref, rtol=1e-5)
+    np.testing.assert_allclose(jax.jacfwd(ours)(0.1), ref, rtol=1e-5)
+
+
+def test_gradient_wrt_closed_over_event_threshold_and_y0():
+    def L(h, v):
+        def level(t, s, cd):
+            return s[1] + h
+        sol = solve_ivp(cannon, (0.0, 5.0), jnp.array([0.0, 0.0, 10.0, v]), events=level,
+                        args=(0.1,), **TOL)
+        return sol.t_events[0][0] + sol.y_events[0][0, 0]
+
+    g = jax.grad(L, argnums=(0, 1))(0.5, 10.0)
+    np.testing.assert_allclose(g[0], fd(lambda h: L(h, 10.0), 0.5), rtol=1e-6)
+    np.testing.assert_allclose(g[1], fd(lambda v: L(0.5, v), 10.0), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ dense output
+@pytest.mark.parametrize("method", METHODS_FAST)
+@pytest.mark.parametrize("t_span", [(0.0, 5.0), (5.0, 0.0)])
+def test_dense_output_matches_scipy(method, t_span):
+    def damped(t, y, k):
+        return jnp.stack([y[1], -k * y[0] - 0.1 * y[1]])
+
+    tq = np.linspace(-0.5, 5.5, 41)  # extrapolation at both ends, as SciPy does
+    sol = solve_ivp(damped, t_span, jnp.array([1.0, 0.0]), method, dense_output=True,
+                    args=(2.0,), rtol=1e-8, atol=1e-10)
+    ref = scipy_reference(damped, t_span, [1.0, 0.0], method, (2.0,), dense_output=True,
+                          rtol=1e-8, atol=1e-10)
+    assert isinstance(sol.sol, OdeSolution)
+    np.testing.assert_allclose(sol.sol(tq), ref.sol(tq), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sol.sol(2.3), ref.sol(2.3), rtol=1e-12, atol=1e-14)
+    assert int(sol.sol.n_segments) == len(ref.sol.interpolants)
+    np.testing.assert_allclose(sol.sol.t_min, ref.sol.t_min)
+    np.testing.assert_allclose(sol.sol.t_max, ref.sol.t_max)
+
+
+@pytest.mark.parametrize("method", METHODS_FAST)
+def test_dense_output_gradients_closed_form(method):
+    """y'' = -w^2 y, y(0) = (1, 0): sol(t) = cos(w t); d/dw = -t sin(w t), d/dt =
+    -w sin(w t); with dense output and t_eval given together."""
+    def y_at(w, t):
+        sol = solve_ivp(lambda t, y: jnp.stack([y[1], -w ** 2 * y[0]]), (0.0, 3.0),
+                        jnp.array([1.0, 0.0]), method, t_eval=jnp.array([1.0, 3.0]),
+                        dense_output=True, rtol=1e-10, atol=1e-12)
+        return sol.sol(t)[0]
+
+    w, t = 1.2, 1.7
+    gw, gt = jax.jit(jax.grad(y_at, argnums=(0, 1)))(w, t)
+    np.testing.assert_allclose(y_at(w, t), np.cos(w * t), atol=1e-7)
+    np.testing.assert_allclose(gw, -t * np.sin(w * t), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gt, -w * np.sin(w * t), rtol=1e-5, atol=1e-6)
+    ts = jnp.array([0.4, 2.9])
+    jac = jax.jacfwd(lambda w: jax.vmap(lambda t: y_at(w, t))(ts))(w)
+    np.testing.assert_allclose(jac, -ts * np.sin(w * ts), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # ~10 s alone: five DOP853 solves at rtol 1e-11 plus a jit
+def test_dense_output_gradient_vs_finite_differences_and_from_jit():
+    def sol_of(cd, v):
+        return solve_ivp(cannon, (0.0, 2.0), jnp.array([0.0, 0.0, 10.0, v]), "DOP853",
+                         dense_output=True, args=(cd,), rtol=1e-11, atol=1e-12).sol
+
+    sol = jax.jit(sol_of)(0.1, 10.0)  # a pytree: returned from jit, called outside
+    np.testing.assert_allclose(sol(0.77), sol_of(0.1, 10.0)(0.77), rtol=1e-14)
+    L = lambda cd, v: jnp.sum(sol_of(cd, v)(jnp.array([0.3, 1.1, 1.9]))[:2])  # noqa: E731
+    g = jax.grad(L, argnums=1)(0.1, 10.0)
+    np.testing.assert_allclose(g, fd(lambda v: L(0.1, v), 10.0), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ t_eval=None
+@pytest.mark.parametrize("method", ["RK45", "BDF"])
+def test_steps_match_scipy_and_differentiate(method):
+    def f(t, y, k):
+        return -k * y
+
+    sol = solve_ivp(f, (0.0, 2.0), jnp.array([1.0, 2.0]), method, args=(0.7,), rtol=1e-9,
+                    atol=1e-12, max_steps=500)
+    ref = scipy_reference(f, (0.0, 2.0), [1.0, 2.0], method, (0.7,), rtol=1e-9, atol=1e-12)
+    n = int(sol.n_points)
+    assert n == len(ref.t) and sol.t.shape == (501,) and sol.y.shape == (2, 501)
+    np.testing.assert_allclose(sol.t[:n], ref.t, rtol=1e-14)
+    np.testing.assert_allclose(sol.y[:, :n], ref.y, rtol=1e-12)
+    assert np.all(np.isinf(sol.t[n:])) and sol.t_events is None and sol.sol is None
+
+    def last(k):  # y(2) = 2 exp(-2 k)
+        s = solve_ivp(f, (0.0, 2.0), jnp.array([1.0, 2.0]), method, args=(k,), rtol=1e-10,
+                      atol=1e-12, max_steps=500)
+        return s.y[1, s.n_points - 1]
+    np.testing.assert_allclose(jax.grad(last)(0.7), -4 * np.exp(-1.4), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ bad input, failure
+def test_bad_input_errors():
+    args = (0.1,)
+    with pytest.raises(ValueError, match=r"`events\[0\]` must return a scalar.*\(2,\)"):
+        solve_ivp(cannon, (0.0, 1.0), S0, events=lambda t, s, cd: s[:2], args=args)
+    with pytest.raises(TypeError, match=r"events\[1\] must be callable"):
+        solve_ivp(cannon, (0.0, 1.0), S0, events=[ground, 3.0], args=args)
+
+    def bad(t, s, cd):
+        return s[1]
+    bad.terminal = -1
+    with pytest.raises(ValueError, match="terminal.*boolean or positive integer"):
+        solve_ivp(cannon, (0.0, 1.0), S0, events=bad, args=args)
+    bad.terminal = 5
+    with pytest.raises(ValueError, match=r"terminal=5 needs max_events >= 5"):
+        solve_ivp(cannon, (0.0, 1.0), S0, events=bad, args=args, max_events=2)
+    with pytest.raises(ValueError, match="max_events must be a positive int"):
+        solve_ivp(cannon, (0.0, 1.0), S0, events=ground, args=args, max_events=0)
+    with pytest.raises(NotImplementedError, match="sensitivity='adjoint'"):
+        solve_ivp(cannon, (0.0, 1.0), S0, events=ground, args=args, sensitivity="adjoint")
+    with pytest.raises(ValueError, match=r"more than max_steps=5.*larger max_steps"):
+        jax.block_until_ready(solve_ivp(cannon, (0.0, 1.0), S0, args=args, max_steps=5).y)
+
+
+def test_more_events_than_max_events_are_counted_not_stored():
+    """Documented choice: NaN past `max_events` slots, and `n_events` counts them all."""
+    sol = solve_ivp(lambda t, y: jnp.stack([y[1], -y[0]]), (0.0, 20.0), jnp.array([1.0, 0.0]),
+                    events=lambda t, y: y[0], max_events=2, **TOL)
+    assert int(sol.n_events[0]) == 6 and sol.t_events[0].shape == (2,)
+    np.testing.assert_allclose(sol.t_events[0], [np.pi / 2, 3 * np.pi / 2], rtol=1e-9)
+
+
+def test_failure_raises_solver_error_and_nan_policy():
+    def blowup(t, y):
+        return y ** 2
+
+    def big(t, y):
+        return y[0] - 1e300
+    with pytest.raises(SolverError, match=r"solve_ivp.*step size"):
+        jax.block_until_ready(solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), events=big).y)
+    sol = solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), events=big, on_failure="nan")
+    assert int(sol.status) == -1 and not bool(sol.success)
