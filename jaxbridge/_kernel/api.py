@@ -431,7 +431,7 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
         >>> cube = jaxbridge.kernel(lib.handlers["CubeForward"],
         ...                         lib.handlers["CubeAdjoint"],
-        ...                         result=lambda x, **_: x, vmap="batch",
+        ...                         result=lambda x, **_: x, vmap="vectorized",
         ...                         name="cube")  # doctest: +SKIP
         >>> jax.grad(lambda x: cube(x).sum())(jnp.ones(3))  # doctest: +SKIP
 
