@@ -1,0 +1,175 @@
+"""Running a torch function inside a host call: tensors in, results into XLA's buffers.
+
+One call: the NumPy views the host-call runtime lends become torch tensors (no copy),
+torch's intra-op thread pool is capped for the duration (as BLAS is: XLA already runs
+its own threads, and several host calls may run at once, one per shard), the function
+runs (once under `torch.vmap`, or once per element, when JAX batches the call), and
+its results are copied into XLA's output buffers after a shape check.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+
+from .._foreign import hostcall
+from ..errors import ForeignCallError, ResultMismatchError
+from ._convert import numpy_dtype, to_torch
+
+__all__ = ["thread_cap", "run_host", "write_results"]
+
+
+def thread_cap() -> int:
+    """Torch's intra-op threads during host calls: the BLAS cap
+    (JAXBRIDGE_HOST_BLAS_THREADS, default 1; 0 leaves torch's setting alone)."""
+    return hostcall.host_blas_threads()
+
+
+class _Batching:
+    """Per wrapped function: whether `torch.vmap` works for it (learned on first use)."""
+
+    __slots__ = ("vmap_fails",)
+
+    def __init__(self) -> None:
+        self.vmap_fails = False
+
+
+def _tensors(leaves: Sequence[Any]) -> list[Any]:
+    return [to_torch(x) if isinstance(x, np.ndarray) else x for x in leaves]
+
+
+def write_results(name: str, value: Any, out: Any) -> None:
+    """Copy torch's results into XLA's output buffers (`out`, the declared structure)."""
+    if isinstance(out, np.ndarray):  # fast path: one result
+        if not isinstance(value, torch.Tensor):
+            _bad_result(name, value, out)
+        if tuple(value.shape) != out.shape:
+            _mismatch(name, "output", value, out)
+        target = to_torch(out)
+        if value.dtype != target.dtype:
+            _check_cast(name, "output", value, out)
+        target.copy_(value)
+        return
+    outs, out_tree = jax.tree_util.tree_flatten(out)
+    values, tree = jax.tree_util.tree_flatten(value)
+    out_tree_: Any = out_tree
+    if tree != out_tree_:
+        raise ResultMismatchError(
+            f"jaxbridge.torch: function {name!r} returned a pytree of structure {tree}, but "
+            f"{out_tree} was declared (or found when tracing it)", function=name,
+            what="output", problem="structure", declared=str(out_tree), received=str(tree))
+    for i, (v, o) in enumerate(zip(values, outs)):
+        if not isinstance(v, torch.Tensor):
+            _bad_result(name, v, o)
+        if tuple(v.shape) != o.shape:
+            _mismatch(name, f"output leaf {i}", v, o)
+        target = to_torch(o)
+        if v.dtype != target.dtype:
+            _check_cast(name, f"output leaf {i}", v, o)
+        target.copy_(v)
+
+
+def _bad_result(name: str, value: Any, out: np.ndarray) -> None:
+    raise ResultMismatchError(
+        f"jaxbridge.torch: function {name!r} must return torch tensors; got "
+        f"{type(value).__name__} where {out.dtype.name}{list(out.shape)} was expected",
+        function=name, what="output", problem="type", declared=str(out.dtype),
+        received=type(value).__name__)
+
+
+def _check_cast(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+    """Only JAX's own canonicalization is applied silently (int64 -> int32 and
+    float64 -> float32 without jax_enable_x64); any other dtype difference is an error."""
+    if numpy_dtype(value.dtype, f"jaxbridge.torch: {what} of {name!r}") == out.dtype:
+        return
+    raise ResultMismatchError(
+        f"jaxbridge.torch: {what} of function {name!r} has dtype {value.dtype}, but "
+        f"{out.dtype.name} was declared; nothing is cast silently: return that dtype "
+        f"(value.to(...)) or declare the one it has", function=name, what=what,
+        problem="dtype", declared=out.dtype.name, received=str(value.dtype))
+
+
+def _mismatch(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+    raise ResultMismatchError(
+        f"jaxbridge.torch: {what} of function {name!r} has shape {list(value.shape)}, but "
+        f"{list(out.shape)} was declared (or found when tracing it on meta tensors). Pass "
+        f"result= if its shape depends on the data.", function=name, what=what,
+        problem="shape", declared=str(list(out.shape)), received=str(list(value.shape)))
+
+
+def _check_inputs_unchanged(name: str, tensors: Sequence[Any]) -> None:
+    """Torch counts in-place writes per tensor: a function that wrote into an input wrote
+    into XLA's (read-only) input buffer, which other computations may share."""
+    for i, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and t._version:
+            raise ForeignCallError(
+                f"jaxbridge.torch: function {name!r} modified input leaf {i} in place; its "
+                f"inputs are zero-copy views of XLA's buffers and must not be written. "
+                f"Clone first (x = x.clone()) or use the out-of-place op (x.add(1), not "
+                f"x.add_(1)).")
+
+
+def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
+             batch_depth: int, batching: _Batching) -> None:
+    """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
+    on `leaves` (NumPy views, and static leaves) and write its results into `out`.
+
+    With `batch_depth > 0` every leaf carries that many leading batch axes (JAX's vmap):
+    the function runs once under nested `torch.vmap`, or, for one that torch.vmap cannot
+    batch (data-dependent control flow, `.item()`, in-place updates), once per element.
+    """
+    tensors = _tensors(leaves)
+    cap = thread_cap()
+    before = torch.get_num_threads() if cap else 0
+    if before > cap:
+        torch.set_num_threads(cap)
+    grad_was = torch.is_grad_enabled()
+    if grad_was:  # values only: derivatives are separate wrapped calls
+        torch.set_grad_enabled(False)
+    try:
+        if batch_depth == 0:
+            write_results(name, call(tensors), out)
+        else:
+            _run_batched(name, call, tensors, out, batch_depth, batching)
+        _check_inputs_unchanged(name, tensors)
+    finally:
+        if grad_was:
+            torch.set_grad_enabled(True)
+        if before > cap:
+            torch.set_num_threads(before)
+
+
+def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
+                 depth: int, batching: _Batching) -> None:
+    if not batching.vmap_fails:
+        batched = call
+        for _ in range(depth):
+            batched = torch.vmap(batched)
+        try:
+            value = batched(tensors)
+        except Exception:  # noqa: BLE001 - not vmappable: loop (a real error recurs there)
+            _run_loop(name, call, tensors, out, depth)
+            batching.vmap_fails = True  # the loop worked where torch.vmap did not
+            return
+        write_results(name, value, out)
+        return
+    _run_loop(name, call, tensors, out, depth)
+
+
+def _run_loop(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
+              depth: int) -> None:
+    arrays = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if not arrays:
+        return
+    batch_shape = tuple(arrays[0].shape[:depth])
+    outs, out_tree = jax.tree_util.tree_flatten(out)
+    for index in itertools.product(*(range(n) for n in batch_shape)):
+        at: tuple[Any, ...] = (*index, ...)  # `...` keeps 0-d elements views
+        element = [t[at] if isinstance(t, torch.Tensor) else t for t in tensors]
+        write_results(name, call(element),
+                      jax.tree_util.tree_unflatten(out_tree, [o[at] for o in outs]))

@@ -1,0 +1,1 @@
+wrap_module = None
