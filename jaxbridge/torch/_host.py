@@ -10,6 +10,7 @@ its results are copied into XLA's output buffers after a shape check.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from .._foreign import hostcall
-from ..errors import ForeignCallError, ResultMismatchError
+from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
 from ._convert import numpy_dtype, to_torch
 
 __all__ = ["thread_cap", "run_host", "write_results"]
@@ -31,16 +32,41 @@ def thread_cap() -> int:
 
 
 class _Batching:
-    """Per wrapped function: whether `torch.vmap` works for it (learned on first use)."""
+    """Per wrapped function, learned on first use: whether `torch.vmap` works for it,
+    and whether it keeps its input tensors (it then gets private copies)."""
 
-    __slots__ = ("vmap_fails",)
+    __slots__ = ("vmap_fails", "copy_inputs")
 
     def __init__(self) -> None:
         self.vmap_fails = False
+        self.copy_inputs = False
 
 
-def _tensors(leaves: Sequence[Any]) -> list[Any]:
+def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
+    if copy:
+        return [to_torch(x).clone() if isinstance(x, np.ndarray) else x for x in leaves]
     return [to_torch(x) if isinstance(x, np.ndarray) else x for x in leaves]
+
+
+def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
+    """A tensor the function kept (in a global, a closure, an attribute) would outlive
+    the XLA buffer it views: move it to a private copy of its data (so it stays valid),
+    switch the function to copies, and say so once. (A kept *view* of an input, such as
+    ``x[0]``, cannot be moved: the host-call runtime catches it as a kept input instead,
+    and that view must not be used.)"""
+    kept = [i for i in range(len(tensors))
+            if type(tensors[i]) is torch.Tensor and sys.getrefcount(tensors[i]) > 2]
+    if not kept:
+        return
+    for i in kept:
+        tensors[i].set_(tensors[i].clone())
+    state.copy_inputs = True
+    raise KeptViewError(
+        f"jaxbridge.torch: function {name!r} kept input tensor(s) {kept} after returning. "
+        f"Its inputs are zero-copy views of XLA's buffers, valid only during the call; "
+        f"jaxbridge moved the kept tensors to a private copy of their data, so they stay "
+        f"valid, and from now on this function gets copies of its inputs (slower). Clone "
+        f"what you keep (x.clone()).")
 
 
 def write_results(name: str, value: Any, out: Any) -> None:
@@ -123,7 +149,7 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
     the function runs once under nested `torch.vmap`, or, for one that torch.vmap cannot
     batch (data-dependent control flow, `.item()`, in-place updates), once per element.
     """
-    tensors = _tensors(leaves)
+    tensors = _tensors(leaves, batching.copy_inputs)
     cap = thread_cap()
     before = torch.get_num_threads() if cap else 0
     if before > cap:
@@ -137,6 +163,8 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
         else:
             _run_batched(name, call, tensors, out, batch_depth, batching)
         _check_inputs_unchanged(name, tensors)
+        if not batching.copy_inputs:
+            _release_kept(name, tensors, batching)
     finally:
         if grad_was:
             torch.set_grad_enabled(True)
