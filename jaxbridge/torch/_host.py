@@ -25,10 +25,18 @@ from ._convert import numpy_dtype, to_torch
 __all__ = ["thread_cap", "run_host", "write_results"]
 
 
+_env_cap: list[int] = []  # JAXBRIDGE_HOST_BLAS_THREADS, read once (reading it costs ~1 us)
+
+
 def thread_cap() -> int:
     """Torch's intra-op threads during host calls: the BLAS cap
-    (JAXBRIDGE_HOST_BLAS_THREADS, default 1; 0 leaves torch's setting alone)."""
-    return hostcall.host_blas_threads()
+    (JAXBRIDGE_HOST_BLAS_THREADS, default 1; 0 leaves torch's setting alone; or
+    `hostcall.set_host_blas_threads`, for tests and benchmarks)."""
+    if hostcall._blas_override is not None:
+        return hostcall._blas_override
+    if not _env_cap:
+        _env_cap.append(hostcall.host_blas_threads())
+    return _env_cap[0]
 
 
 class _Batching:
@@ -154,9 +162,8 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
     before = torch.get_num_threads() if cap else 0
     if before > cap:
         torch.set_num_threads(cap)
-    grad_was = torch.is_grad_enabled()
-    if grad_was:  # values only: derivatives are separate wrapped calls
-        torch.set_grad_enabled(False)
+    # Grad mode is left as it is (switching it costs ~2 us a call): the tensors lent to
+    # `call` do not require grad, so torch records no graph of them.
     try:
         if batch_depth == 0:
             write_results(name, call(tensors), out)
@@ -166,8 +173,6 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
         if not batching.copy_inputs:
             _release_kept(name, tensors, batching)
     finally:
-        if grad_was:
-            torch.set_grad_enabled(True)
         if before > cap:
             torch.set_num_threads(before)
 
