@@ -102,7 +102,7 @@ def wrap_module(module: torch.nn.Module, *,
         >>> apply, params = wrap_module(net)
         >>> sorted(params)
         ['0.bias', '0.weight']
-        >>> x = jnp.ones((4, 3))
+        >>> x = jnp.ones((4, 3), jnp.float32)
         >>> grads = jax.grad(lambda p: apply(p, x).sum())(params)
         >>> grads["0.weight"].shape
         (2, 3)
