@@ -200,12 +200,8 @@ def test_exception_in_backward_reaches_caller():
         def backward(ctx, g):
             raise MyError("no backward")
 
-        @staticmethod
-        def vjp(ctx, g):
-            raise MyError("no backward")
-
     f = jt.wrap(Fragile.apply)
-    with pytest.raises(Exception, match="no backward"):
+    with pytest.raises(MyError, match="no backward"):
         jax.jit(jax.grad(lambda x: f(x).sum()))(jnp.ones(2))
 
 
@@ -247,6 +243,7 @@ def test_torch_threads_are_capped_during_calls():
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.slow  # a subprocess with 4 CPU devices: ~15 s
 def test_sharded_inputs_with_batch_dims_run_per_shard():
     script = textwrap.dedent("""
         import jax, jax.numpy as jnp, numpy as np, torch
@@ -406,18 +403,17 @@ def test_module_bad_params_name_the_keys(rng):
 
 
 # ---------------------------------------------------------------- packaging
-def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def test_import_jaxbridge_does_not_import_torch_and_says_how_to_install_it():
+    code = textwrap.dedent("""
+        import sys, jaxbridge
+        print("torch imported:", "torch" in sys.modules)
+        sys.modules["torch"] = None  # as if torch were not installed
+        try:
+            import jaxbridge.torch
+        except ImportError as e:
+            print(e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
-
-
-def test_import_jaxbridge_does_not_import_torch():
-    proc = run_python("import sys, jaxbridge; print('torch' in sys.modules)")
-    assert proc.stdout.strip() == "False", proc.stderr
-
-
-def test_import_without_torch_says_how_to_install():
-    proc = run_python("import sys; sys.modules['torch'] = None\n"
-                      "try:\n    import jaxbridge.torch\n"
-                      "except ImportError as e:\n    print(e)")
+    assert "torch imported: False" in proc.stdout, proc.stdout + proc.stderr
     assert 'pip install "jaxbridge[torch]"' in proc.stdout, proc.stdout + proc.stderr

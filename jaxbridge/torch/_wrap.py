@@ -51,13 +51,18 @@ class TorchFunction:
 
     def __init__(self, fn: Callable[..., Any], result: Any = None, *,
                  vmap: str = "vectorized", batch_dims: int = 0, on_mesh: str = "error",
-                 backend: str = "auto", name: str | None = None):
+                 backend: str = "auto", name: str | None = None,
+                 composable: Callable[..., Any] | None = None):
         where = "jaxbridge.torch.wrap"
         if not callable(fn):
             raise TypeError(f"{where}: expected a torch function to wrap, got {fn!r}")
         if vmap not in VMAP_CHOICES:
             raise ValueError(f"{where}: vmap must be one of {VMAP_CHOICES}, got {vmap!r}")
         self.fn = fn
+        # What the derivative rules differentiate with torch.func: `fn` itself, or for a
+        # derived function whose host call uses plain autograd (faster), its
+        # torch.func twin (autograd.grad does not compose with torch.func transforms).
+        self._composable = composable or fn
         self.result = result
         self.__name__ = name or callable_name(fn)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -151,9 +156,10 @@ class TorchFunction:
         key = ("adjoint", in_tree, _avals_key(p_leaves), out_tree, diff_out,
                tuple(sorted(static.items())))
         adjoint = self._derive(key, lambda: TorchFunction(
-            _torch_vjp(self.fn, in_tree, diff_in, diff_out, static),
-            lambda p, cts: [p[i] for i in diff_in],
-            name=f"adjoint of {self.__name__}", **self._options))
+            _autograd_vjp(self._composable, in_tree, diff_in, diff_out, static),
+            lambda p, cts: [p[i] for i in diff_in], name=f"adjoint of {self.__name__}",
+            composable=_torch_vjp(self._composable, in_tree, diff_in, diff_out, static),
+            **self._options))
         cts = iter(adjoint(p_leaves, ct_leaves))
         leaves = [next(cts) if i in diff_in else None for i in range(len(p_leaves))]
         return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))
@@ -177,7 +183,7 @@ class TorchFunction:
         key = ("tangent", in_tree, _avals_key(p_leaves), live, out_tree,
                _avals_key(out_structs), diff_out, tuple(sorted(static.items())))
         tangent = self._derive(key, lambda: TorchFunction(
-            _torch_jvp(self.fn, in_tree, live, diff_out, static), out_structs,
+            _torch_jvp(self._composable, in_tree, live, diff_out, static), out_structs,
             name=f"tangent of {self.__name__}", **self._options))
         touts = iter(tangent(p_leaves, [t_leaves[i] for i in live]))
         leaves = [next(touts) if j in diff_out else None for j in range(len(y_leaves))]
@@ -197,6 +203,23 @@ def _restricted(fn: Callable[..., Any], in_tree: Any, p_leaves: Sequence[Any],
         return tuple(out_leaves[j] for j in outs)
 
     return restricted
+
+
+def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
+                  static: dict) -> Callable[[list, list], list]:
+    """The adjoint by plain autograd: what eager torch's `loss.backward()` costs, less
+    than `torch.func.vjp`'s per-op dispatch (used for the call itself; its own
+    derivatives differentiate the `torch.func.vjp` twin)."""
+    def adjoint(p_leaves: list, cts: list) -> list:
+        with torch.enable_grad():
+            xs = [p_leaves[i].detach().requires_grad_() for i in diff_in]
+            outs = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)(*xs)
+            live = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in live], xs, [c for _, c in live],
+                                        allow_unused=True) if live else [None] * len(xs)
+        return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+
+    return adjoint
 
 
 def _torch_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
