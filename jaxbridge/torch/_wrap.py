@@ -70,12 +70,7 @@ class TorchFunction:
                              backend=backend)
         self._batching = _Batching()
         self._derived: dict[Any, TorchFunction] = {}
-        host_forward = self._host_forward
-
-        def forward(*args: Any, out: Any, **static: Any) -> None:
-            host_forward(*args, out=out, **static)
-
-        forward.__name__ = forward.__qualname__ = self.__name__  # named in errors
+        forward = self._host_forward()
         self._foreign = ForeignFunction(forward, self._declare, out=True, **self._options)
         self._foreign.defvjp(self._adjoint_rule, kind="jax")
         self._foreign.defjvp(self._tangent_rule, kind="jax")
@@ -118,24 +113,31 @@ class TorchFunction:
                     f"result=lambda *args: ... (args as ShapeDtypeStructs).") from zeros_error
 
     # ---- the host side of one call
-    def _host_forward(self, *args: Any, out: Any, **static: Any) -> None:
-        ranks = static.pop(RANKS)
-        fn = self.fn
-        if all(type(a) is np.ndarray for a in args):  # fast path: plain array arguments
-            leaves: Sequence[Any] = args
+    def _host_forward(self) -> Callable[..., None]:
+        """The forward host call: `fn` on zero-copy tensors, results into `out`."""
+        fn, name, state = self.fn, self.__name__, self._batching
+        vectorized = self._options["vmap"] == "vectorized"
 
-            def call(tensors: list[Any]) -> Any:
-                return fn(*tensors, **static)
-        else:
-            leaves, tree = jax.tree_util.tree_flatten(args)
+        def call_plain(tensors: list[Any]) -> Any:  # the hot path: one array argument
+            return fn(*tensors)
 
-            def call(tensors: list[Any]) -> Any:
-                return fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
-        depth = 0
-        if ranks and self._options["vmap"] == "vectorized":
-            first = next(x for x in leaves if isinstance(x, np.ndarray))
-            depth = first.ndim - ranks[0]
-        run_host(self.__name__, call, leaves, out, depth, self._batching)
+        def forward(*args: Any, out: Any, **static: Any) -> None:
+            ranks = static.pop(RANKS)
+            if static or not all(type(a) is np.ndarray for a in args):
+                leaves, tree = jax.tree_util.tree_flatten(args)
+
+                def call(tensors: list[Any]) -> Any:
+                    return fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
+            else:
+                leaves, call = args, call_plain
+            depth = 0
+            if vectorized and ranks:  # under jax.vmap: extra leading axes on every leaf
+                first = next(x for x in leaves if isinstance(x, np.ndarray))
+                depth = first.ndim - ranks[0]
+            run_host(name, call, leaves, out, depth, state)
+
+        forward.__name__ = forward.__qualname__ = name  # named in errors
+        return forward
 
     # ---- derivative rules (JAX side): each calls a derived torch function
     def _derive(self, key: Any, make: Callable[[], TorchFunction]) -> TorchFunction:
