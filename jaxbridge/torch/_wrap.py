@@ -123,6 +123,7 @@ class TorchFunction:
 
         def forward(*args: Any, out: Any, **static: Any) -> None:
             ranks = static.pop(RANKS)
+            leaves: Sequence[Any]
             if static or not all(type(a) is np.ndarray for a in args):
                 leaves, tree = jax.tree_util.tree_flatten(args)
 
