@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-__all__ = ["to_torch", "torch_dtype", "numpy_dtype", "struct_of"]
+__all__ = ["SAME_MEMORY_DTYPES", "to_torch", "torch_dtype", "numpy_dtype", "struct_of"]
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -32,6 +32,8 @@ _NUMPY_TO_TORCH = {
     np.dtype(np.complex64): torch.complex64, np.dtype(np.complex128): torch.complex128,
 }
 _TORCH_TO_NUMPY = {t: n for n, t in _NUMPY_TO_TORCH.items()}
+# dtypes whose tensors `Tensor.numpy()` shows as NumPy arrays (not bfloat16).
+SAME_MEMORY_DTYPES = {n: t for n, t in _NUMPY_TO_TORCH.items() if n != _BFLOAT16}
 
 # `torch.from_numpy` warns (once per process, from C++) that an input view is read-only:
 # XLA's input buffers are lent read-only on purpose. Spend that one warning here, silently,

@@ -20,9 +20,9 @@ import torch
 
 from .._foreign import hostcall
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
-from ._convert import numpy_dtype, to_torch
+from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 
-__all__ = ["thread_cap", "run_host", "write_results"]
+__all__ = ["thread_cap", "run_host", "run_one", "write_results"]
 
 
 _env_cap: list[int] = []  # JAXBRIDGE_HOST_BLAS_THREADS, read once (reading it costs ~1 us)
@@ -53,13 +53,31 @@ class _Batching:
 def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
     if copy:
         return [to_torch(x).clone() if isinstance(x, np.ndarray) else x for x in leaves]
-    return [to_torch(x) if isinstance(x, np.ndarray) else x for x in leaves]
+    return [to_torch(x) if type(x) is np.ndarray else x for x in leaves]
+
+
+def _check_after_call(name: str, tensors: list[Any], state: _Batching) -> None:
+    """What the function did with its inputs. Torch counts in-place writes per tensor:
+    one that wrote into an input wrote into XLA's (read-only) buffer. A tensor it kept
+    (in a global, a closure, an attribute) would outlive the XLA buffer it views."""
+    for i in range(len(tensors)):
+        t = tensors[i]
+        if type(t) is torch.Tensor and (t._version or sys.getrefcount(t) > 3):
+            if t._version:
+                raise ForeignCallError(
+                    f"jaxbridge.torch: function {name!r} modified input leaf {i} in place; "
+                    f"its inputs are zero-copy views of XLA's buffers and must not be "
+                    f"written (XLA's input buffer now holds the modified values). Clone "
+                    f"first (x = x.clone()) or use the out-of-place op (x.add(1), not "
+                    f"x.add_(1)).")
+            if not state.copy_inputs:
+                del t
+                _release_kept(name, tensors, state)
 
 
 def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
-    """A tensor the function kept (in a global, a closure, an attribute) would outlive
-    the XLA buffer it views: move it to a private copy of its data (so it stays valid),
-    switch the function to copies, and say so once. (A kept *view* of an input, such as
+    """Move kept tensors to a private copy of their data (so they stay valid), switch
+    the function to copies, and say so once. (A kept *view* of an input, such as
     ``x[0]``, cannot be moved: the host-call runtime catches it as a kept input instead,
     and that view must not be used.)"""
     kept = [i for i in range(len(tensors))
@@ -79,33 +97,36 @@ def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
 
 def write_results(name: str, value: Any, out: Any) -> None:
     """Copy torch's results into XLA's output buffers (`out`, the declared structure)."""
-    if isinstance(out, np.ndarray):  # fast path: one result
-        if not isinstance(value, torch.Tensor):
-            _bad_result(name, value, out)
-        if tuple(value.shape) != out.shape:
-            _mismatch(name, "output", value, out)
-        target = to_torch(out)
-        if value.dtype != target.dtype:
-            _check_cast(name, "output", value, out)
-        target.copy_(value)
+    if type(out) is np.ndarray:  # fast path: one result
+        _write_one(name, "output", value, out)
         return
     outs, out_tree = jax.tree_util.tree_flatten(out)
     values, tree = jax.tree_util.tree_flatten(value)
-    out_tree_: Any = out_tree
-    if tree != out_tree_:
+    declared: Any = out_tree
+    if tree != declared:
         raise ResultMismatchError(
             f"jaxbridge.torch: function {name!r} returned a pytree of structure {tree}, but "
             f"{out_tree} was declared (or found when tracing it)", function=name,
             what="output", problem="structure", declared=str(out_tree), received=str(tree))
     for i, (v, o) in enumerate(zip(values, outs)):
-        if not isinstance(v, torch.Tensor):
-            _bad_result(name, v, o)
-        if tuple(v.shape) != o.shape:
-            _mismatch(name, f"output leaf {i}", v, o)
-        target = to_torch(o)
-        if v.dtype != target.dtype:
-            _check_cast(name, f"output leaf {i}", v, o)
-        target.copy_(v)
+        _write_one(name, f"output leaf {i}", v, o)
+
+
+def _write_one(name: str, what: str, value: Any, out: np.ndarray) -> None:
+    if not isinstance(value, torch.Tensor):
+        _bad_result(name, value, out)
+    if value.shape != out.shape:
+        _mismatch(name, what, value, out)
+    if value.dtype is SAME_MEMORY_DTYPES.get(out.dtype):
+        try:  # NumPy's copy is cheaper than wrapping `out` for torch's (~0.5 us a call)
+            np.copyto(out, value.numpy(), casting="no")
+            return
+        except (RuntimeError, TypeError):  # requires grad, conjugate bit, ...
+            pass
+    target = to_torch(out)
+    if value.dtype != target.dtype:
+        _check_cast(name, what, value, out)
+    target.copy_(value)
 
 
 def _bad_result(name: str, value: Any, out: np.ndarray) -> None:
@@ -136,18 +157,6 @@ def _mismatch(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> Non
         problem="shape", declared=str(list(out.shape)), received=str(list(value.shape)))
 
 
-def _check_inputs_unchanged(name: str, tensors: Sequence[Any]) -> None:
-    """Torch counts in-place writes per tensor: a function that wrote into an input wrote
-    into XLA's (read-only) input buffer, which other computations may share."""
-    for i, t in enumerate(tensors):
-        if isinstance(t, torch.Tensor) and t._version:
-            raise ForeignCallError(
-                f"jaxbridge.torch: function {name!r} modified input leaf {i} in place; its "
-                f"inputs are zero-copy views of XLA's buffers and must not be written. "
-                f"Clone first (x = x.clone()) or use the out-of-place op (x.add(1), not "
-                f"x.add_(1)).")
-
-
 def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
              batch_depth: int, batching: _Batching) -> None:
     """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
@@ -169,9 +178,35 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
             write_results(name, call(tensors), out)
         else:
             _run_batched(name, call, tensors, out, batch_depth, batching)
-        _check_inputs_unchanged(name, tensors)
-        if not batching.copy_inputs:
-            _release_kept(name, tensors, batching)
+        _check_after_call(name, tensors, batching)
+    finally:
+        if before > cap:
+            torch.set_num_threads(before)
+
+
+def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
+            state: _Batching) -> None:
+    """`run_host` for the commonest call, one array argument and no batching, with the
+    per-call work pared down (a host call of a 1-element op costs a few us in all)."""
+    if state.copy_inputs:
+        run_host(name, lambda ts: fn(*ts), (a,), out, 0, state)
+        return
+    x = to_torch(a)
+    cap = thread_cap()
+    before = torch.get_num_threads() if cap else 0
+    if before > cap:
+        torch.set_num_threads(cap)
+    try:
+        value = fn(x)
+        if type(out) is np.ndarray:
+            _write_one(name, "output", value, out)
+        else:
+            write_results(name, value, out)
+        del value
+        if x._version or sys.getrefcount(x) > 2:
+            tensors = [x]
+            del x
+            _check_after_call(name, tensors, state)
     finally:
         if before > cap:
             torch.set_num_threads(before)

@@ -27,7 +27,7 @@ import torch
 from .._core.arrays import is_array_leaf
 from .._foreign.api import ForeignFunction, callable_name
 from ._convert import struct_of, torch_dtype
-from ._host import _Batching, run_host
+from ._host import _Batching, run_host, run_one
 
 __all__ = ["TorchFunction", "wrap"]
 
@@ -118,23 +118,20 @@ class TorchFunction:
         fn, name, state = self.fn, self.__name__, self._batching
         vectorized = self._options["vmap"] == "vectorized"
 
-        def call_plain(tensors: list[Any]) -> Any:  # the hot path: one array argument
-            return fn(*tensors)
+        def forward(*args: Any, out: Any, _jaxbridge_ranks: tuple, **static: Any) -> None:
+            if not static and len(args) == 1 and type(args[0]) is np.ndarray \
+                    and (not vectorized or args[0].ndim == _jaxbridge_ranks[0]):
+                run_one(name, fn, args[0], out, state)  # the hot path: one array, unbatched
+                return
+            leaves, tree = jax.tree_util.tree_flatten(args)
 
-        def forward(*args: Any, out: Any, **static: Any) -> None:
-            ranks = static.pop(RANKS)
-            leaves: Sequence[Any]
-            if static or not all(type(a) is np.ndarray for a in args):
-                leaves, tree = jax.tree_util.tree_flatten(args)
+            def call(tensors: list[Any]) -> Any:
+                return fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
 
-                def call(tensors: list[Any]) -> Any:
-                    return fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
-            else:
-                leaves, call = args, call_plain
             depth = 0
-            if vectorized and ranks:  # under jax.vmap: extra leading axes on every leaf
+            if vectorized and _jaxbridge_ranks:  # under jax.vmap: leading axes on every leaf
                 first = next(x for x in leaves if isinstance(x, np.ndarray))
-                depth = first.ndim - ranks[0]
+                depth = first.ndim - _jaxbridge_ranks[0]
             run_host(name, call, leaves, out, depth, state)
 
         forward.__name__ = forward.__qualname__ = name  # named in errors
