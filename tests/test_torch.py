@@ -84,6 +84,26 @@ def test_check_rules_passes_on_a_wrapped_torch_function(ab):
     assert report.passed, report
 
 
+def test_complex_derivatives_follow_jax_conventions():
+    """torch's VJP is the adjoint under Re<a, b>, JAX's the transpose: they differ by
+    a conjugation, for holomorphic (z * z) and non-holomorphic (conj, abs) parts."""
+    f = jt.wrap(lambda z, w: z * z * w.conj() + torch.abs(z))
+
+    def twin(z, w):
+        return z * z * jnp.conj(w) + jnp.abs(z)
+
+    z = np.array([1 + 2j, 0.5 - 1j, 2 + 0.1j])
+    w = np.array([0.3 - 1j, 1j, 2 + 0j])
+    ct = np.array([1 - 1j, 2 + 0.5j, -1j])
+    for got, want in zip(jax.vjp(f, z, w)[1](ct), jax.vjp(twin, z, w)[1](ct)):
+        close(got, want)
+    close(jax.jvp(f, (z, w), (w, z))[1], jax.jvp(twin, (z, w), (w, z))[1])
+    grad = jax.grad(lambda z: jnp.real(f(z, w).sum()))
+    grad_twin = jax.grad(lambda z: jnp.real(twin(z, w).sum()))
+    close(jax.vjp(grad, z)[1](w)[0], jax.vjp(grad_twin, z)[1](w)[0])  # second order
+    close(jax.jvp(grad, (z,), (w,))[1], jax.jvp(grad_twin, (z,), (w,))[1])
+
+
 def test_grad_inside_scan_and_closure(rng):
     k = rng.normal(size=3)
     step = jt.wrap(lambda c, x: torch.tanh(c * x))

@@ -91,8 +91,9 @@ def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
         f"jaxbridge.torch: function {name!r} kept input tensor(s) {kept} after returning. "
         f"Its inputs are zero-copy views of XLA's buffers, valid only during the call; "
         f"jaxbridge moved the kept tensors to a private copy of their data, so they stay "
-        f"valid, and from now on this function gets copies of its inputs (slower). Clone "
-        f"what you keep (x.clone()).")
+        f"valid (a kept view of one, such as x[1:], still points into XLA's buffer: do "
+        f"not use it), and from now on this function gets copies of its inputs (slower). "
+        f"Clone what you keep (x.clone()).")
 
 
 def write_results(name: str, value: Any, out: Any) -> None:

@@ -205,6 +205,14 @@ def _restricted(fn: Callable[..., Any], in_tree: Any, p_leaves: Sequence[Any],
     return restricted
 
 
+def _conj(ts: Any) -> list:
+    """Complex conjugates (torch.conj is a lazy view; real tensors pass unchanged).
+    JAX's VJP is the transpose of the tangent map, torch's the adjoint under
+    Re<a, b>: for complex values they differ by a conjugation on either side,
+    ``jax_vjp(ct) = conj(torch_vjp(conj(ct)))``."""
+    return [t.conj() if t.is_complex() else t for t in ts]
+
+
 def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
                   static: dict) -> Callable[[list, list], list]:
     """The adjoint by plain autograd: what eager torch's `loss.backward()` costs, less
@@ -215,9 +223,9 @@ def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out
             xs = [p_leaves[i].detach().requires_grad_() for i in diff_in]
             outs = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)(*xs)
             live = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
-            grads = torch.autograd.grad([o for o, _ in live], xs, [c for _, c in live],
+            grads = torch.autograd.grad([o for o, _ in live], xs, _conj([c for _, c in live]),
                                         allow_unused=True) if live else [None] * len(xs)
-        return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+        return _conj([torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)])
 
     return adjoint
 
@@ -227,7 +235,7 @@ def _torch_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: t
     def adjoint(p_leaves: list, cts: list) -> list:
         f = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)
         pull = torch.func.vjp(f, *[p_leaves[i] for i in diff_in])[1]
-        return list(pull(tuple(cts)))
+        return _conj(pull(tuple(_conj(cts))))
 
     return adjoint
 
