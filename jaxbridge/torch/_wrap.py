@@ -47,7 +47,21 @@ def _avals_key(leaves: Sequence[Any]) -> tuple:
 
 
 class TorchFunction:
-    """A torch function callable from JAX; see :func:`wrap`."""
+    """A torch function callable from JAX, made by :func:`wrap` (see there).
+
+    `fn` is the torch function; calling the object calls it from JAX. Built on
+    `jaxbridge.foreign` (a host function with ``out=True`` and JAX-written derivative
+    rules), so everything said there about host calls holds.
+
+    Example:
+        >>> import jax.numpy as jnp, torch
+        >>> from jaxbridge.torch import TorchFunction, wrap
+        >>> f = wrap(torch.cos)
+        >>> isinstance(f, TorchFunction), f.fn is torch.cos
+        (True, True)
+        >>> f(jnp.zeros(2, jnp.float32)).tolist()
+        [1.0, 1.0]
+    """
 
     def __init__(self, fn: Callable[..., Any], result: Any = None, *,
                  vmap: str = "vectorized", batch_dims: int = 0, on_mesh: str = "error",
