@@ -141,6 +141,25 @@ def test_vmap_is_one_torch_vmap_call(rng):
     close(grads, np.broadcast_to(w.sum(1), xs.shape))
 
 
+def test_static_leaves_and_keywords_under_grad_and_vmap(rng):
+    calls = []
+
+    def f(args, scale=1.0):
+        x, mode = args  # `mode`, a string leaf, is static; so is the keyword `scale`
+        calls.append(tuple(x.shape))
+        return (torch.tanh(x) if mode == "tanh" else torch.sin(x)) * scale
+
+    g = jt.wrap(f)
+    x = rng.normal(size=(2, 3))
+    close(g((x, "tanh"), scale=2.0), 2 * np.tanh(x))
+    close(jax.grad(lambda x: g((x, "sin"), scale=2.0).sum())(x), 2 * np.cos(x))
+    calls.clear()
+    close(jax.jit(jax.vmap(lambda x: g((x, "tanh"), scale=2.0)))(x), 2 * np.tanh(x))
+    assert calls == [(3,), (3,)]  # meta trace, then one torch.vmap call (no loop)
+    close(jax.vmap(jax.grad(lambda x: g((x, "tanh"), scale=3.0).sum()))(x),
+          3 / np.cosh(x) ** 2)
+
+
 def test_vmap_falls_back_to_a_loop_for_data_dependent_code(rng):
     def clipped(x):
         return x * 2 if x.sum().item() > 0 else -x  # .item(): torch.vmap cannot batch

@@ -217,8 +217,10 @@ def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any]
                  depth: int, batching: _Batching) -> None:
     if not batching.vmap_fails:
         batched = call
+        # Static (non-tensor) leaves are not batched: torch.vmap must be told so.
+        in_dims = ([0 if isinstance(t, torch.Tensor) else None for t in tensors],)
         for _ in range(depth):
-            batched = torch.vmap(batched)
+            batched = torch.vmap(batched, in_dims=in_dims)
         try:
             value = batched(tensors)
         except Exception:  # noqa: BLE001 - not vmappable: loop (a real error recurs there)
