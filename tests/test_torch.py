@@ -244,6 +244,21 @@ def test_exception_in_backward_reaches_caller():
         jax.jit(jax.grad(lambda x: f(x).sum()))(jnp.ones(2))
 
 
+def test_torch_code_that_calls_jax_does_not_deadlock_an_unsynced_loop():
+    def mixed(x):  # torch, with a JAX computation inside
+        y = jnp.sin(jnp.asarray(x.numpy()))
+        return torch.from_numpy(np.array(y)) + x
+
+    f = jax.jit(lambda x: jt.wrap(mixed)(x) * 0.5)
+    x = jnp.ones(4)
+    for _ in range(40):  # no block_until_ready: steps queue up as in a training loop
+        x = f(x)
+    expect = np.ones(4)
+    for _ in range(40):
+        expect = (np.sin(expect) + expect) * 0.5
+    close(x, expect)
+
+
 def test_kept_tensor_is_caught():
     kept = []
 

@@ -108,7 +108,9 @@ class TorchFunction:
 
         def run_on(make: Callable[[Any], torch.Tensor]) -> Any:
             tensors = [make(x) if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves]
-            with torch.no_grad():
+            # Run as on the host, not as part of the JAX trace in progress: torch code
+            # that calls JAX itself gets concrete values.
+            with torch.no_grad(), jax.ensure_compile_time_eval():
                 value = self.fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
             return jax.tree_util.tree_map(lambda t: struct_of(t, where), value)
 
