@@ -84,6 +84,7 @@ def test_check_rules_passes_on_a_wrapped_torch_function(ab):
     assert report.passed, report
 
 
+@pytest.mark.slow  # ~4 s: several second-order traces
 def test_complex_derivatives_follow_jax_conventions():
     """torch's VJP is the adjoint under Re<a, b>, JAX's the transpose: they differ by
     a conjugation, for holomorphic (z * z) and non-holomorphic (conj, abs) parts."""
