@@ -433,3 +433,23 @@ def test_bug_empty_pytree_argument_is_passed_not_dropped():
         return x * 2
 
     np.testing.assert_allclose(f(jnp.ones(2), ()), [2.0, 2.0])
+
+
+def test_eager_jacfwd_of_vectorized_function_runs_jax_rule_per_element():
+    """A JAX-written (kind="jax") tangent rule of a vmap="vectorized" function, run
+    eagerly under vmap (jacfwd), got the whole batch from the host filler instead of one
+    element at a time: `jnp.sum(t)` summed over the batch (ResultMismatchError)."""
+    total = jb.foreign(lambda x: jax.ShapeDtypeStruct((), x.dtype), vmap="vectorized")(
+        lambda x: np.sum(x, axis=-1))
+
+    @total.defjvp(kind="jax")
+    def _(primals, y, tangents):
+        return jnp.sum(tangents[0])
+
+    @total.defvjp(kind="jax")
+    def _(primals, y, ct):
+        return (jnp.broadcast_to(ct, primals[0].shape),)
+
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(jax.jacfwd(total)(x), np.ones(3))
+    np.testing.assert_array_equal(jax.jacrev(total)(x), np.ones(3))
