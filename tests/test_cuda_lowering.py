@@ -124,3 +124,17 @@ def test_scipy_events_dense_and_bvp_lower_for_cuda(solver, how):
     text = cuda_hlo(transforms(solver, 1)[how], jnp.float64(0.1))
     assert "jaxbridge_host_call" in text
     assert "python_gpu_callback" not in text
+
+
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_torch_calls_lower_for_cuda_to_the_native_handler(how):
+    torch = pytest.importorskip(
+        "torch", reason="jaxbridge.torch needs PyTorch: pip install -e '.[torch]' (Python 3.11)")
+    import jaxbridge.torch as jt
+
+    f = jt.wrap(lambda x: torch.sin(x) * x)
+    text = cuda_hlo(transforms(f, 1)[how], jnp.ones(2))
+    assert "jaxbridge_host_call" in text
+    assert "python_gpu_callback" not in text
+    second = cuda_hlo(jax.hessian(lambda x: f(x).sum()), jnp.ones(2))  # torch.func, nested
+    assert second.count("jaxbridge_host_call") >= 2

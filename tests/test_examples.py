@@ -26,6 +26,7 @@ REQUIRES = {
     "pytree_model.py": (),
     "softplus.py": (),
     "training_loop.py": (),
+    "torch_model.py": ("torch", "optax"),
 }
 
 
@@ -35,7 +36,8 @@ def require(module: str, example: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError as err:
-        pytest.skip(f"{example} needs {module} (pip install 'jaxbridge[examples]'): {err}")
+        extra = "torch" if module == "torch" else "examples"
+        pytest.skip(f"{example} needs {module} (pip install 'jaxbridge[{extra}]'): {err}")
 
 
 def run_example(name: str, *args: str) -> subprocess.CompletedProcess:

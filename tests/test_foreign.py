@@ -447,3 +447,23 @@ def test_batch_dims_need_the_same_leading_dimensions():
                        r"leading dimension\(s\); got shapes \[\[2, 3\], \[4, 3\], \[2, 3\]\]. "
                        r"Broadcast unbatched arguments"):
         jax.jit(add)(jnp.ones((2, 3)), jnp.ones((4, 3)))
+
+
+def test_eager_jacfwd_of_vectorized_function_runs_jax_rule_per_element():
+    """A JAX-written (kind="jax") tangent rule of a vmap="vectorized" function, run
+    eagerly under vmap (jacfwd), got the whole batch from the host filler instead of one
+    element at a time: `jnp.sum(t)` summed over the batch (ResultMismatchError)."""
+    total = jb.foreign(lambda x: jax.ShapeDtypeStruct((), x.dtype), vmap="vectorized")(
+        lambda x: np.sum(x, axis=-1))
+
+    @total.defjvp(kind="jax")
+    def _(primals, y, tangents):
+        return jnp.sum(tangents[0])
+
+    @total.defvjp(kind="jax")
+    def _(primals, y, ct):
+        return (jnp.broadcast_to(ct, primals[0].shape),)
+
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(jax.jacfwd(total)(x), np.ones(3))
+    np.testing.assert_array_equal(jax.jacrev(total)(x), np.ones(3))

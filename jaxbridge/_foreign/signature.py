@@ -40,6 +40,10 @@ class CallSignature(CallLayout):
                 devices |= a.devices()
         if len(devices) > 1:
             return None
+        if self.batch_shape and role != "forward" and self.rule(role) == "traced":
+            # A JAX-written rule of a vectorized call sees one element at a time (as
+            # when compiled, see `traced`); the host filler would hand it the batch.
+            return list(self.traced(role, nz)(*args))
         target = self.host_callable(role, nz)
         outs = target.run_eagerly(args)
         device = next(iter(devices), None)

@@ -1,0 +1,159 @@
+"""jaxbridge.torch against the other ways to call PyTorch from JAX, side by side.
+
+    python benchmarks/torch_bridge.py [--repeats 5] [--quick]
+
+1. Per call, inside a jitted `fori_loop`, of `x + 1` at 1 element and 1M elements:
+   `jaxbridge.torch.wrap`; a hand-written `jax.pure_callback` bridge with
+   `torch.from_numpy`; torch2jax (PyPI `wrap-torch2jax`, if installed; it compiles a
+   C++ extension on first use); and the NumPy `jb.foreign` path (returning a new
+   array, and in place with `out=True`).
+2. An MLP, forward + backward: `jax.value_and_grad` of `wrap_module` under `jit`
+   against the same model in eager torch (`loss.backward()`).
+
+Cases run interleaved, `--repeats` times; the table shows medians and the spread
+(min-max) of the ratios, since other processes share the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+import jaxbridge as jb
+import jaxbridge.torch as jt
+
+try:
+    from wrap_torch2jax import torch2jax
+except ImportError:  # benchmark-only peer
+    torch2jax = None
+
+
+def per_call(f, x, calls: int) -> tuple[float, float]:
+    """Microseconds per call of `f` inside one jitted fori_loop of `calls` calls: (CPU
+    time of this process, wall time). On a machine shared with other processes, wall
+    time counts the time slices lost to them; CPU time does not, and is the steadier
+    measure of the work done (host calls run on the calling thread)."""
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, calls, lambda i, v: f(v), x))
+    loop(x).block_until_ready()
+    wall, cpu = time.perf_counter(), time.process_time()
+    loop(x).block_until_ready()
+    return ((time.process_time() - cpu) / calls * 1e6,
+            (time.perf_counter() - wall) / calls * 1e6)
+
+
+def add_one_torch(x):
+    return x + 1
+
+
+def bridges(n: int) -> dict:
+    x = jnp.zeros(n, jnp.float32)
+    struct = jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+    def pure_cb(v):
+        return jax.pure_callback(
+            lambda a: add_one_torch(torch.from_numpy(np.asarray(a))).numpy(), struct, v,
+            vmap_method="sequential")
+
+    numpy_new = jb.foreign(lambda v: v)(lambda a: a + np.float32(1))
+
+    @jb.foreign(lambda v: v, out=True)
+    def numpy_in_place(a, out):
+        np.add(a, np.float32(1), out=out)
+
+    cases = {"jaxbridge.torch": jt.wrap(add_one_torch), "pure_callback": pure_cb,
+             "numpy jb.foreign": numpy_new, "numpy jb.foreign out=": numpy_in_place}
+    if torch2jax is not None:
+        cases["torch2jax"] = torch2jax(add_one_torch, x)
+    return {name: (f, x) for name, f in cases.items()}
+
+
+def mlp_case(batch: int, width: int):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.Tanh(),
+                              torch.nn.Linear(width, width), torch.nn.Tanh(),
+                              torch.nn.Linear(width, 10))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, 64)).astype(np.float32)
+    y = rng.normal(size=(batch, 10)).astype(np.float32)
+    apply, params = jt.wrap_module(net)
+    step = jax.jit(jax.value_and_grad(lambda p: jnp.mean((apply(p, x) - y) ** 2)))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def ours():
+        loss, grads = step(params)
+        jax.block_until_ready(grads)
+
+    def eager():
+        net.zero_grad()
+        loss = ((net(xt) - yt) ** 2).mean()
+        loss.backward()
+
+    return {"wrap_module (jit value_and_grad)": ours, "eager torch": eager}
+
+
+def timed(fn, reps: int) -> float:
+    """CPU time per run (us): the eager torch side runs torch's own threads too, which
+    process time counts (all threads of this process)."""
+    fn()
+    start = time.process_time()
+    for _ in range(reps):
+        fn()
+    return (time.process_time() - start) / reps * 1e6
+
+
+def summary(samples: list[float]) -> str:
+    return f"{statistics.median(samples):9.2f} ({min(samples):.2f}-{max(samples):.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="fewer calls per sample")
+    args = parser.parse_args()
+    scale = 0.2 if args.quick else 1.0
+    print(f"jax {jax.__version__}, torch {torch.__version__}, torch2jax "
+          f"{'not installed' if torch2jax is None else 'installed'}, "
+          f"{torch.get_num_threads()} torch threads; {args.repeats} interleaved repeats")
+
+    for n, calls in ((1, int(4000 * scale)), (1_000_000, max(int(40 * scale), 5))):
+        cases = bridges(n)
+        cpu: dict[str, list[float]] = {name: [] for name in cases}
+        wall: dict[str, list[float]] = {name: [] for name in cases}
+        ratios: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(args.repeats):
+            now = {name: per_call(f, x, calls) for name, (f, x) in cases.items()}
+            for name in cases:
+                cpu[name].append(now[name][0])
+                wall[name].append(now[name][1])
+                ratios[name].append(now[name][0] / now["jaxbridge.torch"][0])
+        print(f"\n{n} element(s), `x + 1` per call, us, median (min-max): CPU time, wall "
+              f"time, and the CPU-time ratio to jaxbridge.torch in the same repeat:")
+        for name in cases:
+            print(f"  {name:22s} cpu {summary(cpu[name])}  wall {summary(wall[name])}  "
+                  f"x{summary(ratios[name])}")
+
+    # Ours runs torch capped at one thread during host calls (the default); eager torch
+    # runs with its own thread count. CPU time compares the work either way.
+    cases_mlp = mlp_case(batch=128, width=256)
+    samples = {name: [] for name in cases_mlp}
+    ratio = []
+    reps = max(int(50 * scale), 5)
+    for _ in range(args.repeats):
+        now = {name: timed(fn, reps) for name, fn in cases_mlp.items()}
+        for name in cases_mlp:
+            samples[name].append(now[name])
+        ratio.append(now["wrap_module (jit value_and_grad)"] / now["eager torch"])
+    print("\nMLP 64-256-256-10, batch 128, forward + backward, CPU time (us, median (min-max)):")
+    for name in cases_mlp:
+        print(f"  {name:34s} {summary(samples[name])}")
+    print(f"  ratio wrap_module / eager torch    {summary(ratio)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""Running a torch function inside a host call: tensors in, results into XLA's buffers.
+
+One call: the NumPy views the host-call runtime lends become torch tensors (no copy),
+torch's intra-op thread pool is capped for the duration (as BLAS is: XLA already runs
+its own threads, and several host calls may run at once, one per shard), the function
+runs (once under `torch.vmap`, or once per element, when JAX batches the call), and
+its results are copied into XLA's output buffers after a shape check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+
+from .._foreign import hostcall
+from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
+from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
+
+__all__ = ["thread_cap", "run_host", "run_one", "write_results"]
+
+
+_env_cap: list[int] = []  # JAXBRIDGE_HOST_BLAS_THREADS, read once (reading it costs ~1 us)
+
+
+def thread_cap() -> int:
+    """Torch's intra-op threads during host calls: the BLAS cap
+    (JAXBRIDGE_HOST_BLAS_THREADS, default 1; 0 leaves torch's setting alone; or
+    `hostcall.set_host_blas_threads`, for tests and benchmarks)."""
+    if hostcall._blas_override is not None:
+        return hostcall._blas_override
+    if not _env_cap:
+        _env_cap.append(hostcall.host_blas_threads())
+    return _env_cap[0]
+
+
+class _Batching:
+    """Per wrapped function, learned on first use: whether `torch.vmap` works for it,
+    and whether it keeps its input tensors (it then gets private copies)."""
+
+    __slots__ = ("vmap_fails", "copy_inputs")
+
+    def __init__(self) -> None:
+        self.vmap_fails = False
+        self.copy_inputs = False
+
+
+def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
+    if copy:
+        return [to_torch(x).clone() if isinstance(x, np.ndarray) else x for x in leaves]
+    return [to_torch(x) if type(x) is np.ndarray else x for x in leaves]
+
+
+def _check_after_call(name: str, tensors: list[Any], state: _Batching) -> None:
+    """What the function did with its inputs. Torch counts in-place writes per tensor:
+    one that wrote into an input wrote into XLA's (read-only) buffer. A tensor it kept
+    (in a global, a closure, an attribute) would outlive the XLA buffer it views."""
+    for i in range(len(tensors)):
+        t = tensors[i]
+        if type(t) is torch.Tensor and (t._version or sys.getrefcount(t) > 3):
+            if t._version:
+                raise ForeignCallError(
+                    f"jaxbridge.torch: function {name!r} modified input leaf {i} in place; "
+                    f"its inputs are zero-copy views of XLA's buffers and must not be "
+                    f"written (XLA's input buffer now holds the modified values). Clone "
+                    f"first (x = x.clone()) or use the out-of-place op (x.add(1), not "
+                    f"x.add_(1)).")
+            if not state.copy_inputs:
+                del t
+                _release_kept(name, tensors, state)
+
+
+def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
+    """Move kept tensors to a private copy of their data (so they stay valid), switch
+    the function to copies, and say so once. (A kept *view* of an input, such as
+    ``x[0]``, cannot be moved: the host-call runtime catches it as a kept input instead,
+    and that view must not be used.)"""
+    kept = [i for i in range(len(tensors))
+            if type(tensors[i]) is torch.Tensor and sys.getrefcount(tensors[i]) > 2]
+    if not kept:
+        return
+    for i in kept:
+        tensors[i].set_(tensors[i].clone())
+    state.copy_inputs = True
+    raise KeptViewError(
+        f"jaxbridge.torch: function {name!r} kept input tensor(s) {kept} after returning. "
+        f"Its inputs are zero-copy views of XLA's buffers, valid only during the call; "
+        f"jaxbridge moved the kept tensors to a private copy of their data, so they stay "
+        f"valid (a kept view of one, such as x[1:], still points into XLA's buffer: do "
+        f"not use it), and from now on this function gets copies of its inputs (slower). "
+        f"Clone what you keep (x.clone()).")
+
+
+def write_results(name: str, value: Any, out: Any) -> None:
+    """Copy torch's results into XLA's output buffers (`out`, the declared structure)."""
+    if type(out) is np.ndarray:  # fast path: one result
+        _write_one(name, "output", value, out)
+        return
+    outs, out_tree = jax.tree_util.tree_flatten(out)
+    values, tree = jax.tree_util.tree_flatten(value)
+    declared: Any = out_tree
+    if tree != declared:
+        raise ResultMismatchError(
+            f"jaxbridge.torch: function {name!r} returned a pytree of structure {tree}, but "
+            f"{out_tree} was declared (or found when tracing it)", function=name,
+            what="output", problem="structure", declared=str(out_tree), received=str(tree))
+    for i, (v, o) in enumerate(zip(values, outs)):
+        _write_one(name, f"output leaf {i}", v, o)
+
+
+def _write_one(name: str, what: str, value: Any, out: np.ndarray) -> None:
+    if not isinstance(value, torch.Tensor):
+        _bad_result(name, value, out)
+    if value.shape != out.shape:
+        _mismatch(name, what, value, out)
+    if value.dtype is SAME_MEMORY_DTYPES.get(out.dtype):
+        try:  # NumPy's copy is cheaper than wrapping `out` for torch's (~0.5 us a call)
+            np.copyto(out, value.numpy(), casting="no")
+            return
+        except (RuntimeError, TypeError):  # requires grad, conjugate bit, ...
+            pass
+    target = to_torch(out)
+    if value.dtype != target.dtype:
+        _check_cast(name, what, value, out)
+    target.copy_(value)
+
+
+def _bad_result(name: str, value: Any, out: np.ndarray) -> None:
+    raise ResultMismatchError(
+        f"jaxbridge.torch: function {name!r} must return torch tensors; got "
+        f"{type(value).__name__} where {out.dtype.name}{list(out.shape)} was expected",
+        function=name, what="output", problem="type", declared=str(out.dtype),
+        received=type(value).__name__)
+
+
+def _check_cast(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+    """Only JAX's own canonicalization is applied silently (int64 -> int32 and
+    float64 -> float32 without jax_enable_x64); any other dtype difference is an error."""
+    if numpy_dtype(value.dtype, f"jaxbridge.torch: {what} of {name!r}") == out.dtype:
+        return
+    raise ResultMismatchError(
+        f"jaxbridge.torch: {what} of function {name!r} has dtype {value.dtype}, but "
+        f"{out.dtype.name} was declared; nothing is cast silently: return that dtype "
+        f"(value.to(...)) or declare the one it has", function=name, what=what,
+        problem="dtype", declared=out.dtype.name, received=str(value.dtype))
+
+
+def _mismatch(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+    raise ResultMismatchError(
+        f"jaxbridge.torch: {what} of function {name!r} has shape {list(value.shape)}, but "
+        f"{list(out.shape)} was declared (or found when tracing it on meta tensors). Pass "
+        f"result= if its shape depends on the data.", function=name, what=what,
+        problem="shape", declared=str(list(out.shape)), received=str(list(value.shape)))
+
+
+def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
+             batch_depth: int, batching: _Batching) -> None:
+    """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
+    on `leaves` (NumPy views, and static leaves) and write its results into `out`.
+
+    With `batch_depth > 0` every leaf carries that many leading batch axes (JAX's vmap):
+    the function runs once under nested `torch.vmap`, or, for one that torch.vmap cannot
+    batch (data-dependent control flow, `.item()`, in-place updates), once per element.
+    """
+    tensors = _tensors(leaves, batching.copy_inputs)
+    cap = thread_cap()
+    before = torch.get_num_threads() if cap else 0
+    if before > cap:
+        torch.set_num_threads(cap)
+    # Grad mode is left as it is (switching it costs ~2 us a call): the tensors lent to
+    # `call` do not require grad, so torch records no graph of them.
+    try:
+        if batch_depth == 0:
+            write_results(name, call(tensors), out)
+        else:
+            _run_batched(name, call, tensors, out, batch_depth, batching)
+        _check_after_call(name, tensors, batching)
+    finally:
+        if before > cap:
+            torch.set_num_threads(before)
+
+
+def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
+            state: _Batching) -> None:
+    """`run_host` for the commonest call, one array argument and no batching, with the
+    per-call work pared down (a host call of a 1-element op costs a few us in all)."""
+    if state.copy_inputs:
+        run_host(name, lambda ts: fn(*ts), (a,), out, 0, state)
+        return
+    x = to_torch(a)
+    cap = thread_cap()
+    before = torch.get_num_threads() if cap else 0
+    if before > cap:
+        torch.set_num_threads(cap)
+    try:
+        value = fn(x)
+        if type(out) is np.ndarray:
+            _write_one(name, "output", value, out)
+        else:
+            write_results(name, value, out)
+        del value
+        if x._version or sys.getrefcount(x) > 2:
+            tensors = [x]
+            del x
+            _check_after_call(name, tensors, state)
+    finally:
+        if before > cap:
+            torch.set_num_threads(before)
+
+
+def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
+                 depth: int, batching: _Batching) -> None:
+    if not batching.vmap_fails:
+        batched = call
+        # Static (non-tensor) leaves are not batched: torch.vmap must be told so.
+        in_dims = ([0 if isinstance(t, torch.Tensor) else None for t in tensors],)
+        for _ in range(depth):
+            batched = torch.vmap(batched, in_dims=in_dims)
+        try:
+            value = batched(tensors)
+        except Exception:  # noqa: BLE001 - not vmappable: loop (a real error recurs there)
+            _run_loop(name, call, tensors, out, depth)
+            batching.vmap_fails = True  # the loop worked where torch.vmap did not
+            return
+        write_results(name, value, out)
+        return
+    _run_loop(name, call, tensors, out, depth)
+
+
+def _run_loop(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
+              depth: int) -> None:
+    arrays = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if not arrays:
+        return
+    batch_shape = tuple(arrays[0].shape[:depth])
+    outs, out_tree = jax.tree_util.tree_flatten(out)
+    for index in itertools.product(*(range(n) for n in batch_shape)):
+        at: tuple[Any, ...] = (*index, ...)  # `...` keeps 0-d elements views
+        element = [t[at] if isinstance(t, torch.Tensor) else t for t in tensors]
+        write_results(name, call(element),
+                      jax.tree_util.tree_unflatten(out_tree, [o[at] for o in outs]))

@@ -1,0 +1,118 @@
+"""`jaxbridge.torch.wrap_module`: an `nn.Module` as a pure function of its parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import jax.numpy as jnp
+import torch
+
+from ._convert import numpy_dtype
+from ._wrap import TorchFunction
+
+__all__ = ["wrap_module"]
+
+
+def _to_jax(t: torch.Tensor, where: str) -> Any:
+    value = t.detach().cpu()
+    if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: go through float32
+        return jnp.asarray(value.float().numpy()).astype(jnp.bfloat16)
+    return jnp.asarray(value.numpy().astype(numpy_dtype(value.dtype, where), copy=False))
+
+
+class ModuleApply:
+    """``apply(params, *args, buffers=None)`` of a wrapped module; see :func:`wrap_module`."""
+
+    def __init__(self, module: torch.nn.Module, vmap: str):
+        where = "jaxbridge.torch.wrap_module"
+        self.module = module
+        self.training = module.training
+        self.param_names = tuple(n for n, _ in module.named_parameters())
+        self.buffers = {n: _to_jax(b, where) for n, b in module.named_buffers()}
+        self.__name__ = type(module).__name__
+        self._stateless = TorchFunction(self._call_stateless, vmap=vmap, name=self.__name__)
+        self._stateful = TorchFunction(self._call_with_buffers, vmap=vmap, name=self.__name__)
+
+    def __repr__(self) -> str:
+        mode = "train" if self.training else "eval"
+        return f"<jaxbridge.torch module {self.__name__} ({mode} mode)>"
+
+    # ---- torch side
+    def _functional(self, params: dict, buffers: dict, args: tuple) -> Any:
+        module = self.module
+        switched = module.training != self.training
+        if switched:  # the mode the module had when wrapped (compiled programs keep it)
+            module.train(self.training)
+        try:
+            return torch.func.functional_call(module, {**params, **buffers}, args)
+        finally:
+            if switched:
+                module.train(not self.training)
+
+    def _call_stateless(self, params: dict, buffers: dict, *args: Any) -> Any:
+        # Buffers updated in training mode (running statistics) are private copies:
+        # XLA's input buffers are never written, and the update is dropped.
+        return self._functional(params, {k: v.clone() for k, v in buffers.items()}, args)
+
+    def _call_with_buffers(self, params: dict, buffers: dict, *args: Any) -> Any:
+        new = {k: v.clone() for k, v in buffers.items()}
+        return self._functional(params, new, args), new
+
+    # ---- JAX side
+    def __call__(self, params: Mapping[str, Any], *args: Any,
+                 buffers: Mapping[str, Any] | None = None) -> Any:
+        if not isinstance(params, Mapping) or set(params) != set(self.param_names):
+            got = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+            raise ValueError(
+                f"jaxbridge.torch: module {self.__name__}: params must be a dict with the "
+                f"module's parameter names {sorted(self.param_names)}; got {got}")
+        if buffers is None:
+            return self._stateless(dict(params), self.buffers, *args)
+        if not isinstance(buffers, Mapping) or set(buffers) != set(self.buffers):
+            got = sorted(buffers) if isinstance(buffers, Mapping) else type(buffers).__name__
+            raise ValueError(
+                f"jaxbridge.torch: module {self.__name__}: buffers must be a dict with the "
+                f"module's buffer names {sorted(self.buffers)}; got {got}")
+        return self._stateful(dict(params), dict(buffers), *args)
+
+
+def wrap_module(module: torch.nn.Module, *,
+                vmap: Literal["vectorized", "loop"] = "vectorized"
+                ) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """An `nn.Module` as ``apply(params, *args)`` plus its parameters as JAX arrays.
+
+    `params` is a dict keyed by torch's parameter names (``"0.weight"``); `apply` runs
+    the module on them with `torch.func.functional_call`, so `jax.grad` with respect to
+    `params` is torch autograd's gradient, and optax can train them under `jit`.
+
+    Buffers (BatchNorm's running statistics) travel as a second dict, ``apply.buffers``
+    (their values when wrapped). ``apply(params, *args)`` uses those and returns the
+    output; in training mode their updates are dropped. To carry the state, pass it:
+    ``out, buffers = apply(params, *args, buffers=buffers)`` returns the updated
+    buffers too (the values the module would hold after the call), as Flax's
+    ``mutable=`` does. The module's train/eval mode is the one it had when wrapped; wrap
+    again after ``module.train()`` / ``module.eval()``. The module itself is never
+    modified (its parameters and buffers are replaced for the call only).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, torch
+        >>> from jaxbridge.torch import wrap_module
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())
+        >>> apply, params = wrap_module(net)
+        >>> sorted(params)
+        ['0.bias', '0.weight']
+        >>> x = jnp.ones((4, 3), jnp.float32)
+        >>> grads = jax.grad(lambda p: apply(p, x).sum())(params)
+        >>> grads["0.weight"].shape
+        (2, 3)
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"jaxbridge.torch.wrap_module: expected a torch.nn.Module, got "
+                        f"{type(module).__name__}")
+    apply = ModuleApply(module, vmap)
+    params = {n: _to_jax(p, "jaxbridge.torch.wrap_module")
+              for n, p in module.named_parameters()}
+    return apply, params
+
+

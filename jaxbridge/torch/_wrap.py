@@ -1,0 +1,323 @@
+"""`jaxbridge.torch.wrap`: a PyTorch function becomes a differentiable JAX function.
+
+A wrapped function is a `jb.foreign` host function whose forward call runs the torch
+function on zero-copy tensors and writes into XLA's output buffers (`out=True`). Its
+derivative rules are JAX rules (``kind="jax"``) that call two more wrapped torch
+functions, made on first use for each call signature:
+
+* the adjoint: ``(primals, cotangents) -> input cotangents`` by `torch.func.vjp`;
+* the tangent: ``(primals, tangents) -> output tangents`` by `torch.func.jvp`.
+
+Both are `TorchFunction`s again, with rules of their own, so every derivative is
+itself differentiable: `hessian` (forward over reverse) runs `torch.func.jvp` of
+`torch.func.vjp`, a third derivative one more level down, and so on -- torch's
+transforms compose, and JAX's `jit`, `vmap` and sharding apply at every level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .._core.arrays import is_array_leaf
+from .._core.capabilities import Derivatives
+from .._foreign.api import ForeignFunction, callable_name
+from ._convert import struct_of, torch_dtype
+from ._host import _Batching, run_host, run_one
+
+__all__ = ["TorchFunction", "wrap"]
+
+VMAP_CHOICES = ("vectorized", "loop")
+# The static keyword carrying the ranks of the unbatched array arguments: how the host
+# side tells a batched call (under jax.vmap) from a plain one.
+RANKS = "_jaxbridge_ranks"
+
+
+def _inexact(x: Any) -> bool:
+    return is_array_leaf(x) and bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact))
+
+
+def _avals_key(leaves: Sequence[Any]) -> tuple:
+    return tuple((np.shape(x), np.dtype(jnp.result_type(x))) if is_array_leaf(x)
+                 else ("static", x) for x in leaves)
+
+
+class TorchFunction:
+    """A torch function callable from JAX, made by :func:`wrap` (see there).
+
+    `fn` is the torch function; calling the object calls it from JAX. Built on
+    `jaxbridge.foreign` (a host function with ``out=True`` and JAX-written derivative
+    rules), so everything said there about host calls holds.
+
+    Example:
+        >>> import jax.numpy as jnp, torch
+        >>> from jaxbridge.torch import TorchFunction, wrap
+        >>> f = wrap(torch.cos)
+        >>> isinstance(f, TorchFunction), f.fn is torch.cos
+        (True, True)
+        >>> f(jnp.zeros(2, jnp.float32)).tolist()
+        [1.0, 1.0]
+    """
+
+    def __init__(self, fn: Callable[..., Any], result: Any = None, *,
+                 vmap: str = "vectorized", batch_dims: int = 0, on_mesh: str = "error",
+                 backend: str = "auto", name: str | None = None,
+                 composable: Callable[..., Any] | None = None):
+        where = "jaxbridge.torch.wrap"
+        if not callable(fn):
+            raise TypeError(f"{where}: expected a torch function to wrap, got {fn!r}")
+        if vmap not in VMAP_CHOICES:
+            raise ValueError(f"{where}: vmap must be one of {VMAP_CHOICES}, got {vmap!r}")
+        self.fn = fn
+        # What the derivative rules differentiate with torch.func: `fn` itself, or for a
+        # derived function whose host call uses plain autograd (faster), its
+        # torch.func twin (autograd.grad does not compose with torch.func transforms).
+        self._composable = composable or fn
+        self.result = result
+        self.__name__ = name or callable_name(fn)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self._options: dict[str, Any] = dict(vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
+                             backend=backend)
+        self._batching = _Batching()
+        self._derived: dict[Any, TorchFunction] = {}
+        forward = self._host_forward()
+        self._foreign = ForeignFunction(forward, self._declare, out=True, **self._options)
+        self._foreign.defvjp(self._adjoint_rule, kind="jax")
+        self._foreign.defjvp(self._tangent_rule, kind="jax")
+
+    def __repr__(self) -> str:
+        return f"<jaxbridge.torch function {self.__name__!r}>"
+
+    def derivatives(self) -> Derivatives:
+        """Every derivative, of every order: torch's autograd (reverse mode) and
+        ``torch.func.jvp`` (forward mode), each itself a wrapped torch call. Asked by
+        `jaxbridge.testing.check_rules`, which plans its checks from the answer."""
+        return Derivatives(forward="torch.func.jvp (a wrapped torch call)",
+                           reverse="torch autograd (a wrapped torch call)", second_order=True)
+
+    def __call__(self, *args: Any, **static: Any) -> Any:
+        ranks = tuple(np.ndim(x) for x in jax.tree_util.tree_leaves(args) if is_array_leaf(x))
+        return self._foreign(*args, **{RANKS: ranks}, **static)
+
+    # ---- shapes: meta tensors, else one run on zeros, else result=
+    def _declare(self, *args: Any, **static: Any) -> Any:
+        static.pop(RANKS)
+        if self.result is not None:
+            if callable(self.result) and not hasattr(self.result, "shape"):
+                return self.result(*args, **static)
+            return self.result
+        where = f"jaxbridge.torch: function {self.__name__!r}"
+        leaves, tree = jax.tree_util.tree_flatten(args)
+
+        def run_on(make: Callable[[Any], torch.Tensor]) -> Any:
+            tensors = [make(x) if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves]
+            # Run as on the host, not as part of the JAX trace in progress: torch code
+            # that calls JAX itself gets concrete values.
+            with torch.no_grad(), jax.ensure_compile_time_eval():
+                value = self.fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
+            return jax.tree_util.tree_map(lambda t: struct_of(t, where), value)
+
+        try:
+            return run_on(lambda s: torch.empty(s.shape, dtype=torch_dtype(s.dtype, where),
+                                                device="meta"))
+        except Exception as meta_error:  # noqa: BLE001 - data-dependent: try zeros
+            try:
+                return run_on(lambda s: torch.zeros(s.shape, dtype=torch_dtype(s.dtype, where)))
+            except Exception as zeros_error:
+                raise TypeError(
+                    f"{where}: could not find the shapes and dtypes of its results: it fails "
+                    f"on meta tensors ({type(meta_error).__name__}: {meta_error}) and on "
+                    f"zero-filled tensors ({type(zeros_error).__name__}: {zeros_error}). "
+                    f"Declare them: wrap(fn, result=jax.ShapeDtypeStruct(shape, dtype)) or "
+                    f"result=lambda *args: ... (args as ShapeDtypeStructs).") from zeros_error
+
+    # ---- the host side of one call
+    def _host_forward(self) -> Callable[..., None]:
+        """The forward host call: `fn` on zero-copy tensors, results into `out`."""
+        fn, name, state = self.fn, self.__name__, self._batching
+        vectorized = self._options["vmap"] == "vectorized"
+
+        def forward(*args: Any, out: Any, _jaxbridge_ranks: tuple, **static: Any) -> None:
+            if not static and len(args) == 1 and type(args[0]) is np.ndarray \
+                    and (not vectorized or args[0].ndim == _jaxbridge_ranks[0]):
+                run_one(name, fn, args[0], out, state)  # the hot path: one array, unbatched
+                return
+            leaves, tree = jax.tree_util.tree_flatten(args)
+
+            def call(tensors: list[Any]) -> Any:
+                return fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
+
+            depth = 0
+            if vectorized and _jaxbridge_ranks:  # under jax.vmap: leading axes on every leaf
+                first = next(x for x in leaves if isinstance(x, np.ndarray))
+                depth = first.ndim - _jaxbridge_ranks[0]
+            run_host(name, call, leaves, out, depth, state)
+
+        forward.__name__ = forward.__qualname__ = name  # named in errors
+        return forward
+
+    # ---- derivative rules (JAX side): each calls a derived torch function
+    def _derive(self, key: Any, make: Callable[[], TorchFunction]) -> TorchFunction:
+        derived = self._derived.get(key)
+        if derived is None:
+            derived = self._derived[key] = make()
+        return derived
+
+    def _adjoint_rule(self, primals: tuple, y: Any, ct: Any, **static: Any) -> tuple:
+        static.pop(RANKS)
+        p_leaves, in_tree = jax.tree_util.tree_flatten(primals)
+        y_leaves, out_tree = jax.tree_util.tree_flatten(y)
+        diff_in = tuple(i for i, x in enumerate(p_leaves) if _inexact(x))
+        diff_out = tuple(j for j, v in enumerate(y_leaves) if _inexact(v))
+        ct_leaves = jax.tree_util.tree_leaves(ct)  # None (integer outputs) drops out
+        if not diff_in or not diff_out:
+            return tuple(None for _ in primals)
+        key = ("adjoint", in_tree, _avals_key(p_leaves), out_tree, diff_out,
+               tuple(sorted(static.items())))
+        adjoint = self._derive(key, lambda: TorchFunction(
+            _autograd_vjp(self._composable, in_tree, diff_in, diff_out, static),
+            lambda p, cts: [p[i] for i in diff_in], name=f"adjoint of {self.__name__}",
+            composable=_torch_vjp(self._composable, in_tree, diff_in, diff_out, static),
+            **self._options))
+        cts = iter(adjoint(p_leaves, ct_leaves))
+        leaves = [next(cts) if i in diff_in else None for i in range(len(p_leaves))]
+        return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))
+
+    def _tangent_rule(self, primals: tuple, y: Any, tangents: tuple, **static: Any) -> Any:
+        static.pop(RANKS)
+        p_leaves, in_tree = jax.tree_util.tree_flatten(primals)
+        t_leaves: list[Any] = []
+        for arg, t in zip(primals, tangents):
+            n = len(jax.tree_util.tree_leaves(arg))
+            t_leaves += [None] * n if t is None else \
+                jax.tree_util.tree_flatten(t, is_leaf=lambda v: v is None)[0]
+        y_leaves, out_tree = jax.tree_util.tree_flatten(y)
+        live = tuple(i for i, (x, t) in enumerate(zip(p_leaves, t_leaves))
+                     if t is not None and _inexact(x))
+        diff_out = tuple(j for j, v in enumerate(y_leaves) if _inexact(v))
+        if not live or not diff_out:
+            return None
+        out_structs = [jax.ShapeDtypeStruct(np.shape(y_leaves[j]), jnp.result_type(y_leaves[j]))
+                       for j in diff_out]
+        key = ("tangent", in_tree, _avals_key(p_leaves), live, out_tree,
+               _avals_key(out_structs), diff_out, tuple(sorted(static.items())))
+        tangent = self._derive(key, lambda: TorchFunction(
+            _torch_jvp(self._composable, in_tree, live, diff_out, static), out_structs,
+            name=f"tangent of {self.__name__}", **self._options))
+        touts = iter(tangent(p_leaves, [t_leaves[i] for i in live]))
+        leaves = [next(touts) if j in diff_out else None for j in range(len(y_leaves))]
+        return jax.tree_util.tree_unflatten(out_tree, leaves)
+
+
+def _restricted(fn: Callable[..., Any], in_tree: Any, p_leaves: Sequence[Any],
+                moving: tuple, outs: tuple, static: dict) -> Callable[..., tuple]:
+    """`fn` as a function of the leaves at `moving` alone (the others held at their
+    values), returning the tuple of its output leaves at `outs`."""
+    def restricted(*xs: Any) -> tuple:
+        leaves = list(p_leaves)
+        for i, x in zip(moving, xs):
+            leaves[i] = x
+        value = fn(*jax.tree_util.tree_unflatten(in_tree, leaves), **static)
+        out_leaves = jax.tree_util.tree_leaves(value)
+        return tuple(out_leaves[j] for j in outs)
+
+    return restricted
+
+
+def _conj(ts: Any) -> list:
+    """Complex conjugates (torch.conj is a lazy view; real tensors pass unchanged).
+    JAX's VJP is the transpose of the tangent map, torch's the adjoint under
+    Re<a, b>: for complex values they differ by a conjugation on either side,
+    ``jax_vjp(ct) = conj(torch_vjp(conj(ct)))``."""
+    return [t.conj() if t.is_complex() else t for t in ts]
+
+
+def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
+                  static: dict) -> Callable[[list, list], list]:
+    """The adjoint by plain autograd: what eager torch's `loss.backward()` costs, less
+    than `torch.func.vjp`'s per-op dispatch (used for the call itself; its own
+    derivatives differentiate the `torch.func.vjp` twin)."""
+    def adjoint(p_leaves: list, cts: list) -> list:
+        with torch.enable_grad():
+            xs = [p_leaves[i].detach().requires_grad_() for i in diff_in]
+            outs = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)(*xs)
+            live = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in live], xs, _conj([c for _, c in live]),
+                                        allow_unused=True) if live else [None] * len(xs)
+        return _conj([torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)])
+
+    return adjoint
+
+
+def _torch_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
+               static: dict) -> Callable[[list, list], list]:
+    def adjoint(p_leaves: list, cts: list) -> list:
+        f = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)
+        pull = torch.func.vjp(f, *[p_leaves[i] for i in diff_in])[1]
+        return _conj(pull(tuple(_conj(cts))))
+
+    return adjoint
+
+
+def _torch_jvp(fn: Callable[..., Any], in_tree: Any, live: tuple, diff_out: tuple,
+               static: dict) -> Callable[[list, list], list]:
+    def tangent(p_leaves: list, ts: list) -> list:
+        f = _restricted(fn, in_tree, p_leaves, live, diff_out, static)
+        touts = torch.func.jvp(f, tuple(p_leaves[i] for i in live), tuple(ts))[1]
+        return list(touts)
+
+    return tangent
+
+
+def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
+         vmap: Literal["vectorized", "loop"] = "vectorized", batch_dims: int = 0,
+         on_mesh: Literal["error", "replicate"] = "error",
+         backend: Literal["auto", "native", "pure_callback"] = "auto") -> Any:
+    """Make a PyTorch function a JAX function, with its derivatives from torch.
+
+    `fn` takes torch tensors (pytrees of them, as positional arguments; keyword
+    arguments are static and must be hashable) and returns tensors (any pytree). The
+    result works under `jit`, `grad`, `vjp`, `jvp`, `jacfwd`, `jacrev`, `hessian`
+    (derivatives of any order: each derivative is again a wrapped torch call, by
+    `torch.func.vjp` and `torch.func.jvp`), `vmap` and `lax.scan`.
+
+    Args:
+      fn: the torch function (or use ``@wrap`` / ``@wrap(result=...)`` as a decorator).
+      result: the results' shapes and dtypes (a pytree of `jax.ShapeDtypeStruct`, or a
+        function of the arguments as ShapeDtypeStructs). Usually not needed: at trace
+        time `fn` runs on meta tensors (shapes only, no data); if that fails (say,
+        control flow on values), it runs once on zero-filled tensors per input
+        signature. Tracing never runs `fn` on your data.
+      vmap: ``"vectorized"`` (default): under `jax.vmap` one call runs `fn` under
+        `torch.vmap`; a function torch.vmap cannot batch (``.item()``, control flow on
+        values) falls back to one call per element, learned on first use.
+        ``"loop"``: always one call per element.
+      batch_dims, on_mesh, backend: as in :func:`jaxbridge.foreign` (sharded inputs:
+        with `batch_dims`, one torch call per shard).
+
+    `fn` gets zero-copy views of XLA's buffers (valid during the call only: keeping one
+    raises `KeptViewError`; writing into one is an error) and its results are copied
+    into XLA's output buffers. torch's intra-op threads are capped during the call like
+    BLAS's (``JAXBRIDGE_HOST_BLAS_THREADS``, default 1). An exception it raises reaches
+    the caller as itself, under `jit` too.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, torch
+        >>> from jaxbridge.torch import wrap
+        >>> f = wrap(lambda x: torch.sin(x) * x)
+        >>> x = jnp.float32(1.0)
+        >>> bool(jnp.allclose(jax.grad(f)(x), jnp.cos(x) * x + jnp.sin(x)))
+        True
+        >>> bool(jnp.allclose(jax.hessian(f)(x), 2 * jnp.cos(x) - x * jnp.sin(x)))
+        True
+    """
+    def make(f: Callable[..., Any]) -> TorchFunction:
+        return TorchFunction(f, result, vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
+                             backend=backend)
+
+    return make if fn is None else make(fn)

@@ -1,0 +1,480 @@
+"""jaxbridge.torch: torch functions and modules as JAX functions, checked against torch's
+own autograd (torch.func.jacrev/jacfwd/hessian, loss.backward(), torch.optim.Adam)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="jaxbridge.torch needs PyTorch: pip install -e '.[torch]' (Python 3.11)")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxbridge.torch as jt  # noqa: E402
+from jaxbridge.errors import ForeignCallError, KeptViewError, ResultMismatchError  # noqa: E402
+from jaxbridge.testing import CheckOptions, check_rules  # noqa: E402
+
+
+def t(x):
+    return torch.from_numpy(np.array(x))
+
+
+def close(a, b, tol=1e-10):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+def model(a, b):
+    """A pytree in, a pytree out, an integer output among them."""
+    return {"y": torch.tanh(a) @ b, "n": (a > 0).sum()}
+
+
+@pytest.fixture
+def ab(rng):
+    return rng.normal(size=(3, 2)), rng.normal(size=(2,))
+
+
+# ---------------------------------------------------------------- values and derivatives
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_values_match_torch(ab, mode):
+    f = jt.wrap(model)
+    g = jax.jit(f) if mode == "jit" else f
+    out = g(*ab)
+    ref = model(t(ab[0]), t(ab[1]))
+    close(out["y"], ref["y"])
+    assert out["n"].dtype == jnp.int64 and int(out["n"]) == int(ref["n"])
+
+
+def test_first_derivatives_match_torch_autograd(ab):
+    f = jt.wrap(model)
+    y = lambda a, b: f(a, b)["y"]  # noqa: E731
+    ref_rev = torch.func.jacrev(lambda a, b: model(a, b)["y"], argnums=(0, 1))(*map(t, ab))
+    for jac in (jax.jacrev, jax.jacfwd):
+        got = jax.jit(jac(y, argnums=(0, 1)))(*ab)
+        close(got[0], ref_rev[0])
+        close(got[1], ref_rev[1])
+    ct = np.array([1.0, -2.0, 0.5])
+    _, pull = jax.vjp(y, *ab)
+    close(pull(ct)[0], ref_rev[0].numpy().T @ ct if False else
+          np.einsum("i,ijk->jk", ct, ref_rev[0].numpy()))
+    _, dy = jax.jvp(y, ab, (np.ones((3, 2)), np.zeros(2)))
+    close(dy, ref_rev[0].numpy().sum(axis=(1, 2)))
+
+
+def test_hessian_and_third_order_match_torch(rng):
+    def energy(x):
+        return (torch.sin(x) * x.roll(1)).sum() + (x ** 4).sum()
+
+    f = jt.wrap(energy)
+    x = rng.normal(size=4)
+    ref = torch.func.hessian(energy)(t(x))
+    close(jax.jit(jax.hessian(f))(x), ref)                     # forward over reverse
+    close(jax.jacrev(jax.jacrev(f))(x), ref)                   # reverse over reverse
+    close(jax.jacfwd(jax.jacfwd(f))(x), ref)                   # forward over forward
+    third = jax.grad(jax.grad(jax.grad(jt.wrap(torch.sin))))(0.7)
+    close(third, -np.cos(0.7))
+
+
+def test_check_rules_passes_on_a_wrapped_torch_function(ab):
+    f = jt.wrap(model)
+    assert f.derivatives().forward and f.derivatives().reverse and f.derivatives().second_order
+    report = check_rules(f, *ab, check_options=CheckOptions(second_order=True))
+    assert report.passed, report
+    summary = report.summary()
+    for check in ("vjp_fd", "jvp_fd", "jvp_vjp_consistency", "second_order",
+                  "derivatives_checked"):
+        assert summary[check] == "pass", (check, report)
+
+
+@pytest.mark.slow  # ~4 s: several second-order traces
+def test_complex_derivatives_follow_jax_conventions():
+    """torch's VJP is the adjoint under Re<a, b>, JAX's the transpose: they differ by
+    a conjugation, for holomorphic (z * z) and non-holomorphic (conj, abs) parts."""
+    f = jt.wrap(lambda z, w: z * z * w.conj() + torch.abs(z))
+
+    def twin(z, w):
+        return z * z * jnp.conj(w) + jnp.abs(z)
+
+    z = np.array([1 + 2j, 0.5 - 1j, 2 + 0.1j])
+    w = np.array([0.3 - 1j, 1j, 2 + 0j])
+    ct = np.array([1 - 1j, 2 + 0.5j, -1j])
+    for got, want in zip(jax.vjp(f, z, w)[1](ct), jax.vjp(twin, z, w)[1](ct)):
+        close(got, want)
+    close(jax.jvp(f, (z, w), (w, z))[1], jax.jvp(twin, (z, w), (w, z))[1])
+    grad = jax.grad(lambda z: jnp.real(f(z, w).sum()))
+    grad_twin = jax.grad(lambda z: jnp.real(twin(z, w).sum()))
+    close(jax.vjp(grad, z)[1](w)[0], jax.vjp(grad_twin, z)[1](w)[0])  # second order
+    close(jax.jvp(grad, (z,), (w,))[1], jax.jvp(grad_twin, (z,), (w,))[1])
+
+
+def test_grad_inside_scan_and_closure(rng):
+    k = rng.normal(size=3)
+    step = jt.wrap(lambda c, x: torch.tanh(c * x))
+
+    def loss(c):
+        def body(carry, x):
+            y = step(carry, x)
+            return y, y.sum()
+        return jax.lax.scan(body, c, jnp.asarray(k)[None].repeat(5, 0))[1].sum()
+
+    def ref(c):
+        carry, total = c, 0.0
+        for _ in range(5):
+            carry = torch.tanh(carry * t(k))
+            total = total + carry.sum()
+        return total
+
+    close(jax.jit(jax.grad(loss))(np.ones(3)), torch.func.grad(ref)(t(np.ones(3))))
+
+
+# ---------------------------------------------------------------- vmap
+def test_vmap_is_one_torch_vmap_call(rng):
+    calls = []
+
+    def f(x, w):
+        calls.append(tuple(x.shape))
+        return x @ w
+
+    w = rng.normal(size=(3, 2))
+    xs = rng.normal(size=(5, 4, 3))
+    out = jax.jit(jax.vmap(jt.wrap(f), in_axes=(0, None)))(xs, w)
+    close(out, xs @ w)
+    assert calls[-1] == (4, 3) and len(calls) <= 2  # meta trace + one batched call
+    grads = jax.vmap(jax.grad(lambda x: jt.wrap(f)(x, w).sum()))(xs)
+    close(grads, np.broadcast_to(w.sum(1), xs.shape))
+
+
+def test_static_leaves_and_keywords_under_grad_and_vmap(rng):
+    calls = []
+
+    def f(args, scale=1.0):
+        x, mode = args  # `mode`, a string leaf, is static; so is the keyword `scale`
+        calls.append(tuple(x.shape))
+        return (torch.tanh(x) if mode == "tanh" else torch.sin(x)) * scale
+
+    g = jt.wrap(f)
+    x = rng.normal(size=(2, 3))
+    close(g((x, "tanh"), scale=2.0), 2 * np.tanh(x))
+    close(jax.grad(lambda x: g((x, "sin"), scale=2.0).sum())(x), 2 * np.cos(x))
+    calls.clear()
+    close(jax.jit(jax.vmap(lambda x: g((x, "tanh"), scale=2.0)))(x), 2 * np.tanh(x))
+    assert calls == [(3,), (3,)]  # meta trace, then one torch.vmap call (no loop)
+    close(jax.vmap(jax.grad(lambda x: g((x, "tanh"), scale=3.0).sum()))(x),
+          3 / np.cosh(x) ** 2)
+
+
+def test_vmap_falls_back_to_a_loop_for_data_dependent_code(rng):
+    def clipped(x):
+        return x * 2 if x.sum().item() > 0 else -x  # .item(): torch.vmap cannot batch
+
+    xs = rng.normal(size=(6, 3))
+    expect = np.where(xs.sum(1, keepdims=True) > 0, 2 * xs, -xs)
+    f = jt.wrap(clipped)
+    close(jax.jit(jax.vmap(f))(xs), expect)
+    close(jax.vmap(jax.vmap(f))(xs.reshape(2, 3, 3)), expect.reshape(2, 3, 3))
+    close(jax.vmap(jt.wrap(clipped, vmap="loop"))(xs), expect)
+    grads = jax.vmap(jax.grad(lambda x: f(x).sum()))(xs)
+    close(grads, np.where(xs.sum(1, keepdims=True) > 0, 2.0, -1.0) * np.ones_like(xs))
+
+
+# ---------------------------------------------------------------- dtypes and zero copy
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "int32", "int8",
+                                   "uint8", "bool"])
+def test_dtypes_pass_through(dtype):
+    seen = []
+
+    def f(x):
+        seen.append(x.dtype)
+        return ~x if x.dtype == torch.bool else x * 3
+
+    x = jnp.arange(6).reshape(2, 3).astype(dtype)
+    out = jax.jit(jt.wrap(f))(x)
+    assert out.dtype == x.dtype
+    expect = ~np.asarray(x) if dtype == "bool" else np.asarray(x) * 3
+    np.testing.assert_array_equal(np.asarray(out).astype(np.float64), expect.astype(np.float64))
+    assert str(seen[-1]) == f"torch.{dtype}"
+
+
+def test_bfloat16_gradient():
+    g = jax.grad(lambda x: jt.wrap(torch.sin)(x).astype(jnp.float32).sum())(
+        jnp.linspace(0, 1, 4, dtype=jnp.bfloat16))
+    assert g.dtype == jnp.bfloat16
+    close(np.asarray(g, np.float32), np.cos(np.linspace(0, 1, 4)), tol=1e-2)
+
+
+def test_inputs_reach_torch_without_a_copy():
+    pointers = []
+
+    def f(x):
+        pointers.append(x.data_ptr())
+        return x + 1
+
+    x = jnp.arange(1024.0)
+    jax.jit(jt.wrap(f))(x).block_until_ready()
+    assert pointers[-1] == x.unsafe_buffer_pointer()
+
+
+# ---------------------------------------------------------------- host-call guarantees
+class MyError(Exception):
+    pass
+
+
+def test_torch_exception_reaches_except_under_jit():
+    def bad(x):
+        raise MyError("boom")
+
+    f = jt.wrap(bad, result=jax.ShapeDtypeStruct((2,), jnp.float64))
+    with pytest.raises(MyError, match="boom"):
+        jax.jit(f)(jnp.ones(2))
+
+
+def test_exception_in_backward_reaches_caller():
+    class Fragile(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            raise MyError("no backward")
+
+    f = jt.wrap(Fragile.apply)
+    with pytest.raises(MyError, match="no backward"):
+        jax.jit(jax.grad(lambda x: f(x).sum()))(jnp.ones(2))
+
+
+def test_torch_code_that_calls_jax_does_not_deadlock_an_unsynced_loop():
+    def mixed(x):  # torch, with a JAX computation inside
+        y = jnp.sin(jnp.asarray(x.numpy()))
+        return torch.from_numpy(np.array(y)) + x
+
+    f = jax.jit(lambda x: jt.wrap(mixed)(x) * 0.5)
+    x = jnp.ones(4)
+    for _ in range(40):  # no block_until_ready: steps queue up as in a training loop
+        x = f(x)
+    expect = np.ones(4)
+    for _ in range(40):
+        expect = (np.sin(expect) + expect) * 0.5
+    close(x, expect)
+
+
+def test_kept_tensor_is_caught():
+    kept = []
+
+    def keep(x):
+        kept.append(x)
+        return x * 2
+
+    f = jax.jit(jt.wrap(keep))
+    with pytest.raises(KeptViewError, match="'keep' kept input tensor"):
+        f(jnp.ones(3))
+    close(kept[-1], np.ones(3))  # the kept tensor holds a private copy, still valid
+    close(f(jnp.full(3, 2.0)), np.full(3, 4.0))  # from now on: copies, no error
+    close(kept[-1], np.full(3, 2.0))
+    close(kept[-2], np.ones(3))
+
+
+def test_writing_into_an_input_is_an_error():
+    def inplace(x):
+        x.add_(1)
+        return x.clone()
+
+    with pytest.raises(ForeignCallError, match="modified input leaf 0 in place"):
+        jax.jit(jt.wrap(inplace))(jnp.ones(3))
+
+
+def test_torch_threads_are_capped_during_calls():
+    seen = []
+    before = torch.get_num_threads()
+
+    def f(x):
+        seen.append(torch.get_num_threads())
+        return x + 1
+
+    jax.jit(jt.wrap(f))(jnp.ones(3)).block_until_ready()
+    assert seen[-1] == 1
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.slow  # a subprocess with 4 CPU devices: ~15 s
+def test_sharded_inputs_with_batch_dims_run_per_shard():
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np, torch
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import jaxbridge.torch as jt
+        shapes = []
+        def f(x):
+            shapes.append(tuple(x.shape))
+            return torch.tanh(x) * 2
+        g = jt.wrap(f, batch_dims=1)
+        mesh = jax.make_mesh((4,), ("b",))
+        x = jax.device_put(np.arange(32.0, dtype=np.float32).reshape(8, 4) / 32,
+                           NamedSharding(mesh, P("b")))
+        y = jax.jit(g)(x)
+        np.testing.assert_allclose(y, np.tanh(np.asarray(x)) * 2, rtol=1e-6)
+        assert shapes[-4:] == [(2, 4)] * 4, shapes
+        dx = jax.jit(jax.grad(lambda x: g(x).sum()))(x)
+        np.testing.assert_allclose(dx, 2 / np.cosh(np.asarray(x)) ** 2, rtol=1e-5)
+        print("per shard OK")
+    """)
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert "per shard OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- result shapes
+def test_shapes_come_from_meta_tensors_without_running_on_data():
+    seen = []
+
+    def f(x):
+        seen.append(x.device.type)
+        return x.sum(0)
+
+    out = jax.jit(jt.wrap(f))(jnp.ones((3, 2)))
+    close(out, [3.0, 3.0])
+    assert seen == ["meta", "cpu"]
+
+
+def test_data_dependent_function_traces_on_zeros_once():
+    seen = []
+
+    def f(x):
+        seen.append(float(x.abs().sum()))
+        return x[x > 0] if False else (x * 2 if bool(x.sum() > 0) else x * 3)
+
+    g = jax.jit(jt.wrap(f))
+    close(g(jnp.ones(2)), [2.0, 2.0])
+    close(g(-jnp.ones(2)), [-3.0, -3.0])
+    assert seen == [0.0, 2.0, 2.0]  # one run on zeros (not the data), then two calls
+
+
+def test_result_declared_and_error_messages():
+    def unique(x):
+        return torch.unique(x)  # shape depends on the data
+
+    # Traced on zeros it has one entry: the first real call says so, loudly.
+    with pytest.raises(ResultMismatchError, match="shape \\[3\\].*\\[1\\] was declared"):
+        jax.jit(jt.wrap(unique))(jnp.arange(3.0))
+
+    def needs_data(x):
+        if bool(x.sum() == 0):
+            raise ValueError("all zero")
+        return x
+
+    with pytest.raises(TypeError, match="could not find the shapes.*all zero.*result="):
+        jax.jit(jt.wrap(needs_data)).trace(jnp.ones(3))
+    f = jt.wrap(unique, result=jax.ShapeDtypeStruct((3,), jnp.float64))
+    np.testing.assert_array_equal(jax.jit(f)(jnp.array([2.0, 0.0, 1.0])), [0, 1, 2])
+    with pytest.raises(ResultMismatchError, match="shape \\[2\\].*\\[3\\] was declared"):
+        jax.jit(f)(jnp.array([1.0, 0.0, 1.0]))
+    wrong = jt.wrap(lambda x: x.float(), result=jax.ShapeDtypeStruct((3,), jnp.float64))
+    with pytest.raises(ResultMismatchError, match="dtype torch.float32"):
+        jax.jit(wrong)(jnp.ones(3))
+    with pytest.raises(TypeError, match="expected a torch function"):
+        jt.wrap(3)
+    with pytest.raises(ValueError, match="vmap must be one of"):
+        jt.wrap(torch.sin, vmap="sometimes")
+
+
+# ---------------------------------------------------------------- modules
+def make_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def data(rng):
+    x = rng.normal(size=(32, 3)).astype(np.float32)
+    return x, np.sin(x.sum(1, keepdims=True)).astype(np.float32)
+
+
+def test_module_gradients_equal_torch_autograd(rng):
+    net = make_mlp()
+    apply, params = jt.wrap_module(net)
+    assert sorted(params) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    x, y = data(rng)
+    grads = jax.jit(jax.grad(lambda p: jnp.mean((apply(p, x) - y) ** 2)))(params)
+    ((net(t(x)) - t(y)) ** 2).mean().backward()
+    for name, p in net.named_parameters():
+        close(grads[name], p.grad, tol=1e-6)
+
+
+def test_optax_adam_tracks_torch_adam(rng):
+    optax = pytest.importorskip("optax", reason="needs optax (pip install -e '.[examples]')")
+    net = make_mlp()
+    apply, params = jt.wrap_module(net)
+    x, y = data(rng)
+    opt = optax.adam(1e-2)
+    state = opt.init(params)
+
+    @jax.jit
+    def step(p, s):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean((apply(p, x) - y) ** 2))(p)
+        updates, s = opt.update(g, s, p)
+        return optax.apply_updates(p, updates), s, loss
+
+    torch_opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(25):
+        params, state, loss = step(params, state)
+        torch_opt.zero_grad()
+        torch_loss = ((net(t(x)) - t(y)) ** 2).mean()
+        torch_loss.backward()
+        torch_opt.step()
+        close(loss, torch_loss.item(), tol=2e-5)
+    for name, p in net.named_parameters():
+        close(params[name], p.detach(), tol=2e-5)
+
+
+def test_module_buffers_travel_and_update_in_training_mode(rng):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    apply, params = jt.wrap_module(net)
+    assert sorted(apply.buffers) == ["1.num_batches_tracked", "1.running_mean",
+                                     "1.running_var"]
+    x, _ = data(rng)
+    out, buffers = jax.jit(lambda p, b: apply(p, x, buffers=b))(params, apply.buffers)
+    ref = net(t(x))                       # torch updates its running statistics
+    close(out, ref.detach(), tol=1e-5)
+    close(buffers["1.running_mean"], net[1].running_mean, tol=1e-6)
+    close(buffers["1.running_var"], net[1].running_var, tol=1e-6)
+    assert int(buffers["1.num_batches_tracked"]) == 1
+    stateless = apply(params, x)          # the initial buffers, not updated
+    close(stateless, out, tol=1e-6)
+    close(apply.buffers["1.running_mean"], np.zeros(4))
+    net.eval()
+    eval_apply, _ = jt.wrap_module(net)   # eval mode uses the running statistics
+    close(eval_apply(params, x), net(t(x)).detach(), tol=1e-5)
+
+
+def test_module_bad_params_name_the_keys(rng):
+    apply, params = jt.wrap_module(make_mlp())
+    with pytest.raises(ValueError, match="parameter names.*0.bias"):
+        apply({"0.weight": params["0.weight"]}, np.ones((1, 3), np.float32))
+    with pytest.raises(TypeError, match="expected a torch.nn.Module"):
+        jt.wrap_module(lambda x: x)
+
+
+# ---------------------------------------------------------------- packaging
+def test_import_jaxbridge_does_not_import_torch_and_says_how_to_install_it():
+    code = textwrap.dedent("""
+        import sys, jaxbridge
+        print("torch imported:", "torch" in sys.modules)
+        sys.modules["torch"] = None  # as if torch were not installed
+        try:
+            import jaxbridge.torch
+        except ImportError as e:
+            print(e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert "torch imported: False" in proc.stdout, proc.stdout + proc.stderr
+    assert 'pip install "jaxbridge[torch]"' in proc.stdout, proc.stdout + proc.stderr
