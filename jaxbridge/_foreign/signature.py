@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from .._core.jaxapi import hold_weakly_in_jax_caches
 from ..errors import MissingRuleError, describe
 from . import runners
-from .hostcall import CopyPolicy, HostCallable, lower_host_call
+from .hostcall import CopyPolicy, HostCallable, loop_leading, lower_host_call
 
 __all__ = ["Rule", "Definition", "CallSignature"]
 
@@ -56,6 +56,7 @@ class Definition:
     out: bool
     linear: bool
     cast: bool
+    aliases: tuple = ()  # forward call: ((operand, result), ...), see hostcall.check_aliases_arg
     vjp: Rule | None = None
     jvp: Rule | None = None
     transpose: Rule | None = None
@@ -108,7 +109,10 @@ class CallSignature:
         self.diff_out = tuple(_inexact(a.dtype) for a in primary_avals)
         self.tangent_outs = self.diff_out + (False,) * len(res_avals)
         self.prune_zero_tangents = not defn.linear
-        self.vectorized = defn.vmap == "vectorized"
+        # A batch_dims function is independent along leading dims, so vmap is one call
+        # with one more (XLA may split it; on an explicit mesh lax.map would gather):
+        # with vmap="loop" the host loops over the new dims (hostcall.loop_leading).
+        self.vectorized = defn.vmap == "vectorized" or bool(defn.batch_dims)
         self._callables: dict[Any, HostCallable] = {}
         self._batched: dict[int, CallSignature] = {}
         self.kwargs = dict(statics)
@@ -270,7 +274,8 @@ class CallSignature:
         defn = self.defn
         return lower_host_call(ctx, self.host_callable(role, nz), *args, backend=defn.backend,
                                platform=platform, num_batch_dims=self.num_batch_dims,
-                               on_mesh=defn.on_mesh)
+                               on_mesh=defn.on_mesh,
+                               aliases=defn.aliases if role == "forward" else ())
 
     def host_callable(self, role: str, nz: tuple = ()) -> HostCallable:
         """The host computation of `role` (one per role and `nz`, cached)."""
@@ -278,6 +283,9 @@ class CallSignature:
         target = self._callables.get(key)
         if target is None:
             fill, avals, what = runners.filler(self, role, self._rule_of(role), nz)
+            if self.batch_shape and self.defn.vmap != "vectorized":
+                fill = loop_leading(runners.filler(self.base, role, self._rule_of(role), nz)[0],
+                                    len(self.batch_shape))
             target = HostCallable(fill, avals, self.name, what, self.defn.copy_policy(role))
             self._callables[key] = target
         return target
