@@ -396,7 +396,19 @@ def _inplace_tangent_filler(sig: CallSignature, rule: Rule, nz: tuple
 
 def _inplace_adjoint_filler(sig: CallSignature, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
+    # Fast path (as in _adjoint_filler): plain array arguments, one array output.
+    fast = sig.plain_args and sig.res_tree is None and sig.n_out == 1 \
+        and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.defn.linear
+    fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
+    where = tuple(sum(nz[:i]) if z else -1 for i, z in enumerate(nz))  # -> index in outs
+
     def fill(ins: tuple, outs: tuple) -> None:
+        if fast:
+            target = tuple(outs[j] if j >= 0 else None for j in where)
+            value = fun(ins[:n_in], ins[n_in], ins[n_in + 1], out=target, **kwargs)
+            if value is not None:
+                _returned_none(sig, value, _what(sig, "adjoint"))
+            return
         target = _input_trees(sig, outs, nz)
         if sig.defn.linear:
             value = rule.fun(_output_tree(sig, ins), out=target, **sig.kwargs)
