@@ -398,6 +398,40 @@ def test_eager_calls_lend_arrays_that_may_be_kept():
     np.testing.assert_allclose(cache["x"], np.arange(4.0))
 
 
+def test_views_reused_across_calls_still_catch_a_kept_view():
+    # Calls of one compiled program reuse their views; one kept in a later call is
+    # still caught.
+    cache = {}
+
+    @jb.foreign(lambda x: x)
+    def sometimes_keeps(x):
+        if cache.get("mode") == "view":
+            cache["kept"] = x
+        return np.asarray(x) * 2.0
+
+    step = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: sometimes_keeps(v), x))
+    np.testing.assert_allclose(step(jnp.arange(4.0)), np.arange(4.0) * 8)
+    np.testing.assert_allclose(step(jnp.ones(4)), 8.0)  # reused views, new data
+    cache["mode"] = "view"
+    with pytest.raises(KeptViewError, match="input 0"):
+        step(jnp.arange(4.0))
+    jnp.full(4, 7.0).block_until_ready()
+    # The first iteration kept its input: a private copy (the later calls were skipped).
+    np.testing.assert_allclose(cache["kept"], np.arange(4.0))
+    cache["mode"] = None
+    np.testing.assert_allclose(step(jnp.ones(4)), 8.0)  # copies from now on, still right
+
+
+def test_a_function_that_reshapes_its_view_in_place_gets_fresh_views():
+    @jb.foreign(lambda x: x)
+    def reshapes(x):
+        x.shape = (x.size,)  # allowed on a view; the next call must not see it
+        return np.asarray(x).reshape(2, 2) + 1.0
+
+    step = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: reshapes(v), x))
+    np.testing.assert_allclose(step(jnp.zeros((2, 2))), 3.0)
+
+
 def test_kept_derived_view_is_an_error():
     cache = {}
 
