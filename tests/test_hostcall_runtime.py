@@ -248,7 +248,7 @@ def test_failed_call_skips_later_host_calls_of_the_same_computation():
 
     @jb.foreign(lambda x: x)
     def second(x):
-        calls.append(1)  # must not run on the zero-filled output of a failed call
+        calls.append(1)  # must not run on the (NaN-filled) output of a failed call
         return np.asarray(x)
 
     with pytest.raises(MyError):
