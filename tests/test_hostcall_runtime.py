@@ -273,11 +273,10 @@ def test_loop_whose_exit_depends_on_a_failed_call_ends_at_once_with_the_original
     for program in (converge,
                     lambda x: jax.lax.scan(lambda c, _: (converge(c), None), x, None,
                                            length=3)[0]):
-        start = time.perf_counter()
+        # The object itself: the loop ended (the 2 s abort below gives an XLA error).
         with pytest.raises(MyError) as info:
             jax.jit(program)(jnp.zeros(1))
         assert info.value is log[-1]
-        assert time.perf_counter() - start < 1.5  # not the 2 s abort below
         assert _hostcall._native.take_pending() is None
 
 
