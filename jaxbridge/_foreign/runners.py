@@ -321,6 +321,13 @@ def _forward_filler(sig: CallSignature) -> Callable[[tuple, tuple], None]:
     if sig.defn.out:
         one_leaf = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
             and sig.out_tree.num_leaves == 1
+        if one_leaf and sig.plain_args and not kwargs:
+            def fill_plain(ins: tuple, outs: tuple) -> None:  # the per-call floor
+                value = fun(*ins, out=outs[0])
+                if value is not None:
+                    _returned_none(sig, value, "forward call")
+
+            return fill_plain
 
         def fill_in_place(ins: tuple, outs: tuple) -> None:
             if one_leaf:  # fast path: the lone output buffer is `out` itself
