@@ -386,3 +386,27 @@ def test_gpu_host_call_exception_keeps_its_identity(gpu):
     assert "'exploding_on_gpu'" in text
     x = jax.device_put(np.ones(3), gpu)
     np.testing.assert_allclose(jax.jit(lambda x: x + 1)(x), 2.0)  # the device still works
+
+
+def test_vmap_of_a_batch_dims_function_is_one_host_call_looping_on_the_host():
+    # vmap adds a batch dimension XLA may split (on a mesh, lax.map would gather); the
+    # function itself still sees one element's arrays, as vmap="loop" promises.
+    seen = []
+
+    @jb.foreign(lambda x, w: x, batch_dims=1)
+    def rows(x, w):
+        seen.append((x.shape, w.shape))
+        return np.tanh(x * w)
+
+    rows.defvjp(lambda p, y, ct: ((1 - y ** 2) * ct * p[1], (1 - y ** 2) * ct * p[0]))
+    x = jnp.linspace(-1, 1, 3 * 4 * 2).reshape(3, 4, 2)
+    w = jnp.linspace(0.5, 1.5, 4 * 2).reshape(4, 2)
+    out = jax.jit(jax.vmap(rows, in_axes=(0, None)))(x, w)
+    np.testing.assert_allclose(out, np.tanh(np.asarray(x) * np.asarray(w)), rtol=1e-6)
+    assert seen == [((4, 2), (4, 2))] * 3
+    hlo = jax.jit(jax.vmap(rows, in_axes=(0, None))).lower(x, w).as_text()
+    assert hlo.count("custom_call @jaxbridge_host_call") == 1  # one call, not a loop
+    g = jax.jit(jax.grad(lambda w: jnp.sum(jax.vmap(rows, in_axes=(1, None),
+                                                    out_axes=1)(x.transpose(1, 0, 2), w))))(w)
+    ref = jax.grad(lambda w: jnp.sum(jnp.tanh(x * w[None])))(w)
+    np.testing.assert_allclose(g, ref, rtol=1e-5)
