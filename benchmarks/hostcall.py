@@ -1,26 +1,29 @@
-"""Per-call cost of calling NumPy from jitted JAX code, side by side.
+"""Per-call cost of calling NumPy from jitted JAX code: ours against the peers, side by side.
 
-Each row times a jitted `lax.fori_loop` whose body calls `sin` through one
-mechanism, and divides by the number of iterations:
+One run prints (`python benchmarks/hostcall.py`):
 
-* jnp          native `jnp.sin` (the floor),
-* jaxbridge    `jb.foreign` on the native host-call trampoline,
-* jb out=      `jb.foreign(..., out=True)`: the result written in place,
-* jb+pure_cb   `jb.foreign(..., backend="pure_callback")` (jaxbridge's fallback),
-* pure_cb      `jax.pure_callback` written by hand,
-* buffer_cb    `jax.experimental.buffer_callback` written by hand,
+* calls: a jitted `lax.fori_loop` whose body computes `x + 1` on the host, per call, at
+  1, 1e3 and 1e6 elements, float32 and float64, through
+    - ours           `jb.foreign` on the native trampoline,
+    - buffer_cb      `jax.experimental.buffer_callback`,
+    - JAXbind        `jaxbind.get_nonlinear_call` (a peer; `pip install jaxbind`),
+    - pure_cb        `jax.pure_callback`,
+  in three ways of producing the result:
+    - returns        the function returns `x + 1` (a fresh array, copied into XLA's),
+    - out=           it writes `np.add(x, 1, out=out)` into XLA's output buffer,
+    - in place       the output is the input's buffer (`aliases=` for ours,
+                     `input_output_aliases` for buffer_callback; JAXbind and
+                     pure_callback have no such mode);
+* grad: `jax.grad` through 200 calls of `sin` at n=1000 (forward and adjoint on the
+  host), ours vs JAXbind vs `jax.custom_vjp` + `pure_callback`, per call;
+* sharded: a `batch_dims=1` function on 2 CPU devices (per-shard calls on two XLA
+  worker threads) vs the same call on one device (the calling thread).
 
-for 1, 1e3 and 1e6 float32 elements, then a `grad` step through a bridged function
-vs `jax.custom_vjp` + `jax.pure_callback` written by hand, then:
+Each figure is the median over interleaved repeats (the spread is min-max); the
+machine is shared, so compare ratios, not absolute times. `--only view_guard blas`
+runs the two older sections (kept-view guard, BLAS threads).
 
-* the kept-view guard: zero-copy views checked after each call vs the copies a
-  function gets once it kept a view;
-* BLAS threads: a NumPy rule calling `A @ x` with BLAS capped at 1 thread during host
-  calls (the default) vs left to itself;
-* per-shard calls: a `batch_dims=1` function on 2 CPU devices (two XLA worker threads
-  per iteration) vs the same call on one device (the calling thread).
-
-Usage: `python benchmarks/hostcall.py [--quick] [--only SECTION ...]`.
+Usage: `python benchmarks/hostcall.py [--quick] [--repeats N] [--only SECTION ...]`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -42,35 +46,20 @@ try:
     from jax.experimental.buffer_callback import buffer_callback
 except ImportError:  # older/newer JAX without it
     buffer_callback = None
+try:
+    import jaxbind
+except ImportError:  # a peer, installed with the `bench` extra
+    jaxbind = None
+
+REPEATS = 5
 
 
 def host_sin(x):
     return np.sin(x)
 
 
-def host_sin_into(x, *, out):
-    np.sin(x, out=out)
-
-
-def make_mechanisms(shape):
-    out = jax.ShapeDtypeStruct(shape, jnp.float32)
-    ours = jb.foreign(lambda x: x)(host_sin)
-    ours_pc = jb.foreign(lambda x: x, backend="pure_callback")(host_sin)
-    mechanisms = {
-        "jnp": jnp.sin,
-        "jaxbridge": ours,
-        "jb out=": jb.foreign(lambda x: x, out=True)(host_sin_into),
-        "jb+pure_cb": ours_pc,
-        "pure_cb": lambda x: jax.pure_callback(host_sin, out, x, vmap_method="sequential"),
-    }
-    if buffer_callback is not None:
-        def fill(ctx, out_buf, x):
-            np.sin(np.asarray(x), out=np.asarray(out_buf))
-        mechanisms["buffer_cb"] = buffer_callback(fill, out)
-    return mechanisms
-
-
 def per_call_us(body, x, iters, repeats=5):
+    """Best of `repeats` timings of a jitted fori_loop of `iters` calls, per call."""
     loop = jax.jit(lambda x: jax.lax.fori_loop(0, iters, lambda i, v: body(v), x))
     loop(x).block_until_ready()  # compile + warm up
     best = float("inf")
@@ -81,9 +70,130 @@ def per_call_us(body, x, iters, repeats=5):
     return best / iters * 1e6
 
 
+def interleaved(mechanisms, x, iters, repeats):
+    """{name: [per-call us of each round]}, the mechanisms taking turns in each round."""
+    times = {name: [] for name in mechanisms}
+    for _ in range(repeats):
+        for name, (body, n_iters) in mechanisms.items():
+            times[name].append(per_call_us(body, x, n_iters or iters, repeats=3))
+    return times
+
+
+def show(samples):
+    """best / median of the rounds: under load from other processes the best is the
+    steadiest estimate of a mechanism's own cost."""
+    return f"{min(samples):.2f} / {statistics.median(samples):.2f}"
+
+
+def ratio(peer, ours):
+    """peer / ours by best and (in parentheses) by median."""
+    return (f"{min(peer) / min(ours):.2f}x "
+            f"({statistics.median(peer) / statistics.median(ours):.2f}x)")
+
+
+def table(title, names, rows, ratio_name, ratio):
+    print(f"\n## {title}")
+    print("| elements | " + " | ".join(names) + f" | {ratio_name} |")
+    print("|---" * (len(names) + 2) + "|")
+    for n, times in rows:
+        print(f"| {n:>9} | " + " | ".join(f"{times[k]:.2f}" for k in names)
+              + f" | {ratio(times):.2f}x |")
+
+
+# ---------------------------------------------------------------- calls: x + 1
+def add_one(x):
+    return x + 1
+
+
+def add_one_into(x, *, out):
+    np.add(x, 1, out=out)
+
+
+def jaxbind_call(fill):
+    def abstract(*args, **kwargs):
+        return ((args[0].shape, args[0].dtype),)
+
+    op = jaxbind.get_nonlinear_call(fill, (None, None), abstract, abstract)
+    return lambda x: op(x)[0]
+
+
+def call_mechanisms(shape, dtype, slow_iters):
+    """{mode: {mechanism: (body, iterations or None)}} for `x + 1`."""
+    out = jax.ShapeDtypeStruct(shape, dtype)
+    modes = {
+        "returns": {
+            "ours": (jb.foreign(lambda x: x)(add_one), None),
+            "pure_cb": (lambda x: jax.pure_callback(add_one, out, x), slow_iters),
+        },
+        "out=": {"ours": (jb.foreign(lambda x: x, out=True)(add_one_into), None)},
+        "in place": {"ours": (jb.foreign(lambda x: x, out=True,
+                                         aliases={"forward": {0: 0}})(add_one_into), None)},
+    }
+    if buffer_callback is not None:
+        def bc_returns(ctx, o, x):
+            np.asarray(o)[...] = np.asarray(x) + 1
+
+        def bc_out(ctx, o, x):
+            np.add(np.asarray(x), 1, out=np.asarray(o))
+
+        def bc_in_place(ctx, o, x):
+            o = np.asarray(o)
+            np.add(o, 1, out=o)
+
+        modes["returns"]["buffer_cb"] = (buffer_callback(bc_returns, out), None)
+        modes["out="]["buffer_cb"] = (buffer_callback(bc_out, out), None)
+        modes["in place"]["buffer_cb"] = (
+            buffer_callback(bc_in_place, out, input_output_aliases={0: 0}), None)
+    if jaxbind is not None:
+        def jbind_returns(outs, args, kwargs):
+            outs[0][...] = args[0] + 1
+
+        def jbind_out(outs, args, kwargs):
+            np.add(args[0], 1, out=outs[0])
+
+        modes["returns"]["JAXbind"] = (jaxbind_call(jbind_returns), None)
+        modes["out="]["JAXbind"] = (jaxbind_call(jbind_out), None)
+    return modes
+
+
+SIZES = [(1, 2000), (1000, 2000), (1_000_000, 30)]
+PEERS = ("buffer_cb", "JAXbind", "pure_cb")
+
+
+def section_calls(scale, repeats):
+    print("\n## x + 1 per call inside a jitted fori_loop (us; best / median of "
+          f"{repeats} interleaved rounds); ratio = peer / ours by best (by median); "
+          "> 1: ours is faster")
+    print("| dtype | elements | mode | ours | buffer_cb | JAXbind | pure_cb "
+          "| buffer_cb/ours | JAXbind/ours | pure_cb/ours |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for dtype in (jnp.float32, jnp.float64):
+        for n, iters in SIZES:
+            iters = max(5, int(iters * scale))
+            slow = max(5, iters // 10)
+            x = jnp.zeros(n, dtype)
+            for mode, mechanisms in call_mechanisms((n,), dtype, slow).items():
+                times = interleaved(mechanisms, x, iters, repeats)
+                cells = [show(times[k]) if k in times else "-" for k in ("ours", *PEERS)]
+                ratios = [ratio(times[k], times["ours"]) if k in times else "-"
+                          for k in PEERS]
+                print(f"| {np.dtype(dtype).name} | {n} | {mode} | " + " | ".join(cells)
+                      + " | " + " | ".join(ratios) + " |", flush=True)
+
+
+# ---------------------------------------------------------------- grad through many calls
 def grad_mechanisms():
     ours = jb.foreign(lambda x: x)(host_sin)
     ours.defvjp(lambda p, out, ct: (np.cos(p[0]) * ct,))
+
+    def sin_into(x, *, out):
+        np.sin(x, out=out)
+
+    def vjp_into(p, y, ct, *, out):
+        np.multiply(np.cos(p[0]), ct, out=out[0])
+
+    ours_out = jb.foreign(lambda x: x, out=True)(sin_into)
+    ours_out.defvjp(vjp_into, out=True)
 
     @jax.custom_vjp
     def by_hand(x):
@@ -97,54 +207,65 @@ def grad_mechanisms():
         return (jax.pure_callback(cos_ct, jax.ShapeDtypeStruct(x.shape, x.dtype), x, ct),)
 
     by_hand.defvjp(fwd, bwd)
-    return {"jnp": jnp.sin, "jaxbridge": ours, "custom_vjp+pure_cb": by_hand}
+    mechanisms = {"jnp": jnp.sin, "ours": ours, "ours out=": ours_out}
+    if jaxbind is not None:
+        def f(outs, args, kwargs):
+            np.sin(args[0], out=outs[0])
+
+        def f_jvp(outs, args, kwargs):  # args: (x, dx)
+            np.multiply(np.cos(args[0]), args[1], out=outs[0])
+
+        def f_vjp(outs, args, kwargs):  # args: (x, ct)
+            np.multiply(np.cos(args[0]), args[1], out=outs[0])
+
+        def abstract(*args, **kwargs):
+            return ((args[0].shape, args[0].dtype),)
+
+        op = jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp), abstract, abstract)
+        mechanisms["JAXbind"] = lambda x: op(x)[0]
+    mechanisms["custom_vjp+pure_cb"] = by_hand
+    return mechanisms
 
 
-def grad_step_us(f, x, iters, repeats=5):
-    step = jax.grad(lambda v: jnp.sum(f(v)))
-    return per_call_us(lambda v: v - 1e-3 * step(v), x, iters, repeats)
+GRAD_CALLS = 200
 
 
-def table(title, names, rows, ratio_name, ratio):
-    print(f"\n## {title}")
-    print("| elements | " + " | ".join(names) + f" | {ratio_name} |")
-    print("|---" * (len(names) + 2) + "|")
-    for n, times in rows:
-        print(f"| {n:>9} | " + " | ".join(f"{times[k]:.2f}" for k in names)
-              + f" | {ratio(times):.2f}x |")
+def grad_us_per_call(f, x, repeats=3):
+    """jax.grad through GRAD_CALLS chained calls: us per call (forward + adjoint)."""
+    loss = jax.jit(jax.grad(lambda v: jnp.sum(
+        jax.lax.fori_loop(0, GRAD_CALLS, lambda i, u: f(u), v))))
+    loss(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        loss(x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return best / GRAD_CALLS * 1e6
 
 
-SIZES = [(1, 2000), (1000, 2000), (1_000_000, 40)]
+def section_grad(scale, repeats):
+    x = jnp.linspace(0, 1, 1000, dtype=jnp.float32)
+    mechanisms = grad_mechanisms()
+    ref = jax.grad(lambda v: jnp.sum(jax.lax.fori_loop(0, GRAD_CALLS, lambda i, u: jnp.sin(u),
+                                                       v)))(x)
+    for name, f in mechanisms.items():  # every mechanism computes the same gradient
+        g = jax.jit(jax.grad(lambda v, f=f: jnp.sum(
+            jax.lax.fori_loop(0, GRAD_CALLS, lambda i, u: f(u), v))))(x)
+        np.testing.assert_allclose(g, ref, rtol=1e-4, err_msg=name)
+    times = {name: [] for name in mechanisms}
+    for _ in range(repeats):
+        for name, f in mechanisms.items():
+            times[name].append(grad_us_per_call(f, x))
+    print(f"\n## jax.grad through {GRAD_CALLS} chained sin calls, n=1000 float32 (us per "
+          "call, forward + adjoint; best / median); ratio = mechanism / ours by best "
+          "(by median)")
+    print("| mechanism | us per call | mechanism/ours |")
+    print("|---|---:|---:|")
+    for name, samples in times.items():
+        print(f"| {name} | {show(samples)} | {ratio(samples, times['ours'])} |")
 
 
-def section_calls(scale):
-    rows = []
-    for n, iters in SIZES:
-        iters = max(5, int(iters * scale))
-        x = jnp.linspace(0, 1, n, dtype=jnp.float32)
-        rows.append((n, {k: per_call_us(f, x, iters) for k, f in make_mechanisms((n,)).items()}))
-    names = list(rows[0][1])
-    table("per call inside jitted fori_loop (us); ratio = pure_cb / jaxbridge", names, rows,
-          "pure_cb/jaxbridge", lambda t: t["pure_cb"] / t["jaxbridge"])
-    if "buffer_cb" in names:
-        print("\nin place vs buffer_callback (ratio < 1: ours is faster): "
-              + ", ".join(f"{n}: {t['jb out=']/t['buffer_cb']:.2f}x" for n, t in rows)
-              + "; pure_callback / jb out= at 1 element: "
-              + f"{rows[0][1]['pure_cb'] / rows[0][1]['jb out=']:.0f}x")
-
-
-def section_grad(scale):
-    rows = []
-    for n, iters in SIZES:
-        iters = max(5, int(iters * scale))
-        x = jnp.linspace(0, 1, n, dtype=jnp.float32)
-        rows.append((n, {k: grad_step_us(f, x, iters) for k, f in grad_mechanisms().items()}))
-    table("grad step inside jitted fori_loop (us); ratio = by hand / jaxbridge",
-          list(rows[0][1]), rows, "by-hand/jaxbridge",
-          lambda t: t["custom_vjp+pure_cb"] / t["jaxbridge"])
-
-
-def section_view_guard(scale):
+def section_view_guard(scale, repeats):
     from jaxbridge._foreign import hostcall
     rows = []
     for n, iters in SIZES:
@@ -164,7 +285,7 @@ def section_view_guard(scale):
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < 600: pass\n"
 
 
-def section_blas(scale):
+def section_blas(scale, repeats):
     """On an idle machine BLAS's threads help a little; as soon as another process uses a
     core, BLAS threads that spin-wait for each other lose their time slices and a rule's
     matmul takes up to ~80x longer. Measured both ways, one core kept busy for the second."""
@@ -203,55 +324,71 @@ import os, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jaxbridge as jb
-iters = int(sys.argv[1])
+iters, rounds = int(sys.argv[1]), int(sys.argv[2])
 f = jb.foreign(lambda x: x, batch_dims=1)(lambda x: np.sin(x))
-def per_iter(x):
-    loop = jax.jit(lambda x: jax.lax.fori_loop(0, iters, lambda i, v: f(v), x))
+def per_iter(body, x):
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, iters, lambda i, v: body(v), x))
     loop(x).block_until_ready()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(3):
         t = time.perf_counter(); loop(x).block_until_ready()
         best = min(best, time.perf_counter() - t)
     return best / iters * 1e6
 x = jnp.linspace(0, 1, 8, dtype=jnp.float32).reshape(2, 4)
-one = per_iter(jax.device_put(x, jax.devices()[0]))
+one_dev = jax.device_put(x, jax.devices()[0])
 mesh = Mesh(np.array(jax.devices()[:2]), ("b",))
-two = per_iter(jax.device_put(x, NamedSharding(mesh, P("b"))))
-print(f"{one:.2f} {two:.2f}")
+two_dev = jax.device_put(x, NamedSharding(mesh, P("b")))
+for _ in range(rounds):
+    print(per_iter(f, one_dev), per_iter(f, two_dev), per_iter(jnp.sin, one_dev),
+          per_iter(jnp.sin, two_dev), flush=True)
 """
 
 
-def section_sharded(scale):
+def section_sharded(scale, repeats):
+    """One loop iteration on 2 devices makes 2 per-shard calls, on two XLA worker threads
+    that take the GIL in turn; on 1 device it makes one call on the calling thread."""
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
     iters = str(max(50, int(2000 * scale)))
-    out = subprocess.run([sys.executable, "-c", SHARDED_CHILD, iters], env=env,
+    out = subprocess.run([sys.executable, "-c", SHARDED_CHILD, iters, str(repeats)], env=env,
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         print("\n## per-shard calls: failed\n" + out.stderr[-2000:])
         return
-    one, two = map(float, out.stdout.split())
-    print("\n## per-shard host calls (us per loop iteration, batch_dims=1, 2 rows)")
-    print("| one device (calling thread) | 2 devices (2 XLA worker threads) | ratio |")
-    print("|---|---|---|")
-    print(f"| {one:.2f} | {two:.2f} | {two / one:.2f}x |")
+    rows = [list(map(float, line.split())) for line in out.stdout.split("\n") if line.strip()]
+    one, two, jnp_one, jnp_two = (list(col) for col in zip(*rows))
+    print("\n## per-shard host calls: `sin` with batch_dims=1 on 2 rows (us per loop "
+          f"iteration; best / median of {repeats} rounds)")
+    print("| one device (calling thread) | 2 devices (2 per-shard calls on XLA worker "
+          "threads) | iteration ratio 2 dev / 1 dev | jnp.sin 1 dev | jnp.sin 2 dev |")
+    print("|---:|---:|---:|---:|---:|")
+    print(f"| {show(one)} | {show(two)} | {ratio(two, one)} | {show(jnp_one)} | "
+          f"{show(jnp_two)} |")
+    print(f"Each per-shard call (2 per iteration) costs {min(two) / min(one) / 2:.2f}x "
+          "a main-thread call (by best).")
 
 
-SECTIONS = {"calls": section_calls, "grad": section_grad, "view_guard": section_view_guard,
-            "blas": section_blas, "sharded": section_sharded}
+SECTIONS = {"calls": section_calls, "grad": section_grad, "sharded": section_sharded,
+            "view_guard": section_view_guard, "blas": section_blas}
+DEFAULT = ("calls", "grad", "sharded")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved rounds")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), help="sections to run")
     args = parser.parse_args()
+    jax.config.update("jax_enable_x64", True)  # float64 rows; every array's dtype is explicit
     scale = 0.2 if args.quick else 1.0
+    peers = ", ".join(f"{m.__name__} {getattr(m, '__version__', '?')}"
+                      for m in (jaxbind,) if m is not None) or "JAXbind not installed"
     print(f"# jaxbridge {jb.__version__}, jax {jax.__version__}, numpy {np.__version__}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"backend {jax.default_backend()}, {time.strftime('%Y-%m-%d')}")
-    for name in args.only or SECTIONS:
-        SECTIONS[name](scale)
+          f"backend {jax.default_backend()}, Python {platform.python_version()}, {peers}, "
+          f"{time.strftime('%Y-%m-%d')}")
+    for name in args.only or DEFAULT:
+        SECTIONS[name](scale, args.repeats)
 
 
 if __name__ == "__main__":

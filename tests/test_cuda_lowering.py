@@ -75,15 +75,35 @@ def _host_in_place():
     return f
 
 
-HOST = {"rules": _host_sin, "linear": _host_linear, "in_place": _host_in_place}
+def _host_aliased():
+    def sin_into(x, *, out):
+        np.sin(x, out=out)
+
+    f = jb.foreign(lambda x: x, out=True, aliases={"forward": {0: 0}})(sin_into)
+    f.defvjp(lambda p, y, ct: (np.cos(p[0]) * ct,))
+    f.defjvp(lambda p, y, t: np.cos(p[0]) * t[0])
+    return f
+
+
+def _host_batch_dims():
+    f = jb.foreign(lambda x: x, batch_dims=1)(np.sin)
+    f.defvjp(lambda p, y, ct: (np.cos(p[0]) * ct,))
+    f.defjvp(lambda p, y, t: np.cos(p[0]) * t[0])
+    return f
+
+
+HOST = {"rules": _host_sin, "linear": _host_linear, "in_place": _host_in_place,
+        "aliased": _host_aliased, "batch_dims": _host_batch_dims}
 
 
 @pytest.mark.parametrize("kind", list(HOST))
 @pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
 def test_host_calls_lower_for_cuda_to_the_native_handler(kind, how):
     f = HOST[kind]()
-    text = cuda_hlo(transforms(f, 1)[how], jnp.ones(2))
+    text = cuda_hlo(transforms(f, 1)[how], jnp.ones((2, 1)))
     assert "jaxbridge_host_call" in text
+    if kind == "aliased" and how in ("jit", "vmap"):
+        assert "output_operand_alias" in text
     assert "python_gpu_callback" not in text  # not the pure_callback fallback
 
 

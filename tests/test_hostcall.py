@@ -222,6 +222,102 @@ def test_many_closures_traced_repeatedly_do_not_leak_callables():
     assert _hostcall.num_registered() <= baseline + 5
 
 
+# ----------------------------------------------------------------- aliases=
+def _add_one_in_place(seen=None):
+    def add_one(x, *, out):
+        if seen is not None:
+            seen.append(np.shares_memory(x, out))
+        np.add(x, 1.0, out=out)
+
+    f = jb.foreign(identity_spec, out=True, aliases={"forward": {0: 0}})(add_one)
+    f.defvjp(lambda primals, out, ct: (ct,))
+    return f
+
+
+def test_aliased_result_is_written_into_the_input_buffer():
+    seen = []
+    f = _add_one_in_place(seen)
+    hlo = jax.jit(f).lower(jnp.ones(4)).as_text()
+    assert re.search(r"output_operand_alias<[^>]*operand_index = 0", hlo), hlo
+    # A temporary input (dead after the call) is updated in place: no fresh buffer.
+    out = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: f(v * 2.0), x))(jnp.ones(4))
+    np.testing.assert_allclose(out, 15.0)  # ((1*2+1)*2+1)*2+1
+    assert seen and all(seen), seen
+
+
+def test_aliased_values_under_jit_grad_vmap_and_scan():
+    f = _add_one_in_place()
+    x = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(jax.jit(f)(x), x + 1)
+    np.testing.assert_allclose(f(x), x + 1)  # eager
+    np.testing.assert_allclose(jax.vmap(f)(x), x + 1)
+    np.testing.assert_allclose(jax.jit(jax.vmap(f, in_axes=1, out_axes=1))(x), x + 1)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(f(x) * x)))(x)
+    np.testing.assert_allclose(g, 2 * x + 1)  # d/dx sum((x + 1) x)
+    carry, _ = jax.lax.scan(lambda c, _: (f(c), None), x, None, length=4)
+    np.testing.assert_allclose(carry, x + 4)
+
+
+def test_aliased_input_still_live_is_not_clobbered():
+    f = _add_one_in_place()
+    x = jnp.arange(4.0)
+    both = jax.jit(lambda x: (f(x), x * 10.0))(x)  # x is used after the call: XLA copies
+    np.testing.assert_allclose(both[0], [1, 2, 3, 4])
+    np.testing.assert_allclose(both[1], [0, 10, 20, 30])
+    np.testing.assert_allclose(x, [0, 1, 2, 3])  # the caller's array is untouched
+    np.testing.assert_allclose(jax.jit(f)(x), [1, 2, 3, 4])
+    np.testing.assert_allclose(x, [0, 1, 2, 3])
+
+
+def test_aliases_of_a_returning_function_with_pytree_arguments():
+    # Operands are the array leaves of the arguments (s, d["a"], d["b"]), results the
+    # leaves of the result ({"a", "b"}); a function that returns is copied into them.
+    @jb.foreign(lambda s, d: d, aliases={"forward": {1: 0, 2: 1}})
+    def scaled(s, d):
+        return {"a": d["a"] * s, "b": d["b"] + 1}
+
+    d = {"a": jnp.ones(3), "b": jnp.zeros(2, jnp.int32)}
+    out = jax.jit(scaled)(jnp.float32(3.0), d)
+    np.testing.assert_allclose(out["a"], 3.0)
+    np.testing.assert_array_equal(out["b"], [1, 1])
+    np.testing.assert_allclose(d["a"], 1.0)  # not clobbered
+    hlo = jax.jit(scaled).lower(jnp.float32(3.0), d).as_text()
+    assert len(re.findall(r"output_operand_alias<", hlo)) == 2
+
+
+@pytest.mark.parametrize("aliases, error, pattern", [
+    ([(0, 0)], TypeError, r"argument 'aliases': expected a dict"),
+    ({"adjoint": {0: 0}}, ValueError, r"unknown role 'adjoint'"),
+    ({"forward": {0: -1}}, TypeError, r"non-negative ints"),
+    ({"forward": {0: True}}, TypeError, r"non-negative ints"),
+    ({"forward": {0: 0, 1: 0}}, ValueError, r"two operands aliased to the same result"),
+])
+def test_bad_aliases_are_refused_when_declared(aliases, error, pattern):
+    with pytest.raises(error, match=r"jaxbridge.foreign 'f'.*" + pattern):
+        @jb.foreign(identity_spec, aliases=aliases)
+        def f(x):
+            return x
+
+
+def test_aliases_that_do_not_fit_the_call_are_refused_at_trace_time():
+    @jb.foreign(lambda x, i: x, aliases={"forward": {1: 0}})
+    def f(x, i):
+        return x
+
+    with pytest.raises(ValueError, match=r"aliases\['forward'\] maps operand 1 "
+                       r"\(int32\[3\]\) to result 0 \(float32\[3\]\); aliased buffers "
+                       r"need the same shape and dtype"):
+        jax.jit(f)(jnp.ones(3, jnp.float32), jnp.ones(3, jnp.int32))
+
+    @jb.foreign(identity_spec, aliases={"forward": {2: 0}})
+    def g(x):
+        return x
+
+    with pytest.raises(ValueError, match=r"maps operand 2 to result 0, but this call has 1 "
+                       r"array operand\(s\) and 1 result\(s\)"):
+        g(jnp.ones(3))
+
+
 # ----------------------------------------------------------------- GPU
 # Host calls from GPU programs: the CUDA handler stages operands through pinned host
 # memory on XLA's stream (csrc/hostcall/hostcall.cc); pure_callback is the fallback.
@@ -290,3 +386,27 @@ def test_gpu_host_call_exception_keeps_its_identity(gpu):
     assert "'exploding_on_gpu'" in text
     x = jax.device_put(np.ones(3), gpu)
     np.testing.assert_allclose(jax.jit(lambda x: x + 1)(x), 2.0)  # the device still works
+
+
+def test_vmap_of_a_batch_dims_function_is_one_host_call_looping_on_the_host():
+    # vmap adds a batch dimension XLA may split (on a mesh, lax.map would gather); the
+    # function itself still sees one element's arrays, as vmap="loop" promises.
+    seen = []
+
+    @jb.foreign(lambda x, w: x, batch_dims=1)
+    def rows(x, w):
+        seen.append((x.shape, w.shape))
+        return np.tanh(x * w)
+
+    rows.defvjp(lambda p, y, ct: ((1 - y ** 2) * ct * p[1], (1 - y ** 2) * ct * p[0]))
+    x = jnp.linspace(-1, 1, 3 * 4 * 2).reshape(3, 4, 2)
+    w = jnp.linspace(0.5, 1.5, 4 * 2).reshape(4, 2)
+    out = jax.jit(jax.vmap(rows, in_axes=(0, None)))(x, w)
+    np.testing.assert_allclose(out, np.tanh(np.asarray(x) * np.asarray(w)), rtol=1e-6)
+    assert seen == [((4, 2), (4, 2))] * 3
+    hlo = jax.jit(jax.vmap(rows, in_axes=(0, None))).lower(x, w).as_text()
+    assert hlo.count("custom_call @jaxbridge_host_call") == 1  # one call, not a loop
+    g = jax.jit(jax.grad(lambda w: jnp.sum(jax.vmap(rows, in_axes=(1, None),
+                                                    out_axes=1)(x.transpose(1, 0, 2), w))))(w)
+    ref = jax.grad(lambda w: jnp.sum(jnp.tanh(x * w[None])))(w)
+    np.testing.assert_allclose(g, ref, rtol=1e-5)

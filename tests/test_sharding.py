@@ -19,3 +19,9 @@ def run_script(name: str, timeout: int = 600) -> str:
 
 def test_host_calls_run_once_per_shard_without_gathering():
     assert "sharded host calls OK" in run_script("sharded_host_calls.py")
+
+
+def test_explicit_mesh_keeps_the_batch_sharding_in_every_composition():
+    # f(x) + 1, sum(f(x)**2), its grad, scan, vmap and shard_map, for a host function
+    # and a kernel: values right, results typed sharded, no all-gather in the HLO.
+    assert "explicit mesh composition OK" in run_script("explicit_mesh_composition.py")

@@ -13,9 +13,9 @@
 //   see jaxbridge/_hostcall.py) -- is re-raised on that thread, as the same object,
 //   the moment the JAX call returns. That is how CPython itself delivers
 //   KeyboardInterrupt: Py_AddPendingCall on the main thread, PyThreadState_SetAsyncExc
-//   on others. XLA is told the call succeeded (outputs zero-filled) so that the
-//   computation finishes normally; later host calls in the same computation are
-//   skipped (zero-filled) until the exception is delivered. Where this cannot work --
+//   on others. XLA is told the call succeeded (outputs NaN-filled, see FailedFill)
+//   so that the computation finishes normally; later host calls in the same
+//   computation are skipped until the exception is delivered. Where this cannot work --
 //   an XLA worker thread, or a computation still making host calls kMaxSkipSeconds
 //   after the failure -- the failure becomes an XLA error whose message describes the
 //   exception and carries a token that jaxbridge.errors.original_exception() maps back
@@ -42,6 +42,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -66,10 +67,14 @@ using Clock = std::chrono::steady_clock;
 constexpr double kMaxSkipSeconds = 2.0;
 
 // ------------------------------------------------------------------ registry
+class CallViews;
 struct Entry {
   PyObject* fill;     // borrowed: the owner unregisters from a weakref finalizer, and
   PyObject* handler;  // executables keep the owner alive (see jaxbridge/_hostcall.py)
   bool copy = false;  // give this callable copies instead of zero-copy views
+  // The views of its last call that kept nothing, for the next call (see CallViews).
+  // Released with the GIL held (unregister_callback is called from Python).
+  std::unique_ptr<CallViews> spare;
 };
 
 // Never destroyed: XLA may call handlers during interpreter shutdown. GIL-protected.
@@ -337,8 +342,8 @@ PyObject* NumpyDtype(ffi::DataType type) {  // built once, under the GIL
   return index < table->size() ? (*table)[index] : nullptr;
 }
 
-void SetWritable(const py::array& a, bool writable) {
-  auto& flags = py::detail::array_proxy(a.ptr())->flags;
+void SetWritable(PyObject* a, bool writable) {
+  auto& flags = py::detail::array_proxy(a)->flags;
   if (writable) {
     flags |= py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   } else {
@@ -359,30 +364,45 @@ struct Slot {
 // empty array that owns its (empty) data, where NumPy stops collapsing base chains. A
 // view derived from one of ours (slice, reshape, transpose) therefore also refers to
 // `owner_`, not to our view, so after the call Py_REFCNT(view) > 1 means "kept
-// directly" and Py_REFCNT(owner_) counts the derived views still alive.
+// directly" and Py_REFCNT(owner_) counts the derived views still alive. The views live
+// only in the two tuples handed to the callable.
+//
+// Reuse: building two tuples and a NumPy array per buffer costs about as much as the
+// rest of a call at small sizes. After a call that kept nothing, the views go back to
+// their callable's registry entry, and the next call with the same shapes and dtypes
+// (every call of one compiled program) only points them at the new buffers.
 class CallViews {
  public:
   CallViews(const std::vector<Slot>& ins, const std::vector<Slot>& outs, bool copy)
-      : copy_(copy), ins_(ins.size()), outs_(outs.size()) {
+      : copy_(copy) {
     if (!copy_) owner_ = Owner();
-    for (size_t i = 0; i < ins.size(); ++i) ins_[i] = Make(ins[i]);
-    for (size_t i = 0; i < outs.size(); ++i) outs_[i] = Make(outs[i]);
+    ins_ = Tuple(ins);
+    outs_ = Tuple(outs);
   }
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
-  py::tuple ins() const { return Tuple(ins_); }
-  py::tuple outs() const { return Tuple(outs_); }
+  const py::tuple& ins() const { return ins_; }
+  const py::tuple& outs() const { return outs_; }
+
+  // Point the views of an earlier call at this call's buffers; false (nothing changed)
+  // unless every view still has the slot's dtype and shape and is ours, contiguous.
+  bool Rebind(const std::vector<Slot>& ins, const std::vector<Slot>& outs) {
+    if (copy_ || !Fits(ins_, ins) || !Fits(outs_, outs)) return false;
+    Point(ins_, ins);
+    Point(outs_, outs);
+    return true;
+  }
 
   // Copy mode: the callable filled arrays of its own; write them to XLA's buffers.
   void CopyOutputsBack(const std::vector<Slot>& outs) const {
     if (!copy_) return;
     for (size_t i = 0; i < outs.size(); ++i) {
-      if (outs[i].bytes) std::memcpy(outs[i].data, outs_[i].data(), outs[i].bytes);
+      if (outs[i].bytes) std::memcpy(outs[i].data, View(outs_, i).data(), outs[i].bytes);
     }
   }
 
-  // Which views outlive the call (beyond our own reference), and how many views
-  // derived from them are alive. Call after dropping every other reference we hold.
+  // Which views outlive the call (beyond our own references), and how many views
+  // derived from them are alive. Call after the callable returned.
   struct Kept {
     std::vector<int> ins, outs;  // indices of kept views
     Py_ssize_t derived = 0;
@@ -392,27 +412,66 @@ class CallViews {
     Kept kept;
     if (copy_) return kept;
     Py_ssize_t based = 0;
-    auto scan = [&](const std::vector<py::array>& views, std::vector<int>* out) {
+    auto scan = [&](const py::tuple& views, std::vector<int>* out) {
+      bool tuple_kept = Py_REFCNT(views.ptr()) > 1;  // the callable kept the tuple itself
       for (size_t i = 0; i < views.size(); ++i) {
-        if (!views[i]) continue;
-        if (py::detail::array_proxy(views[i].ptr())->base == owner_.ptr()) ++based;
-        if (Py_REFCNT(views[i].ptr()) > 1) out->push_back(static_cast<int>(i));
+        PyObject* view = PyTuple_GET_ITEM(views.ptr(), i);
+        if (py::detail::array_proxy(view)->base == owner_.ptr()) ++based;
+        if (tuple_kept || Py_REFCNT(view) > 1) out->push_back(static_cast<int>(i));
       }
     };
     scan(ins_, &kept.ins);
     scan(outs_, &kept.outs);
-    kept.derived = Py_REFCNT(owner_.ptr()) - 2 - based;  // minus ours and the cache's
+    kept.derived = Py_REFCNT(owner_.ptr()) - 1 - based;  // minus ours
     return kept;
   }
 
   // Give kept top-level views a private copy of their data (NumPy code holding them
   // keeps working). Views derived from them cannot be found, hence KeptViewError.
   void Detach(const Kept& kept) {
-    for (int i : kept.ins) DetachOne(ins_[i]);
-    for (int i : kept.outs) DetachOne(outs_[i]);
+    for (int i : kept.ins) DetachOne(PyTuple_GET_ITEM(ins_.ptr(), i));
+    for (int i : kept.outs) DetachOne(PyTuple_GET_ITEM(outs_.ptr(), i));
   }
 
  private:
+  static py::array View(const py::tuple& views, size_t i) {
+    return py::reinterpret_borrow<py::array>(PyTuple_GET_ITEM(views.ptr(), i));
+  }
+
+  bool Fits(const py::tuple& views, const std::vector<Slot>& slots) const {
+    if (views.size() != slots.size()) return false;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      auto* fields = py::detail::array_proxy(PyTuple_GET_ITEM(views.ptr(), i));
+      const Slot& s = slots[i];
+      if (fields->base != owner_.ptr() || fields->descr != NumpyDtype(s.type) ||
+          fields->nd != static_cast<int>(s.shape.size()) ||
+          !(fields->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
+        return false;
+      }
+      for (size_t d = 0; d < s.shape.size(); ++d) {
+        if (fields->dimensions[d] != s.shape[d]) return false;
+      }
+    }
+    return true;
+  }
+
+  static void Point(const py::tuple& views, const std::vector<Slot>& slots) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      PyObject* view = PyTuple_GET_ITEM(views.ptr(), i);
+      py::detail::array_proxy(view)->data = static_cast<char*>(slots[i].data);
+      SetWritable(view, slots[i].writable);
+    }
+  }
+
+  py::tuple Tuple(const std::vector<Slot>& slots) {
+    py::tuple t(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) t[i] = Make(slots[i]);
+    // Holds only arrays, which cannot form reference cycles: keep it out of the cyclic
+    // collector, which otherwise runs every few hundred host calls.
+    PyObject_GC_UnTrack(t.ptr());
+    return t;
+  }
+
   py::array Make(const Slot& s) {
     PyObject* dtype = NumpyDtype(s.type);
     if (dtype == nullptr) {
@@ -428,18 +487,12 @@ class CallViews {
     } else {
       a = py::array(descr, s.shape, s.data, owner_);
     }
-    SetWritable(a, s.writable);
+    SetWritable(a.ptr(), s.writable);
     return a;
   }
-  static py::tuple Tuple(const std::vector<py::array>& views) {
-    py::tuple t(views.size());
-    for (size_t i = 0; i < views.size(); ++i) t[i] = views[i];
-    // Holds only arrays, which cannot form reference cycles: keep it out of the cyclic
-    // collector, which otherwise runs every few hundred host calls.
-    PyObject_GC_UnTrack(t.ptr());
-    return t;
-  }
-  void DetachOne(py::array& view) {
+
+  static void DetachOne(PyObject* view_ptr) {
+    auto view = py::reinterpret_borrow<py::array>(view_ptr);
     auto* fields = py::detail::array_proxy(view.ptr());
     bool writable = fields->flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
     py::array copy(view.dtype(), std::vector<py::ssize_t>(view.shape(),
@@ -449,25 +502,18 @@ class CallViews {
     PyObject* old_base = fields->base;
     fields->base = copy.release().ptr();
     Py_XDECREF(old_base);
-    SetWritable(view, writable);
+    SetWritable(view.ptr(), writable);
   }
 
-  // One owner per thread, reused while no view of the previous call survives (then
-  // nothing but this cache refers to it); a fresh one otherwise.
+  // A fresh owner per set of views (reused sets keep theirs).
   static py::object Owner() {
-    thread_local PyObject* cached = nullptr;
-    if (cached == nullptr || Py_REFCNT(cached) != 1) {
-      Py_XDECREF(cached);  // survivors keep the old one alive as long as they need it
-      py::array fresh(py::reinterpret_borrow<py::dtype>(NumpyDtype(ffi::DataType::U8)),
-                      std::vector<py::ssize_t>{0});
-      cached = fresh.release().ptr();
-    }
-    return py::reinterpret_borrow<py::object>(cached);
+    return py::array(py::reinterpret_borrow<py::dtype>(NumpyDtype(ffi::DataType::U8)),
+                     std::vector<py::ssize_t>{0});
   }
 
   bool copy_;
   py::object owner_;
-  std::vector<py::array> ins_, outs_;
+  py::tuple ins_, outs_;
   std::string error_;
 };
 
@@ -477,9 +523,37 @@ std::string PythonErrorText() {
   return std::string("jaxbridge host call: ") + err.what();
 }
 
-void ZeroFill(const std::vector<Slot>& outs) {
+// The outputs of a failed or skipped call: NaN in floating-point results (so that a
+// loop testing convergence, `while err > tol` or `while x < limit`, ends at once
+// instead of spinning on zeros), zeros elsewhere. Nobody sees these values: the
+// exception is raised when the computation returns.
+template <typename Bits>
+void FillBits(void* data, size_t bytes, Bits bits) {
+  Bits* p = static_cast<Bits*>(data);
+  for (size_t i = 0, n = bytes / sizeof(Bits); i < n; ++i) p[i] = bits;
+}
+
+void FailedFill(const std::vector<Slot>& outs) {
   for (const Slot& s : outs) {
-    if (s.bytes) std::memset(s.data, 0, s.bytes);
+    if (!s.bytes) continue;
+    switch (s.type) {
+      case ffi::DataType::F16:
+        FillBits<uint16_t>(s.data, s.bytes, 0x7e00);
+        break;
+      case ffi::DataType::BF16:
+        FillBits<uint16_t>(s.data, s.bytes, 0x7fc0);
+        break;
+      case ffi::DataType::F32:
+      case ffi::DataType::C64:
+        FillBits<uint32_t>(s.data, s.bytes, 0x7fc00000u);
+        break;
+      case ffi::DataType::F64:
+      case ffi::DataType::C128:
+        FillBits<uint64_t>(s.data, s.bytes, 0x7ff8000000000000ull);
+        break;
+      default:
+        std::memset(s.data, 0, s.bytes);
+    }
   }
 }
 
@@ -497,7 +571,7 @@ ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread,
   Py_XDECREF(noted);
   if (python_thread && SchedulePending(exc)) {
     Py_DECREF(exc);
-    ZeroFill(outs);
+    FailedFill(outs);
     return ffi::Error::Success();
   }
   if (!python_thread && base_only &&
@@ -592,7 +666,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
   if (t_pending != nullptr) {  // an earlier call on this thread raised: skip
     double waited = std::chrono::duration<double>(Clock::now() - t_pending_since).count();
     if (waited <= kMaxSkipSeconds) {
-      ZeroFill(outs);
+      FailedFill(outs);
       return ffi::Error::Success();
     }
     PyObject* exc = CancelPending();
@@ -613,22 +687,29 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
   Entry& entry = it->second;
   py::object handler = py::reinterpret_borrow<py::object>(entry.handler);  // keep alive
   try {
-    CallViews views(ins, outs, entry.copy);
-    if (!views.ok()) return ffi::Error::InvalidArgument(views.error());
+    // The spare views of an earlier call if they fit (taken: a call on another thread,
+    // while this one releases the GIL, builds its own), else new ones.
+    std::unique_ptr<CallViews> views;
+    if (!entry.copy) views = std::move(entry.spare);
+    if (views == nullptr || !views->Rebind(ins, outs)) {
+      views = std::make_unique<CallViews>(ins, outs, entry.copy);
+    }
+    if (!views->ok()) return ffi::Error::InvalidArgument(views->error());
     PyObject* exc = nullptr;
-    {
-      py::tuple in_tuple = views.ins(), out_tuple = views.outs();
-      PyObject* result = PyObject_CallFunctionObjArgs(entry.fill, in_tuple.ptr(),
-                                                      out_tuple.ptr(), nullptr);
-      if (result == nullptr) {
-        exc = PyErr_GetRaisedExceptionCompat();
-      } else {
-        Py_DECREF(result);
-      }
-    }  // the tuples are gone: only `views` (and whatever the callable kept) hold views
-    exc = ResolveKept(views, entry, exc);
+    PyObject* result = PyObject_CallFunctionObjArgs(entry.fill, views->ins().ptr(),
+                                                    views->outs().ptr(), nullptr);
+    if (result == nullptr) {
+      exc = PyErr_GetRaisedExceptionCompat();
+    } else {
+      Py_DECREF(result);
+    }
+    bool clean = exc == nullptr && !entry.copy && !views->Check().any();
+    exc = ResolveKept(*views, entry, exc);
     if (exc != nullptr) return Report(exc, entry.handler, gil.python_thread(), outs);
-    views.CopyOutputsBack(outs);
+    views->CopyOutputsBack(outs);
+    if (clean && Registry().count(callback_id) && entry.spare == nullptr) {
+      entry.spare = std::move(views);
+    }
   } catch (const py::error_already_set&) {
     return Failure(PythonErrorText());
   } catch (const std::exception& e) {

@@ -185,17 +185,43 @@ def cast_to_varying(x: Any, axes: frozenset) -> Any:
     return jax.lax.pcast(x, missing, to="varying")
 
 
-def result_avals(in_avals: Any, structs: Any, name: str) -> list:
+def result_avals(in_avals: Any, structs: Any, name: str, num_batch_dims: int = 0) -> list:
     """Abstract values for results of `structs` (shape/dtype) computed from inputs
-    `in_avals`: they vary over the same manual axes as the inputs."""
+    `in_avals`: they vary over the same manual axes as the inputs, and on a mesh with
+    explicit axes they are typed sharded like the inputs' `num_batch_dims` leading
+    dimensions (XLA splits the call along them; an unsharded type would make the next
+    operation gather the result)."""
     vmas = {varying_axes(a) for a in in_avals}
     if len(vmas) > 1:
         raise ValueError(
             f"jaxbridge: {name}: inside jax.shard_map, the inputs vary over different mesh "
             f"axes {sorted(map(sorted, vmas))}; call the foreign function directly (jaxbridge "
             f"casts its arguments) rather than binding its primitive.")
-    if not vmas or not next(iter(vmas)):
+    manual: frozenset = next(iter(vmas), frozenset())
+    if manual:
+        template = next(iter(in_avals))
+        return [template.update(shape=tuple(s.shape), dtype=s.dtype, weak_type=False)
+                for s in structs]
+    batch = _explicit_batch_sharding(in_avals, num_batch_dims)
+    if batch is None:
         return [ShapedArray(s.shape, s.dtype) for s in structs]
-    template = next(iter(in_avals))
-    return [template.update(shape=tuple(s.shape), dtype=s.dtype, weak_type=False)
-            for s in structs]
+    sharding, lead = batch
+    return [ShapedArray(s.shape, s.dtype, sharding=sharding.update(
+        spec=jax.sharding.PartitionSpec(*lead, *[None] * (len(s.shape) - len(lead)))))
+        for s in structs]
+
+
+def _explicit_batch_sharding(in_avals: Any, num_batch_dims: int) -> Any:
+    """(an input's sharding, the mesh axes of its leading `num_batch_dims` dimensions)
+    for the first input typed sharded along them on explicit mesh axes, else None."""
+    if not num_batch_dims:
+        return None
+    for a in in_avals:
+        sharding = getattr(a, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        if spec is None or len(a.shape) < num_batch_dims:
+            continue
+        lead = tuple(spec[:num_batch_dims]) + (None,) * max(0, num_batch_dims - len(spec))
+        if any(axis is not None for axis in lead):
+            return sharding, lead
+    return None

@@ -74,6 +74,8 @@ class Signature(Protocol):
     def prune_zero_tangents(self) -> bool: ...  # tangent gets only non-zero tangents
     @property
     def vectorized(self) -> bool: ...           # vmap: one call with a batch axis
+    @property
+    def num_batch_dims(self) -> int: ...        # leading dims XLA may split (sharding)
 
     def eager(self, role: str, args: Sequence[Any], nz: tuple) -> list | None: ...
     def fixed(self, primals: Sequence[Any], outs: Sequence[Any]) -> list: ...
@@ -126,12 +128,12 @@ class Pair:
             for platform in PLATFORMS:
                 mlir.register_lowering(prim, functools.partial(self._lower, prim, platform),
                                        platform=platform)
-        self.forward.def_abstract_eval(
-            lambda *avals, sig: result_avals(avals, sig.out_avals, sig.name))
-        self.tangent.def_abstract_eval(
-            lambda *avals, sig, nz: result_avals(avals, _tangent_avals(sig, nz), sig.name))
-        self.adjoint.def_abstract_eval(
-            lambda *avals, sig, nz: result_avals(avals, _adjoint_avals(sig, nz), sig.name))
+        self.forward.def_abstract_eval(lambda *avals, sig: result_avals(
+            avals, sig.out_avals, sig.name, sig.num_batch_dims))
+        self.tangent.def_abstract_eval(lambda *avals, sig, nz: result_avals(
+            avals, _tangent_avals(sig, nz), sig.name, sig.num_batch_dims))
+        self.adjoint.def_abstract_eval(lambda *avals, sig, nz: result_avals(
+            avals, _adjoint_avals(sig, nz), sig.name, sig.num_batch_dims))
         ad.primitive_jvps[self.forward] = self._forward_jvp
         ad.primitive_jvps[self.tangent] = functools.partial(self._linear_jvp, self.tangent)
         ad.primitive_jvps[self.adjoint] = functools.partial(self._linear_jvp, self.adjoint)

@@ -16,7 +16,7 @@ from .._core.capabilities import Derivatives
 from .._core.jaxapi import aval_of
 from .._core.pair import VMAP_CHOICES, make_pair
 from .definition import Definition, Rule
-from .hostcall import BACKENDS, ON_MESH
+from .hostcall import BACKENDS, ON_MESH, check_alias_types, check_aliases_arg
 from .signature import CallSignature
 
 __all__ = ["ForeignFunction", "foreign", "custom_gradient", "foreign_pair"]
@@ -69,7 +69,7 @@ class ForeignFunction:
     def __init__(self, fun: Callable[..., Any], result: Any, *, residuals: Any = None,
                  vmap: str = "loop", backend: str = "auto", batch_dims: int = 0,
                  on_mesh: str = "error", out: bool = False, linear: bool = False,
-                 cast: bool = False):
+                 cast: bool = False, aliases: dict | None = None):
         where = "jaxbridge.foreign"
         if not callable(fun):
             raise TypeError(f"{where}: expected a function to wrap, got {fun!r}")
@@ -93,7 +93,7 @@ class ForeignFunction:
         self._definition = Definition(
             fun=fun, name=self.__name__, result=result, residuals=residuals, vmap=vmap,
             backend=backend, batch_dims=batch_dims, on_mesh=on_mesh, in_place=out,
-            linear=linear, cast=cast)
+            linear=linear, cast=cast, aliases=check_aliases_arg(self.__name__, aliases))
 
     # ---- what it is
     @property
@@ -353,6 +353,7 @@ def _make_signature(defn: Definition, in_tree: Any, static_leaves: tuple, avals:
         fix="Broadcast unbatched arguments, or call the function inside jax.shard_map instead.")
     if defn.linear:
         _check_linear(defn, in_structs, out_avals)
+    check_alias_types(defn.name, defn.aliases, in_structs, out_avals + res_avals)
     return CallSignature(defn, in_tree, static_leaves, in_structs, statics, out_tree,
                          out_avals, res_tree, res_avals)
 
@@ -373,6 +374,7 @@ def foreign(result: Any, *, residuals: Any = None,
             backend: Literal["auto", "native", "pure_callback"] = "auto",
             batch_dims: int = 0, on_mesh: Literal["error", "replicate"] = "error",
             out: bool = False, linear: bool = False, cast: bool = False,
+            aliases: dict[str, dict[int, int]] | None = None,
             ) -> Callable[[Callable[..., Any]], ForeignFunction]:
     """Make a NumPy/SciPy function callable (and differentiable) from JAX.
 
@@ -407,6 +409,13 @@ def foreign(result: Any, *, residuals: Any = None,
         derivatives of every order work with NumPy code alone.
       cast: cast results of the right shape but another dtype (from the function or
         its rules) to the declared dtype. Off by default: nothing is silently cast.
+      aliases: ``{"forward": {operand index: result index}}``: XLA writes that result
+        into the operand's buffer (the FFI call's ``input_output_aliases``), so with
+        ``out=True`` the function updates its input in place and no fresh result buffer
+        is allocated. Operands are the array leaves of the positional arguments,
+        results the leaves of the result (then the residuals); aliased ones need the
+        same shape and dtype. XLA copies an operand first when it is still needed, so
+        the caller's array is never clobbered. Like ``jb.kernel(..., aliases=)``.
 
     Positional arguments are pytrees whose array leaves are traced (float, complex,
     integer and bool; only inexact ones are differentiable); other leaves and all
@@ -446,7 +455,7 @@ def foreign(result: Any, *, residuals: Any = None,
     def wrap(fun: Callable[..., Any]) -> ForeignFunction:
         return ForeignFunction(fun, result, residuals=residuals, vmap=vmap, backend=backend,
                                batch_dims=batch_dims, on_mesh=on_mesh, out=out, linear=linear,
-                               cast=cast)
+                               cast=cast, aliases=aliases)
 
     return wrap
 

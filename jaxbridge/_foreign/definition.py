@@ -57,6 +57,7 @@ class Definition:
     in_place: bool       # jb.foreign(out=True): the function fills `out=` buffers
     linear: bool
     cast: bool
+    aliases: tuple = ()  # forward call: ((operand, result), ...), see hostcall.check_aliases_arg
     vjp: Rule | None = None
     jvp: Rule | None = None
     transpose: Rule | None = None
@@ -106,7 +107,10 @@ class CallLayout:
         self.diff_out = tuple(is_differentiable(a.dtype) for a in primary_avals)
         self.tangent_outs = self.diff_out + (False,) * len(res_avals)
         self.prune_zero_tangents = not defn.linear
-        self.vectorized = defn.vmap == "vectorized"
+        # A batch_dims function is independent along leading dims, so vmap is one call
+        # with one more (XLA may split it; on an explicit mesh lax.map would gather):
+        # with vmap="loop" the host loops over the new dims (hostcall.loop_leading).
+        self.vectorized = defn.vmap == "vectorized" or bool(defn.batch_dims)
         self._batched: dict[int, Self] = {}
         self.kwargs = dict(statics)
         self.static_map = dict(static_leaves)

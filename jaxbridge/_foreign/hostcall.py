@@ -318,8 +318,13 @@ class HostCallable:
 
 def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "auto",
                     platform: str | None = None, num_batch_dims: int = 0,
-                    on_mesh: str = "error") -> Sequence[Any]:
+                    on_mesh: str = "error", aliases: Sequence[tuple[int, int]] = ()
+                    ) -> Sequence[Any]:
     """Emit the call of `target` on `args` into the MLIR module being built.
+
+    `aliases` ((operand, result) pairs) make XLA write those results into the operands'
+    buffers (the FFI call's input_output_aliases; XLA copies an operand that is still
+    needed afterwards). The pure_callback fallback ignores them.
 
     With `num_batch_dims > 0` on the native path, XLA may split the call along those
     leading dimensions, one call per shard on the shard's own device. A call that
@@ -358,10 +363,11 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
             "_native", "host calls run through jax.pure_callback (about 30x slower per call)")
     if use_native:
         jaxapi.mark_host_callback(ctx, target)
+        lowering = jaxapi.ffi_lowering_aliased(
+            BATCHED_TARGET_NAME if num_batch_dims else TARGET_NAME, aliases)
+        results = lowering(ctx, *args, callback_id=np.int64(target.id))
         if not num_batch_dims:
-            return jax.ffi.ffi_lowering(TARGET_NAME)(ctx, *args, callback_id=np.int64(target.id))
-        results = jax.ffi.ffi_lowering(BATCHED_TARGET_NAME)(
-            ctx, *args, callback_id=np.int64(target.id))
+            return results
         jaxapi.set_num_batch_dims(results, num_batch_dims)
         return results
 
@@ -371,6 +377,70 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
         return jax.pure_callback(target.call_pure, out_shapes, *xs, vmap_method="sequential")
 
     return mlir.lower_fun(via_pure_callback, multiple_results=True)(ctx, *args)
+
+
+def loop_leading(fill: Callable[[tuple, tuple], Any], n: int) -> Callable[[tuple, tuple], None]:
+    """`fill` run once per index of the `n` leading dimensions that every input and
+    output has (a vmapped batch_dims function: one host call, the loop on the host)."""
+    def looped(ins: tuple, outs: tuple) -> None:
+        lead = (outs[0] if outs else ins[0]).shape[:n]  # this shard's share
+        for idx in np.ndindex(*lead):
+            fill(tuple(a[idx] for a in ins), tuple(o[idx] for o in outs))
+
+    return looped
+
+
+# ---- aliases: a result written into an operand's buffer
+ALIAS_ROLES = ("forward",)
+
+
+def check_aliases_arg(name: str, aliases: Any) -> tuple[tuple[int, int], ...]:
+    """Normalize `jb.foreign(..., aliases=)` to the forward call's ((operand, result), ...)
+    pairs; shapes and dtypes are checked per call (`check_alias_types`)."""
+    where = f"jaxbridge.foreign {name!r}: argument 'aliases'"
+    if aliases is None:
+        return ()
+    if not isinstance(aliases, dict):
+        raise TypeError(f"{where}: expected a dict {{'forward': {{operand index: result "
+                        f"index}}}}, received {type(aliases).__name__}")
+    pairs: tuple[tuple[int, int], ...] = ()
+    for role, mapping in aliases.items():
+        if role not in ALIAS_ROLES:
+            raise ValueError(
+                f"{where}: unknown role {role!r}; host functions alias in {list(ALIAS_ROLES)} "
+                f"(derivative rules write into fresh buffers; give them out=True to save the "
+                f"copy of what they return)")
+        if not isinstance(mapping, dict) or not all(
+                isinstance(k, (int, np.integer)) and isinstance(v, (int, np.integer))
+                and not isinstance(k, bool) and not isinstance(v, bool) and k >= 0 and v >= 0
+                for k, v in mapping.items()):
+            raise TypeError(f"{where}: {role!r} must map operand indices to result indices "
+                            f"(non-negative ints), received {mapping!r}")
+        if len(set(mapping.values())) != len(mapping):
+            raise ValueError(f"{where}: {role!r}: two operands aliased to the same result "
+                             f"({dict(mapping)})")
+        pairs = tuple(sorted((int(k), int(v)) for k, v in mapping.items()))
+    return pairs
+
+
+def check_alias_types(name: str, pairs: Sequence[tuple[int, int]], operands: Sequence[Any],
+                      results: Sequence[Any]) -> None:
+    """Raise unless every aliased operand and result have one shape and dtype. Operands
+    are the array leaves of the positional arguments, results the leaves of the result
+    (then of the residuals), in order."""
+    from ..errors import describe
+
+    where = f"jaxbridge.foreign {name!r}: aliases['forward']"
+    for o, r in pairs:
+        if o >= len(operands) or r >= len(results):
+            raise ValueError(
+                f"{where} maps operand {o} to result {r}, but this call has {len(operands)} "
+                f"array operand(s) and {len(results)} result(s)")
+        a, b = operands[o], results[r]
+        if (tuple(a.shape), np.dtype(a.dtype)) != (tuple(b.shape), np.dtype(b.dtype)):
+            raise ValueError(
+                f"{where} maps operand {o} ({describe(a)}) to result {r} ({describe(b)}); "
+                f"aliased buffers need the same shape and dtype")
 
 
 def num_registered() -> int:

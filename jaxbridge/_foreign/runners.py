@@ -327,6 +327,13 @@ def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
     if sig.defn.in_place:
         one_leaf = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
             and sig.out_tree.num_leaves == 1
+        if one_leaf and sig.plain_args and not kwargs:
+            def fill_plain(ins: tuple, outs: tuple) -> None:  # the per-call floor
+                value = fun(*ins, out=outs[0])
+                if value is not None:
+                    _returned_none(sig, value, "forward call")
+
+            return fill_plain
 
         def fill_in_place(ins: tuple, outs: tuple) -> None:
             if one_leaf:  # fast path: the lone output buffer is `out` itself
@@ -402,7 +409,19 @@ def _inplace_tangent_filler(sig: CallLayout, rule: Rule, nz: tuple
 
 def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
+    # Fast path (as in _adjoint_filler): plain array arguments, one array output.
+    fast = sig.plain_args and sig.res_tree is None and sig.n_out == 1 \
+        and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.defn.linear
+    fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
+    where = tuple(sum(nz[:i]) if z else -1 for i, z in enumerate(nz))  # -> index in outs
+
     def fill(ins: tuple, outs: tuple) -> None:
+        if fast:
+            target = tuple(outs[j] if j >= 0 else None for j in where)
+            value = fun(ins[:n_in], ins[n_in], ins[n_in + 1], out=target, **kwargs)
+            if value is not None:
+                _returned_none(sig, value, _what(sig, "adjoint"))
+            return
         target = _input_trees(sig, outs, nz)
         if sig.defn.linear:
             value = rule.fun(_output_tree(sig, ins), out=target, **sig.kwargs)

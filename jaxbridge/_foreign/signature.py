@@ -17,7 +17,7 @@ from .._core.jaxapi import hold_weakly_in_jax_caches
 from ..errors import MissingRuleError
 from . import runners
 from .definition import CallLayout, Definition, Rule
-from .hostcall import HostCallable, lower_host_call
+from .hostcall import HostCallable, loop_leading, lower_host_call
 
 __all__ = ["Rule", "Definition", "CallSignature"]
 
@@ -88,7 +88,8 @@ class CallSignature(CallLayout):
         defn = self.defn
         return lower_host_call(ctx, self.host_callable(role, nz), *args, backend=defn.backend,
                                platform=platform, num_batch_dims=self.num_batch_dims,
-                               on_mesh=defn.on_mesh)
+                               on_mesh=defn.on_mesh,
+                               aliases=defn.aliases if role == "forward" else ())
 
     def host_callable(self, role: str, nz: tuple = ()) -> HostCallable:
         """The host computation of `role` (one per role and `nz`, cached)."""
@@ -96,6 +97,9 @@ class CallSignature(CallLayout):
         target = self._callables.get(key)
         if target is None:
             fill, avals, what = runners.filler(self, role, self._rule_of(role), nz)
+            if self.batch_shape and self.defn.vmap != "vectorized":
+                fill = loop_leading(runners.filler(self.base, role, self._rule_of(role), nz)[0],
+                                    len(self.batch_shape))
             target = HostCallable(fill, avals, self.name, what, self.defn.copy_policy(role))
             self._callables[key] = target
         return target
