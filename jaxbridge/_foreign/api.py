@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from .._core.arrays import as_struct, is_array_leaf
-from .._core.checks import check_batch_dims, is_differentiable
 from .._core.capabilities import Derivatives
+from .._core.checks import check_batch_dims, is_differentiable
 from .._core.jaxapi import aval_of
 from .._core.pair import VMAP_CHOICES, make_pair
 from .definition import Definition, Rule

@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.checks import check_batch_dims
 from .._core.capabilities import Derivatives
+from .._core.checks import check_batch_dims
 from .._core.jaxapi import (
     ShapedArray,
 )
