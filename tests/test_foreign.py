@@ -467,3 +467,22 @@ def test_eager_jacfwd_of_vectorized_function_runs_jax_rule_per_element():
     x = jnp.arange(3.0)
     np.testing.assert_array_equal(jax.jacfwd(total)(x), np.ones(3))
     np.testing.assert_array_equal(jax.jacrev(total)(x), np.ones(3))
+
+
+def test_bug_bfloat16_inputs_get_gradients_not_zeros():
+    """bfloat16 (an ml_dtypes type) is floating for JAX but not for np.issubdtype: a
+    differentiability check with NumPy's predicate gave silent zero gradients."""
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x.astype(np.float32)).astype(x.dtype)
+
+    @host_sin.defvjp
+    def _(primals, y, ct):
+        return ((np.cos(primals[0].astype(np.float32)) * ct.astype(np.float32))
+                .astype(primals[0].dtype),)
+
+    x = jnp.linspace(0.0, 1.0, 4, dtype=jnp.bfloat16)
+    g = jax.jit(jax.grad(lambda x: host_sin(x).astype(jnp.float32).sum()))(x)
+    assert g.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.cos(np.asarray(x, np.float32)),
+                               rtol=1e-2)

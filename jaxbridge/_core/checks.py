@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
+import jax.numpy as jnp
 
 from ..errors import ShardingError
 from . import jaxapi
@@ -20,8 +20,11 @@ __all__ = ["is_differentiable", "check_batch_dims", "refuse_gather"]
 
 
 def is_differentiable(dtype: Any) -> bool:
-    """True for floating and complex dtypes: the ones that have (co)tangents."""
-    return bool(np.issubdtype(dtype, np.inexact))
+    """True for floating and complex dtypes: the ones that have (co)tangents.
+
+    JAX's own predicate, not NumPy's: NumPy does not know that bfloat16 (an ml_dtypes
+    type) is floating, and calling it not differentiable gives silent zero gradients."""
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 def check_batch_dims(k: int, structs: Sequence[Any], what: str, fix: str = "",
