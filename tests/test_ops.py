@@ -5,16 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
-from conftest import tol
+from conftest import extension_missing, tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxbridge as jb
+import jaxbridge.ops as ops
 
-ops = pytest.importorskip("jaxbridge.ops")
-if not ops.available():  # pragma: no cover
-    pytest.skip(f"jaxbridge._kernels not built: {ops.IMPORT_ERROR}", allow_module_level=True)
+if not ops.available():  # pragma: no cover - only with JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS=1
+    pytest.skip(f"jaxbridge._kernels not built: {extension_missing('_kernels')}",
+                allow_module_level=True)
 
 FLOATS = [np.float32, np.float64]
 
