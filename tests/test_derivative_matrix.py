@@ -448,6 +448,11 @@ def _quad_rows() -> list[Row]:
 
 
 # ---- scipy.optimize: jnp twins (closed forms, or Newton in JAX on the same problem)
+def _tol(p: jax.Array) -> float:
+    """A solver tolerance the dtype can reach (SciPy fails on 1e-12 in float32)."""
+    return 1e-12 if p.dtype == jnp.float64 else 1e-6
+
+
 def _newton(F: Callable[[jax.Array], jax.Array], x: jax.Array, iters: int = 40) -> jax.Array:
     """A root of F by Newton's method in JAX (differentiable through its iterations)."""
 
@@ -467,12 +472,12 @@ def _root_rows() -> list[Row]:
 
         def ours(a: jax.Array, method: str = method) -> jax.Array:
             return optimize.root(
-                _root_residual, jnp.zeros(2, a.dtype), args=(a,), method=method, tol=1e-12
+                _root_residual, jnp.zeros(2, a.dtype), args=(a,), method=method, tol=_tol(a)
             ).x
 
         def ours_closure(a: jax.Array, method: str = method) -> jax.Array:
             return optimize.root(
-                lambda x: _root_residual(x, a), jnp.zeros(2, a.dtype), method=method, tol=1e-12
+                lambda x: _root_residual(x, a), jnp.zeros(2, a.dtype), method=method, tol=_tol(a)
             ).x
 
         def twin(a: jax.Array) -> jax.Array:
@@ -490,6 +495,9 @@ def _root_rows() -> list[Row]:
                 atol=1e-8,
                 rtol32=5e-3,
                 default=("vmap.jacrev",) if method == "hybr" else (),
+                # SciPy's newton_krylov fails in float32 ("Jacobian inversion yielded
+                # zero vector"): a float64-only row.
+                dtypes=("float64",) if method == "krylov" else DTYPES,
             )
         )
         if method == "hybr":
@@ -514,7 +522,7 @@ def _root_rows() -> list[Row]:
             "the solution does not depend on x0",
             lambda x0: (
                 optimize.root(
-                    _root_residual, x0, args=(jnp.array([2.0, 1.5], x0.dtype),), tol=1e-12
+                    _root_residual, x0, args=(jnp.array([2.0, 1.5], x0.dtype),), tol=_tol(x0)
                 ).x
             ),
             _pts([0.1, -0.1], [0.5, 0.2]),
@@ -561,7 +569,12 @@ def _minimize_rows() -> list[Row]:
                 else None
             )
             return optimize.minimize(
-                _quad_obj, jnp.zeros(2, c.dtype), args=(c,), method=method, tol=tol, options=opts
+                _quad_obj,
+                jnp.zeros(2, c.dtype),
+                args=(c,),
+                method=method,
+                tol=tol if c.dtype == jnp.float64 else _tol(c),
+                options=opts,
             ).x
 
         rows.append(
@@ -586,7 +599,7 @@ def _minimize_rows() -> list[Row]:
             "c closed over (BFGS)",
             lambda c: (
                 optimize.minimize(
-                    lambda x: _quad_obj(x, c), jnp.zeros(2, c.dtype), method="BFGS", tol=1e-12
+                    lambda x: _quad_obj(x, c), jnp.zeros(2, c.dtype), method="BFGS", tol=_tol(c)
                 ).x
             ),
             _pts(_C_FREE, [1.0, 2.0]),
@@ -604,7 +617,11 @@ def _minimize_rows() -> list[Row]:
             "the optimum does not depend on x0",
             lambda x0: (
                 optimize.minimize(
-                    _quad_obj, x0, args=(jnp.asarray(_C_FREE, x0.dtype),), method="BFGS", tol=1e-12
+                    _quad_obj,
+                    x0,
+                    args=(jnp.asarray(_C_FREE, x0.dtype),),
+                    method="BFGS",
+                    tol=_tol(x0),
                 ).x
             ),
             _pts([0.0, 0.0], [0.3, -0.2]),
@@ -1255,12 +1272,33 @@ def _in_default_run(row: Row, mode: str, dtype: str) -> bool:
     return (mode, dtype) in DEFAULT_CELLS
 
 
+#: Cells that fail because of a known, reported bug (not a documented limitation):
+#: strict xfails, so the fix turns them into failures until the entry is removed.
+#: (function prefix, dtype, modes) -> the bug.
+KNOWN_BUGS = {
+    ("scipy.optimize.", "float32", ("jvp", "jacfwd", "vmap.jacfwd")): (
+        "forward mode of root/minimize/least_squares with float32 inputs raises TypeError "
+        "(optimize.py _Problem role G_jvp_p: a float64 tangent for float32 params)"
+    ),
+}
+
+
+def _known_bug(row: Row, mode: str, dtype: str) -> str | None:
+    for (prefix, dt, modes), why in KNOWN_BUGS.items():
+        if row.function.startswith(prefix) and dtype == dt and mode in modes:
+            return why
+    return None
+
+
 def _cells() -> list:
     out = []
     for row in ROWS:
         for dtype in row.dtypes:
             for mode in MODES:
                 marks = [] if _in_default_run(row, mode, dtype) else [pytest.mark.slow]
+                bug = _known_bug(row, mode, dtype)
+                if bug:
+                    marks.append(pytest.mark.xfail(raises=TypeError, strict=True, reason=bug))
                 out.append(
                     pytest.param(row, mode, dtype, marks=marks, id=f"{row.id}-{mode}-{dtype}")
                 )

@@ -13,17 +13,21 @@ derivative rule functions (`RULES`, unless --all-functions) are marked skipped, 
 (`TESTS`, stopping at the first failure) once per mutant, for at most the module's share
 of the budget. cosmic-ray edits the source file in place and restores it, so the
 editable install and its compiled extensions are used as they are: do not edit the
-tree, or run a second copy, while it runs. Sessions are kept in .mutation/ (git-ignored)
-for `cr-report` and `cr-html`; the summary printed at the end lists every survivor with
-its diff: each is either equivalent (say why in tests/MUTATION.md) or a missing test.
+tree, run tests, or run a second copy while it runs (they would import the mutants).
+Stopped at the budget, the module is restored from git. Sessions are kept in .mutation/
+(git-ignored) for `cr-report` and `cr-html`; the summary printed at the end lists every
+survivor with its diff: each is either equivalent (say why in tests/MUTATION.md) or a
+missing test.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -143,21 +147,21 @@ def prepare(
     return config, session, len(kept)
 
 
-def run(config: Path, session: Path, budget_s: float) -> bool:
+def run(module: str, config: Path, session: Path, budget_s: float) -> bool:
     """`cosmic-ray exec` until done or out of budget; True if it finished."""
-    proc = subprocess.Popen(
-        ["cosmic-ray", "exec", str(config), str(session)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = subprocess.Popen(["cosmic-ray", "exec", str(config), str(session)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
         proc.wait(timeout=budget_s)
         return True
     except subprocess.TimeoutExpired:
-        proc.terminate()  # cosmic-ray restores the source file on SIGTERM
+        # cosmic-ray does not restore the mutated file when stopped: stop its whole
+        # process group (it and its pytest), then restore the file from git (it was
+        # clean when we started: checked in main).
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
-        subprocess.run(["git", "diff", "--exit-code", "--stat", "--", "jaxbridge"], cwd=ROOT)
+        subprocess.run(["git", "checkout", "--", module], cwd=ROOT, check=True)
         return False
 
 
@@ -237,7 +241,7 @@ def main() -> None:
         )
         share = (deadline - time.monotonic()) / (len(modules) - i)
         print(f"{module}: {n} mutants, budget {share:.0f} s", flush=True)
-        finished = run(config, session, max(share, 0.0))
+        finished = run(module, config, session, max(share, 0.0))
         s = summary(module, session)
         s["finished"] = finished
         summaries.append(s)
