@@ -353,6 +353,17 @@ def test_scan_and_fori_loop(rng):
                                    rtol=1e-12, atol=1e-15)
 
 
+def test_rbf_kernel_declares_its_batch_dims_in_the_lowering():
+    """XLA may split the call along the shared leading dims (under sharding): the
+    lowering must say how many (a mutant declaring 0 survived every numerical test)."""
+    x, y, length = jnp.ones((3, 4, 2)), jnp.ones((3, 5, 2)), jnp.full(3, 0.5)
+    batched = jax.jit(ops.rbf_kernel).lower(x, y, length).as_text()
+    assert 'num_batch_dims = "1"' in batched
+    scalar_length = jax.jit(ops.rbf_kernel).lower(x, y, 0.5).as_text()
+    assert 'num_batch_dims = "1"' in scalar_length  # broadcast to the batch dims
+    assert "num_batch_dims" not in jax.jit(ops.rbf_kernel).lower(x[0], y[0], 0.5).as_text()
+
+
 def test_export_round_trip(rng):
     pytest.importorskip("flatbuffers")  # needed by jax.export serialization
     args = tridiag_args(rng, (2, 5), np.float64)
