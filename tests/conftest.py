@@ -1,5 +1,7 @@
 """Shared test settings: strict JAX, float64 available, deterministic seeds."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,37 @@ import pytest
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+#: Set to 1 to run the suite without the compiled extensions (the tests that need them
+#: are then skipped, each with the reason); without it a missing extension stops the run.
+WITHOUT_EXTENSIONS = "JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS"
+
+
+def pytest_configure(config):
+    """Fail loudly, before collecting anything, when the compiled extensions are missing.
+
+    The usual cause is a source tree without a build (or Python importing the source
+    tree instead of the installed package): the host-call tests would then silently
+    test the pure_callback fallback and the kernel tests would be skipped.
+    """
+    from jaxbridge._core import extensions
+
+    missing = {name: extensions.missing_reason(name) for name in ("_native", "_kernels")}
+    missing = {k: v for k, v in missing.items() if v is not None}
+    if missing and os.environ.get(WITHOUT_EXTENSIONS) != "1":
+        lines = "\n".join(f"  jaxbridge.{k}: {v}" for k, v in missing.items())
+        raise pytest.UsageError(
+            f"jaxbridge's compiled extensions are missing, so the tests cannot run:\n{lines}\n"
+            f"Fix: build them with `pip install --no-deps -e .` in the repository root (or "
+            f"run pytest where the installed package is imported). To run only what works "
+            f"without them, set {WITHOUT_EXTENSIONS}=1 (the tests that need them are skipped, "
+            f"with the reason).")
+
+
+def extension_missing(name: str) -> str | None:
+    """Why `jaxbridge.<name>` did not load (None if it did): for the opt-out's skips."""
+    from jaxbridge._core import extensions
+    return extensions.missing_reason(name)
 
 
 @pytest.fixture

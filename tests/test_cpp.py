@@ -106,6 +106,19 @@ def test_user_kernel_without_outputs_in_place(cache):
     hlo = grad.lower(x).compile().as_text()
     assert square.target("adjoint", "cpu") in hlo
     assert square.target("forward", "cpu") not in hlo  # no outputs needed: XLA dropped it
+    # `aliases` reaches XLA: the call writes its result into operand 1 (the cotangent /
+    # tangent), in the lowered StableHLO and in the compiled HLO alike.
+    in_place = "output_operand_alias<output_tuple_indices = [], operand_index = 1,"
+    for role, f, args in (("adjoint", grad, (x,)),
+                          ("tangent", jax.jit(lambda x, t: jax.jvp(square, (x,), (t,))[1]),
+                           (x, ct))):
+        calls = [line for line in f.lower(*args).as_text().splitlines()
+                 if f"custom_call @{square.target(role, 'cpu')}(" in line]
+        assert len(calls) == 1 and in_place in calls[0], (role, calls)
+        compiled = [line for line in f.lower(*args).compile().as_text().splitlines()
+                    if square.target(role, "cpu") in line and "custom-call(" in line]
+        assert len(compiled) == 1 and "output_to_operand_aliasing={{}: (1, {})}" in compiled[0], \
+            (role, compiled)
     np.testing.assert_allclose(jax.jacfwd(square)(x), np.diag(2 * x))
     np.testing.assert_allclose(jax.jacrev(square)(x), np.diag(2 * x))
     np.testing.assert_allclose(jax.vmap(jax.grad(lambda x: square(x).sum()))(jnp.stack([x, -x])),

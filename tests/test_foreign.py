@@ -91,7 +91,9 @@ def close(a, b, dtype, scale=10):
 WRAPPERS = {
     "eager": lambda f: f,
     "jit": jax.jit,
-    "vmap": lambda f: (lambda *a: jax.vmap(f)(*(jnp.stack([v, 2 * v]) for v in a))[0]),
+    # Every batch element is compared (distinct elements: a batching rule that returned
+    # element 0 for every entry must fail).
+    "vmap": lambda f: (lambda *a: jax.vmap(f)(*(jnp.stack([v, 2 * v, -v[::-1]]) for v in a))),
 }
 
 

@@ -9,14 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import extension_missing
 
+import jaxbridge.ops as ops
 from jaxbridge import get_include, kernel, register_target
 from jaxbridge._kernel import registry
 from jaxbridge.errors import KernelError, MissingRuleError
 
-ops = pytest.importorskip("jaxbridge.ops")
-if not ops.available():  # pragma: no cover
-    pytest.skip("jaxbridge._kernels not built", allow_module_level=True)
+if not ops.available():  # pragma: no cover - only with JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS=1
+    pytest.skip(f"jaxbridge._kernels not built: {extension_missing('_kernels')}",
+                allow_module_level=True)
 ops._register()
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -73,7 +73,7 @@ _iv, _ive = _host("iv", sp.iv), _host("ive", sp.ive)
 _hyp1f1 = _host("hyp1f1", sp.hyp1f1)
 _ellipk, _ellipe = _host("ellipk", sp.ellipk), _host("ellipe", sp.ellipe)
 _erfcx, _erfi, _dawsn = _host("erfcx", sp.erfcx), _host("erfi", sp.erfi), _host("dawsn", sp.dawsn)
-_TWO_OVER_SQRT_PI = 2.0 / np.sqrt(np.pi)
+_TWO_OVER_SQRT_PI = float(2.0 / np.sqrt(np.pi))  # a Python float: weakly typed, keeps float32
 _ASYMPTOTIC = 50.0  # |x| beyond which the derivatives use their asymptotic series
 
 

@@ -1,0 +1,260 @@
+"""Mutation testing of jaxbridge's derivative-bearing modules (cosmic-ray), on what a
+change touched, within a time budget. A developer tool: not part of the default test
+run or of CI's; results go in tests/MUTATION.md.
+
+    pip install -e ".[mutation]"            # cosmic-ray (a dev tool, not a test dependency)
+    python tools/mutation.py                 # modules changed since main, 20 min budget
+    python tools/mutation.py --base HEAD~3 --budget-s 3600
+    python tools/mutation.py --modules jaxbridge/scipy/special.py --sample 40 --all-functions
+
+For each module: `cosmic-ray init` lists every mutant; mutants outside the module's
+derivative rule functions (`RULES`, unless --all-functions) are marked skipped, a random
+--sample of the rest is kept (seeded), and `cosmic-ray exec` runs the module's tests
+(`TESTS`, stopping at the first failure) once per mutant, for at most the module's share
+of the budget. cosmic-ray edits the source file in place and restores it, so the
+editable install and its compiled extensions are used as they are: do not edit the
+tree, run tests, or run a second copy while it runs (they would import the mutants).
+Stopped at the budget, the module is restored from git. Sessions are kept in .mutation/
+(git-ignored) for `cr-report` and `cr-html`; the summary printed at the end lists every
+survivor with its diff: each is either equivalent (say why in tests/MUTATION.md) or a
+missing test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SESSIONS = ROOT / ".mutation"
+
+_PYTEST = "python -m pytest -x -q -p no:cacheprovider -p no:randomly"
+
+#: The derivative-bearing modules, the test files that should kill their mutants, and
+#: the `-k` expression selecting their rows of the derivative matrix (None: no rows).
+TESTS: dict[str, tuple[str, str | None]] = {
+    "jaxbridge/scipy/special.py": ("tests/test_scipy_special.py", "special"),
+    "jaxbridge/scipy/signal.py": ("tests/test_scipy_signal.py", "lfilter"),
+    "jaxbridge/scipy/optimize.py": ("tests/test_scipy_optimize.py", "optimize"),
+    "jaxbridge/scipy/integrate.py": ("tests/test_scipy_integrate.py", "integrate"),
+    "jaxbridge/scipy/_common.py": (
+        "tests/test_scipy_closures.py tests/test_scipy_optimize.py",
+        None,
+    ),
+    "jaxbridge/scipy/_rk.py": ("tests/test_scipy_integrate.py", None),
+    "jaxbridge/scipy/sparse/linalg.py": ("tests/test_scipy_sparse.py", "sparse"),
+    "jaxbridge/_core/pair.py": (
+        "tests/test_foreign.py tests/test_inplace_and_linear.py",
+        "special or ops",
+    ),
+    "jaxbridge/_foreign/runners.py": ("tests/test_foreign.py tests/test_hostcall.py", None),
+    "jaxbridge/ops.py": ("tests/test_ops.py", "ops"),
+    "jaxbridge/_testing/_fd.py": ("tests/test_testing.py", None),
+    "jaxbridge/_testing/_checker.py": ("tests/test_testing.py", None),
+    "jaxbridge/_testing/_transforms.py": ("tests/test_testing.py", None),
+    "jaxbridge/_testing/_report.py": ("tests/test_testing.py", None),
+    "jaxbridge/_testing/_diagnose.py": ("tests/test_testing.py", None),
+}
+
+
+def command_for(module: str) -> str:
+    files, rows = TESTS[module]
+    if rows is None:
+        return f"{_PYTEST} {files}"
+    # The matrix's structural tests too ("not test_cell"); the module's own test files
+    # match "not test_cell" whole.
+    return f"{_PYTEST} {files} tests/test_derivative_matrix.py -k '{rows} or not test_cell'"
+
+
+#: The functions that carry derivatives (a regular expression on the qualified name of
+#: the function a mutant is in); --all-functions mutates whole modules.
+RULES = {
+    "jaxbridge/scipy/special.py": r"_jvp$|^_no_order_derivative|^_sum$|^_times$|^_tail$",
+    "jaxbridge/scipy/signal.py": r"_jvp$|_vjp$|^_causal_conv|^_lag_products|^_pad_state"
+    r"|^_reversed_solve",
+    "jaxbridge/scipy/optimize.py": r"_jvp$|_vjp$|^_active$|^_free_and_x$|^_rho$|solve$",
+    "jaxbridge/scipy/integrate.py": r"_jvp$|_vjp|_cotangents$|^_Integrand",
+    "jaxbridge/scipy/sparse/linalg.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
+    r"|^_degenerate|^_sym_",
+    "jaxbridge/_core/pair.py": r".",
+    "jaxbridge/_foreign/runners.py": r"^run_|^filler",
+    "jaxbridge/ops.py": r".",
+    "jaxbridge/_testing/_fd.py": r".",
+}
+
+
+def changed_modules(base: str) -> list[str]:
+    """The configured modules that differ from `base` (committed or not)."""
+    out = subprocess.run(
+        ["git", "diff", "--name-only", base, "--"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return [m for m in TESTS if m in out]
+
+
+def _cr(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["cosmic-ray", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def prepare(
+    module: str, sample: int | None, all_functions: bool, per_mutant_s: float, seed: int
+) -> tuple[Path, Path, int]:
+    """Config and session for `module`; returns (config, session, mutants to run)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    SESSIONS.mkdir(exist_ok=True)
+    (SESSIONS / ".gitignore").write_text("*\n")
+    stem = module.replace("/", "_").removesuffix(".py")
+    config, session = SESSIONS / f"{stem}.toml", SESSIONS / f"{stem}.sqlite"
+    config.write_text(
+        "[cosmic-ray]\n"
+        f"module-path = {json.dumps(module)}\n"
+        f"timeout = {per_mutant_s}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(command_for(module))}\n"
+        '[cosmic-ray.distributor]\nname = "local"\n'
+    )
+    session.unlink(missing_ok=True)
+    res = _cr("init", str(config), str(session))
+    if res.returncode:
+        sys.exit(f"cosmic-ray init failed for {module}:\n{res.stderr}")
+    pattern = re.compile(".") if all_functions else re.compile(RULES.get(module, "."))
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        items = list(db.work_items)
+        keep = [
+            w for w in items if any(pattern.search(m.definition_name or "") for m in w.mutations)
+        ]
+        if sample is not None and len(keep) > sample:
+            keep = random.Random(seed).sample(keep, sample)
+        kept = {w.job_id for w in keep}
+        skip = [w.job_id for w in items if w.job_id not in kept]
+        if skip:
+            db.set_multiple_results(skip, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    return config, session, len(kept)
+
+
+def run(module: str, config: Path, session: Path, budget_s: float) -> bool:
+    """`cosmic-ray exec` until done or out of budget; True if it finished."""
+    proc = subprocess.Popen(["cosmic-ray", "exec", str(config), str(session)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        proc.wait(timeout=budget_s)
+        return True
+    except subprocess.TimeoutExpired:
+        # cosmic-ray does not restore the mutated file when stopped: stop its whole
+        # process group (it and its pytest), then restore the file from git (it was
+        # clean when we started: checked in main).
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        subprocess.run(["git", "checkout", "--", module], cwd=ROOT, check=True)
+        return False
+
+
+def summary(module: str, session: Path) -> dict:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    killed, survivors, pending, skipped = 0, [], 0, 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        results = dict(db.results)
+        for item in db.work_items:
+            r = results.get(item.job_id)
+            if r is None:
+                pending += 1
+            elif r.worker_outcome == WorkerOutcome.SKIPPED:
+                skipped += 1
+            elif r.test_outcome == TestOutcome.SURVIVED:
+                m = item.mutations[0]
+                survivors.append(
+                    {
+                        "job": item.job_id,
+                        "function": m.definition_name,
+                        "line": m.start_pos[0],
+                        "operator": m.operator_name,
+                        "diff": r.diff,
+                    }
+                )
+            else:
+                killed += 1  # killed, or incompetent (the mutant does not even import)
+    run_ = killed + len(survivors)
+    return {
+        "module": module,
+        "killed": killed,
+        "survived": len(survivors),
+        "not_run": pending,
+        "outside_rules_or_sample": skipped,
+        "score": round(100.0 * killed / run_, 1) if run_ else None,
+        "survivors": survivors,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", default="main", help="git revision the change is diffed against")
+    ap.add_argument("--modules", nargs="*", help="modules to mutate (default: changed ones)")
+    ap.add_argument("--budget-s", type=float, default=1200.0, help="total time budget")
+    ap.add_argument("--per-mutant-s", type=float, default=300.0, help="test-run timeout")
+    ap.add_argument("--sample", type=int, default=None, help="mutants per module (random)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--all-functions",
+        action="store_true",
+        help="mutate whole modules, not only their derivative rule functions",
+    )
+    ap.add_argument("--json", type=Path, help="write the summaries here")
+    args = ap.parse_args()
+    modules = args.modules if args.modules else changed_modules(args.base)
+    unknown = [m for m in modules if m not in TESTS]
+    if unknown:
+        sys.exit(f"no tests configured for {unknown}: add them to TESTS in {__file__}")
+    if not modules:
+        print(f"no derivative-bearing module changed since {args.base}")
+        return
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--", *modules], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    if status.strip():
+        sys.exit(
+            f"commit or stash your changes to {modules} first (cosmic-ray edits and "
+            f"restores the files in place)"
+        )
+    deadline = time.monotonic() + args.budget_s
+    summaries = []
+    for i, module in enumerate(modules):
+        config, session, n = prepare(
+            module, args.sample, args.all_functions, args.per_mutant_s, args.seed
+        )
+        share = (deadline - time.monotonic()) / (len(modules) - i)
+        print(f"{module}: {n} mutants, budget {share:.0f} s", flush=True)
+        finished = run(module, config, session, max(share, 0.0))
+        s = summary(module, session)
+        s["finished"] = finished
+        summaries.append(s)
+        print(
+            f"  killed {s['killed']}, survived {s['survived']}, not run {s['not_run']} "
+            f"-> {s['score']}% of those run",
+            flush=True,
+        )
+        for v in s["survivors"]:
+            print(f"  SURVIVOR {v['function']} line {v['line']} ({v['operator']})\n{v['diff']}")
+    if args.json:
+        args.json.write_text(json.dumps(summaries, indent=1))
+
+
+if __name__ == "__main__":
+    main()
