@@ -108,6 +108,8 @@ PUBLIC_MODULES = ["jaxbridge", "jaxbridge.errors", "jaxbridge.testing", "jaxbrid
                   "jaxbridge.ops", "jaxbridge.scipy", "jaxbridge.scipy.integrate",
                   "jaxbridge.scipy.optimize", "jaxbridge.scipy.signal",
                   "jaxbridge.scipy.special", "jaxbridge.scipy.sparse.linalg"]
+if importlib.util.find_spec("torch") is not None:  # the torch extra (Python 3.11 only)
+    PUBLIC_MODULES.append("jaxbridge.torch")
 # `::: identifier` and its indented options block (mkdocstrings' syntax)
 _DIRECTIVE = re.compile(r"^::: (\S+)\n((?:[ \t]+.*\n|[ \t]*\n)*)", re.MULTILINE)
 

@@ -17,7 +17,8 @@ except ImportError as _error:
     raise ImportError(
         "jaxbridge.torch needs PyTorch, which is not installed. Install it with "
         "`pip install \"jaxbridge[torch]\"` (on Python 3.11 this pins torch==2.13.0, the CPU "
-        "build), or `pip install torch`.") from _error
+        "build; an unpinned `pip install torch` may download a CUDA build of several GB)."
+    ) from _error
 
 from ._module import wrap_module
 from ._wrap import TorchFunction, wrap
