@@ -300,8 +300,8 @@ def test_bad_input_errors_name_the_argument():
         solve_ivp(lv, (0, 4), jnp.ones(2), args=(1.0, 1.0, 1.0, 1.0))
     with pytest.raises(TypeError, match=r"4th positional argument is `method`"):
         solve_ivp(lv, (0, 4), jnp.ones(2), jnp.linspace(0, 4, 3))
-    with pytest.raises(TypeError, match=r"`args` must be a tuple.*args=\(p,\)"):
-        solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=P)
+    with pytest.raises(TypeError, match=r"solve_ivp: Supplied 'args' cannot be unpacked"):
+        solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=2.0)
     with pytest.raises(NotImplementedError, match="dense_output"):
         solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), dense_output=True)
     with pytest.raises(NotImplementedError, match="events"):
@@ -424,3 +424,28 @@ def test_stepping_choice_errors():
         solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), stepping="fast")
     with pytest.raises(ValueError, match=r"stepping='compiled' runs SciPy's explicit methods"):
         solve_ivp(damped, (0.0, 3.0), Y0, "BDF", TE, args=(P,), stepping="compiled")
+
+
+def test_args_conventions_are_scipys():
+    """solve_ivp (SciPy 1.17) unpacks any iterable `args` and raises its TypeError
+    otherwise; quad wraps a non-tuple `args` as one argument."""
+    decay = lambda t, y, k, c: -k * y + c  # noqa: E731
+    ours = solve_ivp(decay, (0.0, 1.0), jnp.ones(1), t_eval=[1.0], args=[2.0, 0.5], rtol=1e-10,
+                     atol=1e-12).y
+    ref = scipy.integrate.solve_ivp(decay, (0.0, 1.0), [1.0], t_eval=[1.0], args=[2.0, 0.5],
+                                    rtol=1e-10, atol=1e-12)
+    assert ref.success
+    np.testing.assert_allclose(ours, ref.y, rtol=1e-9)
+    with pytest.raises(TypeError, match="cannot be unpacked"):
+        scipy.integrate.solve_ivp(decay, (0.0, 1.0), [1.0], args=2.0)
+    # an array unpacks along its first axis, and the gradient flows through it
+    kc = jnp.array([2.0, 0.5])
+    g = jax.grad(lambda kc: solve_ivp(decay, (0.0, 1.0), jnp.ones(1), t_eval=[1.0], args=kc,
+                                      rtol=1e-10, atol=1e-12).y[0, 0])(kc)
+    k, c = 2.0, 0.5  # y(1) = c/k + (1 - c/k) e^{-k}
+    want = [-c / k ** 2 + c / k ** 2 * np.exp(-k) - (1 - c / k) * np.exp(-k), (1 - np.exp(-k)) / k]
+    np.testing.assert_allclose(g, want, rtol=1e-7)
+    y, _ = quad(lambda x, c: jnp.exp(-c[0] * x) * c[1], 0.0, 1.0, args=jnp.array([2.0, 3.0]))
+    ref = scipy.integrate.quad(lambda x, c: np.exp(-c[0] * x) * c[1], 0.0, 1.0,
+                               args=np.array([2.0, 3.0]))
+    np.testing.assert_allclose(y, ref[0], rtol=1e-10)

@@ -438,7 +438,7 @@ def _check_method(method: str, name: str) -> None:
 
 def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
               t_eval: Any = None, dense_output: bool = False, events: Any = None,
-              vectorized: bool = False, args: tuple | None = None, *, rtol: float = 1e-3,
+              vectorized: bool = False, args: Any = None, *, rtol: float = 1e-3,
               atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
               adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
               sensitivity: str = "auto", stepping: str = "auto", on_failure: str = "raise",
@@ -463,7 +463,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         differences, so SciPy's vectorized evaluation has nothing to speed up).
       args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
         float leaves (pytrees are fine) are traced and differentiable; Python ints,
-        bools and other objects are passed unchanged (static).
+        bools and other objects are passed unchanged (static). As in SciPy, any other
+        iterable is unpacked the same way, and a non-iterable raises SciPy's TypeError.
       rtol, atol: SciPy's tolerances and defaults (1e-3, 1e-6: loose; gradients
         inherit the solution's error, so pass tighter ones for training).
       jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
@@ -521,7 +522,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
                           "solve, and JAX needs output shapes first")
     del vectorized  # Jacobians come from JAX
     call = "fun(t, y, *args)"
-    args = check_args(args, name, call)
+    args = check_args(args, name, call, "unpack_checked")
     y0 = as_float_array(y0)
     t_eval = jnp.asarray(t_eval)
     if t_eval.ndim != 1:
@@ -700,7 +701,7 @@ def _quad_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, options: tup
     return np.asarray(total, out[0].dtype), nan
 
 
-def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output: int = 0,
+def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: int = 0,
          epsabs: float = 1.49e-8, epsrel: float = 1.49e-8, limit: int = 50,
          points: Any = None, weight: Any = None, wvar: Any = None, wopts: Any = None,
          maxp1: int = 50, limlst: int = 50, complex_func: bool = False, *,
@@ -708,7 +709,8 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
     """`scipy.integrate.quad`: `(y, abserr)` of `int_a^b func(x, *args) dx`; differentiable.
 
     Same signature and `args` convention as SciPy (`func(x, *args)`, written in JAX,
-    returning a scalar; it may close over traced values). Gradients of `y`: w.r.t.
+    returning a scalar; it may close over traced values; a non-tuple `args` is one
+    argument, as in SciPy). Gradients of `y`: w.r.t.
     `args` and closed-over arrays, the integral of the gradient (SciPy's `quad_vec`
     over JAX's `grad`); w.r.t. the limits, the Leibniz rule (`dy/db = func(b)`,
     `dy/da = -func(a)`; zero for infinite limits). Forward mode likewise. `abserr`
@@ -741,7 +743,7 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
     if complex_func:
         raise unsupported(name, "complex_func", "only real integrands are differentiable here")
     call = "func(x, *args)"
-    args = check_args(args, name, call)
+    args = check_args(args, name, call, "wrap")
     dtype = jnp.result_type(jnp.asarray(a).dtype, jnp.asarray(b).dtype, float)
     a, b = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
     f_hf, ops = convert(func, name, "func", (jax.ShapeDtypeStruct((), dtype),), args, call)

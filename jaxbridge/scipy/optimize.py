@@ -411,7 +411,7 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
             raise TypeError(f"jaxbridge.scipy.{qual}: callback must be hashable (it is "
                             f"static); got {type(callback).__name__}") from None
     call = "fun(x, *args)"
-    args = check_args(args, qual, call)
+    args = check_args(args, qual, call, "unpack" if kind == "lsq" else "wrap")
     x0 = as_float_array(x0)
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
@@ -434,7 +434,7 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
     return x, active, stats, success, user_fun
 
 
-def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr",
+def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
          jac: Callable[..., Any] | bool | None = None, tol: float | None = None,
          callback: Callable[..., Any] | None = None, options: dict | None = None, *,
          linear_solver: str = "auto", on_failure: str = "raise") -> OptimizeResult:
@@ -447,7 +447,8 @@ def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr
       fun: the residual, returning an array shaped like `x`.
       x0: the starting point (the solution does not depend on it: zero gradient).
       args: a tuple, passed as `fun(x, *args)`; array and float leaves (pytrees are
-        fine) are differentiable, Python ints and other objects static.
+        fine) are differentiable, Python ints and other objects static. As in SciPy,
+        anything else (an array, a dict, a list) is one argument: `args = (args,)`.
       method: any of SciPy's root methods. "hybr" and "lm" get the Jacobian from JAX
         (`jax.jacfwd`) unless `jac` is a JAX function `jac(x, *args)`, or False
         (SciPy's finite differences).
@@ -477,7 +478,7 @@ def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr
                           nfev=stats[1], njev=stats[2], nit=stats[3])
 
 
-def minimize(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str | None = None,
+def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | None = None,
              jac: Callable[..., Any] | bool | str | None = None, hess: Any = None,
              hessp: Any = None, bounds: Any = None, constraints: Any = (),
              tol: float | None = None, callback: Callable[..., Any] | None = None,
@@ -485,7 +486,8 @@ def minimize(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str | N
              on_failure: str = "raise") -> OptimizeResult:
     """`scipy.optimize.minimize` of scalar `fun(x, *args)`; differentiable in args and closures.
 
-    Same signature and `args` convention as SciPy. The gradient-based methods get
+    Same signature and `args` convention as SciPy (a non-tuple `args` is one
+    argument, as in SciPy). The gradient-based methods get
     JAX's gradient (and Hessian or Hessian-vector products for Newton-CG, dogleg,
     trust-*) unless `jac` is a JAX function `jac(x, *args)` or True (`fun` returns
     `(f, g)`); a finite-difference string ("2-point", ...) also means JAX's exact
@@ -534,18 +536,20 @@ def least_squares(fun: Callable[..., Any], x0: Any, jac: Any = "2-point",
                   loss: str = "linear", f_scale: float = 1.0, diff_step: Any = None,
                   tr_solver: str | None = None, tr_options: dict | None = None,
                   jac_sparsity: Any = None, max_nfev: int | None = None, verbose: int = 0,
-                  args: tuple = (), kwargs: dict | None = None, callback: Any = None,
+                  args: Any = (), kwargs: dict | None = None, callback: Any = None,
                   workers: Any = None, *, linear_solver: str = "auto",
                   on_failure: str = "raise") -> OptimizeResult:
     """`scipy.optimize.least_squares`: minimize `1/2 sum rho(fun(x, *args)^2)`; differentiable.
 
-    Same signature as SciPy (trust-region "trf", "dogbox" or "lm"; `bounds`; robust
-    `loss` and `f_scale`). `fun` is written in JAX; its Jacobian comes from JAX
-    (exact) unless `jac` is a JAX function `jac(x, *args)` (a finite-difference
-    string also means JAX's Jacobian). Gradients of the optimum w.r.t. `args`, arrays
-    `fun` closes over, and active bounds: implicit function theorem on the
-    stationarity of the cost (its full Hessian, from JAX, not the Gauss-Newton
-    approximation, so the gradient is exact also for nonzero residuals).
+    Same signature and `args` convention as SciPy: `fun(x, *args)` unpacks any
+    iterable `args` (a non-iterable raises TypeError, as in SciPy). Trust-region
+    "trf", "dogbox" or "lm"; `bounds`; robust `loss` and `f_scale`. `fun` is
+    written in JAX; its Jacobian comes from JAX (exact) unless `jac` is a JAX
+    function `jac(x, *args)` (a finite-difference string also means JAX's
+    Jacobian). Gradients of the optimum w.r.t. `args`, arrays `fun` closes over,
+    and active bounds: implicit function theorem on the stationarity of the cost
+    (its full Hessian, from JAX, not the Gauss-Newton approximation, so the
+    gradient is exact also for nonzero residuals).
 
     Not supported, with the reason in the error: `kwargs` (use `args` or a
     closure), a callable `loss` (write it into `fun`), `jac_sparsity`, `workers`.
