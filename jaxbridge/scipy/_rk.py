@@ -277,12 +277,11 @@ class Spec(NamedTuple):
 
 
 def checkpoint_sizes(budget: int | None, n: int) -> tuple[int, int]:
-    """(L, S) for a budget of stored states (None: ~16 MiB worth, at most 1024 x 1024,
-    enough for 1e6 steps). Each of the S segment starts and L tape entries holds about
-    one or two states of n floats; the stages are never stored."""
+    """(L, S) for a budget of stored states (None: 16 MiB worth, at most 1024 tape
+    entries and 1024 segment starts, enough for 1e6 steps). A segment start holds two
+    states of n floats (y and f), a tape entry one; the stages are never stored."""
     if budget is None:
-        side = int(np.sqrt(16 * 2 ** 20 / (8 * (3 * n + 8))))
-        side = min(1024, max(16, side))
+        side = min(1024, max(16, int(16 * 2 ** 20 / (8 * (3 * n + 8)))))
         return side, side
     return max(budget // 2, 1), max(budget - budget // 2, 1)
 

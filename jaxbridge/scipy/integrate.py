@@ -503,7 +503,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         jax_enable_x64): no host round trip at all, and `vmap` batches the loop.
         "auto" (default): "compiled" where it applies, else "scipy".
       checkpoints: the compiled loop's reverse mode: how many states it may store
-        (None: ~16 MiB worth, capped at 2 x 1024, which covers 1e6 steps). Each
+        (None: 16 MiB worth, at most 2 x 1024, which covers 1e6 steps). Each
         accepted step's `(t, y, h)` of the current segment and the loop state at
         each segment start are stored, never the stages; `checkpoints=k` covers
         about `(k/2)^2` accepted steps, at the price of one more forward solve per
