@@ -25,6 +25,7 @@ REQUIRES = {
     "pytree_model.py": (),
     "softplus.py": (),
     "training_loop.py": (),
+    "neural_ode.py": ("optax", "tqdm"),  # (matplotlib optional: the PNG is skipped)
 }
 
 
