@@ -16,7 +16,11 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
    vs diffrax Tsit5 + RecursiveCheckpointAdjoint, interleaved repeats (median and
    range), gradient error against diffrax Dopri8 at rtol 1e-12, and each compiled
    program's XLA temporary memory (`memory_analysis().temp_size_in_bytes`).
-4. 2-D Poisson, 5-point stencil, ~1e5 unknowns, gradient w.r.t. b and the matrix's
+4. Implicit layer (DEQ) z = tanh(W z + U x), value+grad in W and U, at batch 16 x
+   width 32 and batch 64 x width 256: ours (`optimize.root`, df-sane and krylov)
+   vs optimistix (fixed_point + FixedPointIteration, root_find Newton + GMRES; implicit
+   adjoint). Gradient error against a tight jnp fixed-point iteration.
+5. 2-D Poisson, 5-point stencil, ~1e5 unknowns, gradient w.r.t. b and the matrix's
    nonzeros: ours (`spsolve`, one SuperLU factorization for both solves) vs
    `jax.scipy.sparse.linalg.cg` (gradient w.r.t. b only; CG's own adjoint is another
    CG) to the same accuracy. Reference: each other / the residual.
@@ -43,6 +47,11 @@ try:
     import diffrax
 except ImportError:  # pragma: no cover
     diffrax = None
+try:
+    import lineax
+    import optimistix
+except ImportError:  # pragma: no cover
+    optimistix = None
 
 ROWS: list[tuple[str, str, str, str]] = []
 
@@ -259,6 +268,50 @@ def neural_ode_bench():
         print(f"  ratio ours/diffrax: {mo / md:.2f}x (median)", flush=True)
 
 
+def deq_bench():
+    from jaxbridge.scipy.optimize import root
+    for batch, width in ((16, 32), (64, 256)):
+        print(f"DEQ z = tanh(W z + U x), batch {batch} x width {width}", flush=True)
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+        W = jax.random.normal(k1, (width, width)) * 0.5 / np.sqrt(width)
+        U = jax.random.normal(k2, (width, width)) / np.sqrt(width)
+        x = jax.random.normal(k3, (batch, width))
+        z0 = jnp.zeros((batch, width))
+
+        def twin(W, U):
+            z = jax.lax.fori_loop(0, 300, lambda i, z: jnp.tanh(z @ W.T + x @ U.T), z0)
+            return jnp.sum(jnp.sin(z))
+        ref = ravel(jax.grad(twin, argnums=(0, 1))(W, U))
+        fns, names = [], []
+        for method in ("df-sane", "krylov"):
+            def ours(W, U, method=method):
+                return jnp.sum(jnp.sin(root(lambda z, W, U: z - jnp.tanh(z @ W.T + x @ U.T),
+                                            z0, (W, U), method=method, tol=1e-10).x))
+            fns.append(jax.jit(jax.value_and_grad(ours, argnums=(0, 1))))
+            names.append(f"jaxbridge root {method}")
+        if optimistix is not None:
+            def fp(W, U):
+                sol = optimistix.fixed_point(lambda z, a: jnp.tanh(z @ a[0].T + x @ a[1].T),
+                                             optimistix.FixedPointIteration(1e-10, 1e-10), z0,
+                                             args=(W, U), max_steps=10_000)
+                return jnp.sum(jnp.sin(sol.value))
+
+            def nt(W, U):
+                sol = optimistix.root_find(
+                    lambda z, a: z - jnp.tanh(z @ a[0].T + x @ a[1].T),
+                    optimistix.Newton(1e-10, 1e-10, linear_solver=lineax.GMRES(1e-10, 1e-10)),
+                    z0, args=(W, U), max_steps=100)
+                return jnp.sum(jnp.sin(sol.value))
+            fns += [jax.jit(jax.value_and_grad(fp, argnums=(0, 1))),
+                    jax.jit(jax.value_and_grad(nt, argnums=(0, 1)))]
+            names += ["optimistix fixed_point FixedPointIteration",
+                      "optimistix root_find Newton+GMRES"]
+        stats = interleaved(fns, (W, U), rounds=5)
+        for f, name, (med, lo, hi) in zip(fns, names, stats):
+            row(f"DEQ {batch}x{width}", f"{name}, range {lo * 1e3:.1f}-{hi * 1e3:.1f} ms", med,
+                rel_err(ravel(f(W, U)[1]), ref))
+
+
 def ravel(tree):
     return np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(tree)])
 
@@ -321,7 +374,8 @@ def main():
     import sys
     only = set(sys.argv[1:])  # e.g. "neural_ode" (default: all)
     for name, bench_fn in (("robertson", robertson_bench), ("lotka", lotka_bench),
-                           ("neural_ode", neural_ode_bench), ("poisson", poisson_bench)):
+                           ("neural_ode", neural_ode_bench), ("deq", deq_bench),
+                           ("poisson", poisson_bench)):
         if not only or name in only:
             if name == "neural_ode" and diffrax is None:
                 continue

@@ -472,7 +472,8 @@ def _differentiable_solve_jvp(spec: Spec, primals: tuple, tangents: tuple) -> tu
     def core(dy0: Any, dp: Any) -> Any:  # d ys / d(y0, p), step sizes held
         return jax.jvp(lambda y0, q: solve(
             spec.method, lambda t, y: fun(t, y, unravel(q)), t0, y0, t_bound, t_eval,
-            spec.rtol, atol, spec.max_step, spec.first_step)[0], (y0, flat_p), (dy0, dp))[1]
+            spec.rtol, atol, spec.max_step, spec.first_step)[0], (y0, flat_p),
+            (dy0.astype(y0.dtype), dp.astype(flat_p.dtype)))[1]
 
     def forward(v: Any) -> Any:
         d0, dy, dp, dte = split(v)
