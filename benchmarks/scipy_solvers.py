@@ -11,7 +11,16 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
    and SciPy's own Python loop, `stepping="scipy"`, and LSODA) vs diffrax Tsit5
    (RecursiveCheckpointAdjoint and BacksolveAdjoint), in one run.
    Reference: diffrax Dopri8 at rtol 1e-12.
-3. 2-D Poisson, 5-point stencil, ~1e5 unknowns, gradient w.r.t. b and the matrix's
+3. Neural ODE: MLP vector fields with P ~ 300, 3,000 and 30,000 parameters, RK45 over
+   [0, 10] at rtol = atol = 1e-7, 20 outputs: ours (compiled loop, discrete adjoint)
+   vs diffrax Tsit5 + RecursiveCheckpointAdjoint, interleaved repeats (median and
+   range), gradient error against diffrax Dopri8 at rtol 1e-12, and each compiled
+   program's XLA temporary memory (`memory_analysis().temp_size_in_bytes`).
+4. Implicit layer (DEQ) z = tanh(W z + U x), value+grad in W and U, at batch 16 x
+   width 32 and batch 64 x width 256: ours (`optimize.root`, df-sane and krylov)
+   vs optimistix (fixed_point + FixedPointIteration, root_find Newton + GMRES; implicit
+   adjoint). Gradient error against a tight jnp fixed-point iteration.
+5. 2-D Poisson, 5-point stencil, ~1e5 unknowns, gradient w.r.t. b and the matrix's
    nonzeros: ours (`spsolve`, one SuperLU factorization for both solves) vs
    `jax.scipy.sparse.linalg.cg` (gradient w.r.t. b only; CG's own adjoint is another
    CG) to the same accuracy. Reference: each other / the residual.
@@ -38,6 +47,11 @@ try:
     import diffrax
 except ImportError:  # pragma: no cover
     diffrax = None
+try:
+    import lineax
+    import optimistix
+except ImportError:  # pragma: no cover
+    optimistix = None
 
 ROWS: list[tuple[str, str, str, str]] = []
 
@@ -184,7 +198,125 @@ def lotka_bench():
             rel_err(np.concatenate(g), ref))
 
 
-# ------------------------------------------------------------------ 3. Poisson
+# ------------------------------------------------------------------ 3. Neural ODE
+def mlp_field(t, y, params):
+    h = y
+    for W, b in params[:-1]:
+        h = jnp.tanh(h @ W + b)
+    W, b = params[-1]
+    return h @ W + b
+
+
+def mlp_params(widths, seed=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(widths) - 1)
+    return [(jax.random.normal(k, (a, b)) / np.sqrt(a), jnp.zeros(b))
+            for k, a, b in zip(keys, widths[:-1], widths[1:])]
+
+
+def interleaved(fns, args, rounds=7):
+    """Median and (min, max) seconds of each function, the calls interleaved."""
+    for f in fns:
+        jax.block_until_ready(f(*args))
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for f, ts in zip(fns, times):
+            t = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            ts.append(time.perf_counter() - t)
+    return [(float(np.median(ts)), min(ts), max(ts)) for ts in times]
+
+
+def temp_mib(f, *args):
+    mem = jax.jit(f).lower(*args).compile().memory_analysis()
+    return getattr(mem, "temp_size_in_bytes", 0) / 2 ** 20 if mem is not None else float("nan")
+
+
+def neural_ode_bench():
+    y0 = jnp.array([1.0, 0.5, -0.5, 0.2])
+    te = jnp.linspace(0.5, 10.0, 20)
+    for widths in ([4, 32, 4], [4, 48, 48, 4], [4, 170, 170, 4]):
+        params = mlp_params(widths)
+        P = sum(W.size + b.size for W, b in params)
+        print(f"Neural ODE, MLP {'-'.join(map(str, widths))} (P = {P}), RK45/Tsit5, "
+              f"rtol=atol=1e-7, 20 outputs", flush=True)
+
+        def ours(ps):
+            return jnp.sum(solve_ivp(mlp_field, (0.0, 10.0), y0, "RK45", te, args=(ps,),
+                                     rtol=1e-7, atol=1e-7).y ** 2)
+
+        def theirs(ps, solver=None, rtol=1e-7):
+            sol = diffrax.diffeqsolve(
+                diffrax.ODETerm(mlp_field), solver or diffrax.Tsit5(), 0.0, 10.0, None, y0,
+                args=ps, saveat=diffrax.SaveAt(ts=te), max_steps=100_000,
+                adjoint=diffrax.RecursiveCheckpointAdjoint(),
+                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=rtol))
+            return jnp.sum(sol.ys ** 2)
+
+        ref = jax.jit(jax.grad(lambda ps: theirs(ps, diffrax.Dopri8(), 1e-12)))(params)
+        f_ours, f_theirs = jax.jit(jax.value_and_grad(ours)), jax.jit(jax.value_and_grad(theirs))
+        (mo, lo_o, hi_o), (md, lo_d, hi_d) = interleaved([f_ours, f_theirs], (params,))
+        e_o = rel_err(ravel(f_ours(params)[1]), ravel(ref))
+        e_d = rel_err(ravel(f_theirs(params)[1]), ravel(ref))
+        mem_o, mem_d = temp_mib(jax.value_and_grad(ours), params), \
+            temp_mib(jax.value_and_grad(theirs), params)
+        steps = int(solve_ivp(mlp_field, (0.0, 10.0), y0, "RK45", te, args=(params,),
+                              rtol=1e-7, atol=1e-7).nfev) // 6
+        row(f"Neural ODE P={P}", f"jaxbridge RK45 discrete adjoint (~{steps} steps), "
+            f"{mem_o:.2f} MiB temp, range {lo_o * 1e3:.2f}-{hi_o * 1e3:.2f} ms", mo, e_o)
+        row(f"Neural ODE P={P}", f"diffrax Tsit5 RecursiveCheckpoint, {mem_d:.2f} MiB temp, "
+            f"range {lo_d * 1e3:.2f}-{hi_d * 1e3:.2f} ms", md, e_d)
+        print(f"  ratio ours/diffrax: {mo / md:.2f}x (median)", flush=True)
+
+
+def deq_bench():
+    from jaxbridge.scipy.optimize import root
+    for batch, width in ((16, 32), (64, 256)):
+        print(f"DEQ z = tanh(W z + U x), batch {batch} x width {width}", flush=True)
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+        W = jax.random.normal(k1, (width, width)) * 0.5 / np.sqrt(width)
+        U = jax.random.normal(k2, (width, width)) / np.sqrt(width)
+        x = jax.random.normal(k3, (batch, width))
+        z0 = jnp.zeros((batch, width))
+
+        def twin(W, U):
+            z = jax.lax.fori_loop(0, 300, lambda i, z: jnp.tanh(z @ W.T + x @ U.T), z0)
+            return jnp.sum(jnp.sin(z))
+        ref = ravel(jax.grad(twin, argnums=(0, 1))(W, U))
+        fns, names = [], []
+        for method in ("df-sane", "krylov"):
+            def ours(W, U, method=method):
+                return jnp.sum(jnp.sin(root(lambda z, W, U: z - jnp.tanh(z @ W.T + x @ U.T),
+                                            z0, (W, U), method=method, tol=1e-10).x))
+            fns.append(jax.jit(jax.value_and_grad(ours, argnums=(0, 1))))
+            names.append(f"jaxbridge root {method}")
+        if optimistix is not None:
+            def fp(W, U):
+                sol = optimistix.fixed_point(lambda z, a: jnp.tanh(z @ a[0].T + x @ a[1].T),
+                                             optimistix.FixedPointIteration(1e-10, 1e-10), z0,
+                                             args=(W, U), max_steps=10_000)
+                return jnp.sum(jnp.sin(sol.value))
+
+            def nt(W, U):
+                sol = optimistix.root_find(
+                    lambda z, a: z - jnp.tanh(z @ a[0].T + x @ a[1].T),
+                    optimistix.Newton(1e-10, 1e-10, linear_solver=lineax.GMRES(1e-10, 1e-10)),
+                    z0, args=(W, U), max_steps=100)
+                return jnp.sum(jnp.sin(sol.value))
+            fns += [jax.jit(jax.value_and_grad(fp, argnums=(0, 1))),
+                    jax.jit(jax.value_and_grad(nt, argnums=(0, 1)))]
+            names += ["optimistix fixed_point FixedPointIteration",
+                      "optimistix root_find Newton+GMRES"]
+        stats = interleaved(fns, (W, U), rounds=5)
+        for f, name, (med, lo, hi) in zip(fns, names, stats):
+            row(f"DEQ {batch}x{width}", f"{name}, range {lo * 1e3:.1f}-{hi * 1e3:.1f} ms", med,
+                rel_err(ravel(f(W, U)[1]), ref))
+
+
+def ravel(tree):
+    return np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(tree)])
+
+
+# ------------------------------------------------------------------ 4. Poisson
 def poisson_bench(m=316):
     n = m * m
     print(f"2-D Poisson, 5-point stencil, n = {n} unknowns, d/d(b, nonzeros)", flush=True)
@@ -239,10 +371,16 @@ def main():
           f"Python {platform.python_version()}, jax {jax.__version__}, scipy {scipy.__version__}, "
           f"numpy {np.__version__}, diffrax {getattr(diffrax, '__version__', 'not installed')}, "
           f"device {jax.devices()[0].platform}")
-    robertson_bench()
-    lotka_bench()
-    poisson_bench()
-    print("\n| problem | solver | value+grad (ms) | gradient error |")
+    import sys
+    only = set(sys.argv[1:])  # e.g. "neural_ode" (default: all)
+    for name, bench_fn in (("robertson", robertson_bench), ("lotka", lotka_bench),
+                           ("neural_ode", neural_ode_bench), ("deq", deq_bench),
+                           ("poisson", poisson_bench)):
+        if not only or name in only:
+            if name == "neural_ode" and diffrax is None:
+                continue
+            bench_fn()
+    print("\n| problem | solver | value+grad (ms, median) | gradient error |")
     print("|---|---|---|---|")
     for r in ROWS:
         print("| " + " | ".join(x.strip() for x in r) + " |")

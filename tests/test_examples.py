@@ -27,6 +27,7 @@ REQUIRES = {
     "softplus.py": (),
     "training_loop.py": (),
     "torch_model.py": ("torch", "optax"),
+    "neural_ode.py": ("optax", "tqdm"),  # (matplotlib optional: the PNG is skipped)
 }
 
 

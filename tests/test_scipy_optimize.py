@@ -166,8 +166,6 @@ def test_failure_policies():
     assert np.isnan(g["c"]).all()
     with pytest.raises(ValueError, match="linear_solver"):
         root(F, X0, (P,), linear_solver="qr")
-    with pytest.raises(TypeError, match=r"`args` must be a tuple"):
-        root(F, X0, P)
     with pytest.raises(NotImplementedError, match="constraints"):
         minimize(objective, jnp.zeros(2), (Q,), constraints=[{"type": "eq", "fun": jnp.sum}])
 
@@ -284,3 +282,67 @@ def test_least_squares_vmap_bounds_and_check_rules():
     np.testing.assert_array_equal(g, 0.0)  # held at the bound (a true zero)
     with pytest.raises(NotImplementedError, match="loss"):
         least_squares(decay_residual, jnp.ones(3), loss=lambda z: z, args=(T_LS, DATA))
+
+
+# ------------------------------------------------------------------ SciPy's `args` conventions
+def test_root_and_minimize_wrap_a_non_tuple_args_as_scipy_does():
+    """SciPy 1.17 root/minimize: `if not isinstance(args, tuple): args = (args,)`."""
+    W = jnp.array([[2.0, 0.5], [0.1, 3.0]])
+    lin = lambda x, W: W @ x - 1.0  # noqa: E731
+    ours = root(lin, jnp.zeros(2), W).x                     # an array: one argument
+    ref = scipy.optimize.root(lambda x, W: np.asarray(W) @ x - 1.0, np.zeros(2), np.asarray(W))
+    assert ref.success
+    np.testing.assert_allclose(ours, ref.x, rtol=1e-10)
+    np.testing.assert_allclose(root(F, X0, P).x, root(F, X0, (P,)).x)  # a dict: one argument
+    # gradient through the wrapped argument: d x*/dW = -(W^-1) (dW x*) (IFT), vs jnp
+    g = jax.grad(lambda W: root(lin, jnp.zeros(2), W, tol=1e-12).x.sum())(W)
+    np.testing.assert_allclose(g, jax.grad(lambda W: jnp.linalg.solve(W, jnp.ones(2)).sum())(W),
+                               rtol=1e-8)
+    # a list is one argument too (SciPy checks for a tuple, not a sequence)
+    quad_ = lambda x, c: jnp.sum((x - c[0]) ** 2 + c[1] * x ** 4)  # noqa: E731
+    ours = minimize(quad_, jnp.zeros(2), [1.0, 0.1], method="BFGS").x
+    ref = scipy.optimize.minimize(lambda x, c: np.sum((x - c[0]) ** 2 + c[1] * x ** 4),
+                                  np.zeros(2), [1.0, 0.1], method="BFGS")
+    np.testing.assert_allclose(ours, ref.x, rtol=1e-5)
+
+
+def test_least_squares_unpacks_args_and_raises_scipys_type_error():
+    """SciPy 1.17 least_squares calls fun(x, *args): iterables unpack, others raise."""
+    t = jnp.linspace(0.0, 1.0, 6)
+    data = 2.0 * jnp.exp(-1.5 * t)
+    res = lambda th, a, b: th[0] * jnp.exp(-th[1] * t) * a - b  # noqa: E731
+    fit = least_squares(res, jnp.ones(2), args=[1.0, data])  # a list unpacks
+    np.testing.assert_allclose(fit.x, [2.0, 1.5], rtol=1e-6)
+    with pytest.raises(TypeError):
+        scipy.optimize.least_squares(lambda x, a: x - a, np.ones(1), args=2.0)
+    with pytest.raises(TypeError, match=r"least_squares.*must be an iterable, not float"):
+        least_squares(lambda x, a: x - a, jnp.ones(1), args=2.0)
+
+
+def test_deq_gradient_matrix_free_equals_dense():
+    """An implicit layer z = tanh(W z + U x) with 96 unknowns: root's default IFT solve
+    is then JAX's GMRES on exact VJPs (one compiled call); it equals the dense solve
+    and the jnp twin (fixed-point iteration differentiated by JAX)."""
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    W = jax.random.normal(k1, (16, 16)) * 0.4 / 4.0
+    U = jax.random.normal(k2, (16, 16)) / 4.0
+    x = jax.random.normal(k3, (6, 16))
+
+    def F(z, W, U):
+        return z - jnp.tanh(z @ W.T + x @ U.T)
+
+    def loss(W, U, solver):
+        z = root(F, jnp.zeros((6, 16)), (W, U), method="hybr", tol=1e-12,
+                 linear_solver=solver).x
+        return jnp.sum(jnp.sin(z))
+
+    def twin(W, U):
+        z = jax.lax.fori_loop(0, 200, lambda i, z: jnp.tanh(z @ W.T + x @ U.T),
+                              jnp.zeros((6, 16)))
+        return jnp.sum(jnp.sin(z))
+    g_auto = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(W, U, "auto")
+    g_dense = jax.grad(loss, argnums=(0, 1))(W, U, "direct")
+    g_twin = jax.grad(twin, argnums=(0, 1))(W, U)
+    for a, d, t in zip(g_auto, g_dense, g_twin):
+        np.testing.assert_allclose(a, d, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(a, t, rtol=1e-8, atol=1e-10)

@@ -215,13 +215,33 @@ def _describe_args(args: tuple) -> str:
         + ")"
 
 
-def check_args(args: Any, name: str, call: str) -> tuple:
-    """SciPy's `args`: a tuple (or list) unpacked after the function's own arguments."""
-    if args is None:
+ARGS_CONVENTIONS = ("wrap", "unpack", "unpack_checked")
+
+
+def check_args(args: Any, name: str, call: str, convention: str) -> tuple:
+    """SciPy's `args`, as the SciPy function `name` itself treats it (SciPy 1.17).
+
+    convention:
+      "wrap" (root, minimize, quad): a non-tuple `args` (a list, an array, None) is
+        one argument, `args = (args,)`.
+      "unpack" (least_squares): `fun(x, *args)`: any iterable is unpacked; anything
+        else raises Python's TypeError, as the first call of `fun` does in SciPy.
+      "unpack_checked" (solve_ivp): None means no arguments; an iterable is unpacked;
+        anything else raises SciPy's TypeError ("Supplied 'args' cannot be unpacked").
+    """
+    if convention == "wrap":
+        return args if isinstance(args, tuple) else (args,)
+    if convention == "unpack_checked" and args is None:
         return ()
-    if not isinstance(args, (tuple, list)):
+    try:
+        return tuple(args)
+    except TypeError as exc:
+        if convention == "unpack_checked":
+            raise TypeError(
+                f"jaxbridge.scipy.{name}: Supplied 'args' cannot be unpacked. Please supply "
+                f"`args` as a tuple (e.g. `args=({args},)`); the function is called as "
+                f"{call}") from exc
         raise TypeError(
-            f"jaxbridge.scipy.{name}: `args` must be a tuple, as in SciPy, because the "
-            f"function is called as {call}; got {type(args).__name__}. To pass one "
-            f"parameter (a pytree is fine) write args=(p,).")
-    return tuple(args)
+            f"jaxbridge.scipy.{name}: {call}: argument after * must be an iterable, not "
+            f"{type(args).__name__} (SciPy unpacks `args`; pass a tuple, e.g. "
+            f"args=(p,))") from exc

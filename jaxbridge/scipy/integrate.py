@@ -1,8 +1,23 @@
-"""Differentiable `scipy.integrate`: `solve_ivp` (continuous adjoint) and `quad`.
+"""Differentiable `scipy.integrate`: `solve_ivp` (discrete or continuous adjoint) and `quad`.
 
-The integrands and right-hand sides are written in JAX; SciPy does the solving on
-the host; the derivatives come from the problem's structure (adjoint ODE, Leibniz
-rule), never from differentiating SciPy's iterations.
+The integrands and right-hand sides are written in JAX. Two ways to solve:
+
+* **The explicit methods (RK23, RK45, DOP853), `stepping="compiled"`** (the default
+  with jax_enable_x64): SciPy's algorithm (same tableaus, step control, dense output:
+  the same steps and values, `_rk`) runs as a `lax.while_loop` inside the caller's
+  own program -- no host call, on whatever device the program runs, batched by `vmap`
+  (one loop for the batch). Forward mode is JAX's derivative of the loop with the
+  step sizes held; reverse mode is the **discrete adjoint** of the accepted steps
+  (stages recomputed from stored `(t, y, h)`, JAX's VJP of the vector field), with
+  two-level checkpointing under the `checkpoints` budget. Both are the exact
+  derivative of the discrete solution (to rounding), not within-tolerance
+  approximations; the cost of a gradient is about two forward solves whatever the
+  number of parameters.
+* **SciPy's own loop, `stepping="scipy"`** (every method; the implicit ones BDF,
+  Radau, LSODA always): SciPy solves on the host and the derivatives come from the
+  problem's structure (the continuous adjoint or forward sensitivity equations, below;
+  quad's Leibniz rule), never from differentiating SciPy's iterations. These are
+  accurate to the solver's tolerance.
 
 **Calling conventions** are SciPy's: `fun(t, y, *args)`, `func(x, *args)`, with
 `args` a tuple (pytrees inside it are fine). Functions may also close over traced
@@ -36,12 +51,13 @@ backward transients, which for small systems is several times cheaper than the
 adjoint (SciML's `ForwardDiffSensitivity` rule of thumb), and costs
 `O(n (n + P))` per right-hand side, so the adjoint wins for large systems.
 `sensitivity="auto"` (the default) picks forward sensitivities when the augmented
-system is small (`n (1 + n + P) <= 64`) and the continuous adjoint otherwise.
+system is small (`n (1 + n + P) <= 64`) and the adjoint otherwise (the same rule for
+the compiled loop, where "forward" means JAX's forward mode over all n + P inputs).
 """
 
 from __future__ import annotations
 
-import types
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -154,8 +170,6 @@ class _Ode:
         roles = {"f": f, "jac": jac_y, "adj": adj, "adj_jac": adj_jac, "sens": sens,
                  "sens_jac": sens_jac}
         self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
-        self._key = key
-        self._roles: dict[str, Callable[..., Any]] = {"f": f, "sens": sens}
 
     def __call__(self, role: str, *xs: Any) -> Any:
         return self._j[role](self.fixed, *xs)
@@ -173,31 +187,10 @@ class _Ode:
         return {}
 
     def solve(self, role: str, t0: float, z0: np.ndarray, t1: float, t_eval: np.ndarray, *,
-              method: str, rtol: float, atol: Any, options: tuple, stepping: str,
+              method: str, rtol: float, atol: Any, options: tuple,
               extra: tuple = (), jac: Any = None) -> Any:
-        """`scipy.integrate.solve_ivp` of `z' = role(t, z, params, *extra)`, or SciPy's
-        algorithm as one compiled loop (`_rk`) for the explicit methods."""
-        if stepping == "compiled":
-            opts = dict(options)
-            rt, atol_v = float(rtol), np.broadcast_to(np.asarray(atol, np.float64), z0.shape)
-            key = self._key + ("rk", role, method, rt, opts.get("max_step", np.inf),
-                               opts.get("first_step"))
-            g = self._roles[role]
-
-            def make() -> Callable[..., Any]:
-                def run(fx: Any, t0: Any, z0: Any, t1: Any, t_eval: Any, atol: Any, p: Any,
-                        *extra: Any) -> Any:
-                    return _rk.solve(method, lambda t, z: g(fx, t, z, p, *extra), t0, z0, t1,
-                                     t_eval, rt, atol, opts.get("max_step", np.inf),
-                                     opts.get("first_step"))
-                return run
-            ys, status, nfev = host_jit(key, make)(self.fixed, t0, z0, t1, t_eval, atol_v,
-                                                   self.params, *extra)
-            status = int(status)
-            return types.SimpleNamespace(
-                status=status, y=f64(ys).T, nfev=int(nfev), njev=0, nlu=0,
-                message="Required step size is less than spacing between numbers." if status
-                else "The solver successfully reached the end of the integration interval.")
+        """`scipy.integrate.solve_ivp` of `z' = role(t, z, params, *extra)` (SciPy's loop;
+        the compiled loop does not come here: see `_compiled_ivp`)."""
         kw = {}
         if jac is not None and method in IMPLICIT_METHODS:
             kw["jac"] = jac
@@ -207,7 +200,7 @@ class _Ode:
 
     def sensitivities(self, t0: Any, y0: Any, t1: Any, t_eval: Any, S0: Any, dp: Any, *,
                       method: str, rtol: Any, atol: Any, sens_rtol: Any, sens_atol: Any, jac: Any,
-                      options: tuple, stepping: str) -> Any:
+                      options: tuple) -> Any:
         """`S(t_i)` (T, n, K) of `S' = f_y S + f_p dp`, `S(t0) = S0` (n, K); dp (P, K).
 
         Returns `(S, None)`, or `(None, SciPy's message)` when the solve fails.
@@ -224,16 +217,34 @@ class _Ode:
         sol = self.solve("sens", t0, np.concatenate([y0, np.ravel(S0)]), t1, t_eval,
                          method=method, rtol=min(rtol, sens_rtol),
                          atol=np.concatenate([np.full(n, atol), np.full(n * K, sens_atol)]),
-                         options=options, stepping=stepping, extra=(dp,), jac=sens_jac)
+                         options=options, extra=(dp,), jac=sens_jac)
         if sol.status != 0:
             return None, sol.message
         return sol.y[n:].T.reshape(T, n, K), None
 
 
+@dataclasses.dataclass(frozen=True)
+class IvpConfig:
+    """Everything static about one `solve_ivp` call (hashable: the host call's key)."""
+
+    fun: HostFun
+    jac: Any               # a HostFun, None (JAX's Jacobian) or False (SciPy's)
+    method: str
+    rtol: float
+    atol: float
+    adjoint_rtol: float
+    adjoint_atol: float
+    sensitivity: str       # "forward" or "adjoint" (resolved from "auto")
+    on_failure: str
+    options: tuple         # SciPy's **options, as sorted items
+    stepping: str          # "compiled" or "scipy" (resolved from "auto")
+    checkpoints: int | None = None
+
+
 def _ivp_result(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any,
                 **_: Any) -> Any:
     return (jax.ShapeDtypeStruct((t_eval.shape[0], *y0.shape), y0.dtype),
-            jax.ShapeDtypeStruct((4,), jnp.int32))  # status, nfev, njev, nlu
+            jax.ShapeDtypeStruct((5,), jnp.int32))  # status, nfev, njev, nlu, accepted steps
 
 
 def _fail(name: str, method: str, message: str, on_failure: str) -> Any:
@@ -248,23 +259,24 @@ def _ode(primals: tuple, fun: Any, jac: Any) -> Any:
 
 
 @_foreign.foreign(_ivp_result)
-def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, *, fun: Any,
-         jac: Any, method: str, rtol: Any, atol: Any, adjoint_rtol: Any, adjoint_atol: Any,
-         sensitivity: str, on_failure: str, options: tuple, stepping: str) -> Any:
+def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any, *,
+         cfg: IvpConfig) -> Any:
     """The forward solve: y(t_eval) of y' = fun(t, y), y(t0) = y0, on [t0, t1]."""
+    fun, jac, method, on_failure = cfg.fun, cfg.jac, cfg.method, cfg.on_failure
     t_eval_in = t_eval
     t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
     T = t_eval.shape[0]
     nan = np.full((T, *y0.shape), np.nan, y0.dtype)
     if T == 0 or np.all(t_eval == t0):
         ys = np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype) if T else nan
-        return ys, np.zeros(4, np.int32)
+        return ys, np.zeros(5, np.int32)
     with on_cpu():
         ode = _ode((t0, t1, y0, t_eval_in, params, fixed, jac_ops), fun, jac)
-        sol = ode.solve("f", t0, np.ravel(f64(y0)), t1, t_eval, method=method, rtol=rtol,
-                        atol=atol, options=options, stepping=stepping,
+        sol = ode.solve("f", t0, np.ravel(f64(y0)), t1, t_eval, method=method, rtol=cfg.rtol,
+                        atol=cfg.atol, options=cfg.options,
                         jac=ode.jac if jac is not False else None)
-    stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu], np.int32)
+    stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, getattr(sol, "steps", -1)],
+                     np.int32)
     if sol.status != 0:
         _fail("integrate.solve_ivp", method, sol.message, on_failure)
         return nan, stats
@@ -276,11 +288,14 @@ def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_op
 
 
 @_ivp.defvjp
-def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, jac: Any, method: str, rtol: Any,
-             atol: Any, adjoint_rtol: Any, adjoint_atol: Any, sensitivity: str, on_failure: str,
-             options: tuple, stepping: str) -> Any:
-    """Reverse mode: forward sensitivities, or the continuous adjoint with checkpoints
-    at the evaluation times (`sensitivity`; see the module docstring)."""
+def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, cfg: IvpConfig) -> Any:
+    """Reverse mode: forward sensitivities, the discrete adjoint of the compiled loop, or
+    the continuous adjoint with checkpoints at the evaluation times (see the module
+    docstring)."""
+    fun, jac, method, on_failure, options = cfg.fun, cfg.jac, cfg.method, cfg.on_failure, \
+        cfg.options
+    rtol, atol, adjoint_rtol, adjoint_atol = cfg.rtol, cfg.atol, cfg.adjoint_rtol, \
+        cfg.adjoint_atol
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     ys, ct = out[0], ct[0]
     t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
@@ -296,13 +311,13 @@ def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, jac: Any, method: s
         Y = f64(ys).reshape(T, n)
         G = f64(ct).reshape(T, n)
         t_bar = np.array([G[i] @ ode.f(t_eval[i], Y[i]) for i in range(T)])
-        if sensitivity == "forward":
+        if cfg.sensitivity == "forward":
             # The whole Jacobian d y(t_i) / d(y0, params) in one solve, then contracted.
             eye = np.eye(n + P)
             S, message = ode.sensitivities(
                 t0, np.ravel(f64(y0)), t1, t_eval, eye[:n], eye[n:], method=method,
                 rtol=rtol, atol=atol, sens_rtol=adjoint_rtol, sens_atol=adjoint_atol,
-                jac=jac, options=options, stepping=stepping)
+                jac=jac, options=options)
             if S is None:
                 _fail("integrate.solve_ivp", method, f"sensitivity solve: {message}",
                       on_failure)
@@ -379,10 +394,10 @@ def _ivp_vjp_nan(primals: tuple) -> Any:
 
 
 @_ivp.defjvp
-def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, jac: Any, method: str, rtol: Any,
-             atol: Any, adjoint_rtol: Any, adjoint_atol: Any, sensitivity: str, on_failure: str,
-             options: tuple, stepping: str) -> Any:
+def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, cfg: IvpConfig) -> Any:
     """Forward sensitivities: (y, s)' = (f, df/dy s + df/dp dp), s(t0) = dy0 - f dt0."""
+    fun, jac, method, on_failure = cfg.fun, cfg.jac, cfg.method, cfg.on_failure
+    rtol, atol = cfg.rtol, cfg.atol
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     dt0, _, dy0, dt_eval, dparams, _, _ = tangents
     ys = out[0]
@@ -401,7 +416,7 @@ def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, jac: Any, met
         S, message = ode.sensitivities(
             t0, y0f, t1, t_eval, s0[:, None], np_ravel(fill_zeros(dparams, params))[:, None],
             method=method, rtol=rtol, atol=atol, sens_rtol=rtol, sens_atol=atol, jac=jac,
-            options=options, stepping=stepping)
+            options=cfg.options)
         if S is None:
             _fail("integrate.solve_ivp", method, f"sensitivity solve: {message}", on_failure)
             return np.full(np.shape(ys), np.nan, ys.dtype), None
@@ -439,10 +454,11 @@ def _check_method(method: str, name: str) -> None:
 
 def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
               t_eval: Any = None, dense_output: bool = False, events: Any = None,
-              vectorized: bool = False, args: tuple | None = None, *, rtol: float = 1e-3,
+              vectorized: bool = False, args: Any = None, *, rtol: float = 1e-3,
               atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
               adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
-              sensitivity: str = "auto", stepping: str = "auto", on_failure: str = "raise",
+              sensitivity: str = "auto", stepping: str = "auto",
+              checkpoints: int | None = None, on_failure: str = "raise",
               **options: Any) -> OdeResult:
     """`scipy.integrate.solve_ivp`, differentiable in y0, args, closed-over arrays, t0, t_eval.
 
@@ -472,7 +488,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         differences, so SciPy's vectorized evaluation has nothing to speed up).
       args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
         float leaves (pytrees are fine) are traced and differentiable; Python ints,
-        bools and other objects are passed unchanged (static).
+        bools and other objects are passed unchanged (static). As in SciPy, any other
+        iterable is unpacked the same way, and a non-iterable raises SciPy's TypeError.
       rtol, atol: SciPy's tolerances and defaults (1e-3, 1e-6: loose; gradients
         inherit the solution's error, so pass tighter ones for training).
       jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
@@ -480,20 +497,26 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         differences (forward solve only; gradient solves always use JAX's Jacobian).
       adjoint_rtol, adjoint_atol: tolerances of the gradient solve (default: rtol, atol).
       sensitivity: how reverse mode (grad, vjp, jacrev) computes the gradient.
-        "adjoint": the continuous adjoint (one backward solve; memory independent of
-        the number of steps; the choice for large systems). "forward": forward
-        sensitivities for every input at once (one augmented forward solve of size
-        `n (1 + n + P)` for `n` states and `P` parameters). "auto" (default):
-        "forward" when `n (1 + n + P) <= 64`, else "adjoint". Forward mode (jvp,
-        jacfwd) always uses forward sensitivities.
+        "adjoint": with the compiled loop, the discrete adjoint (exact for the
+        discrete solution; cost ~ two forward solves, independent of the number of
+        parameters P); with SciPy's loop, the continuous adjoint (one backward solve,
+        within tolerance). "forward": forward sensitivities for every input at once
+        (cost grows with `n (1 + n + P)` for `n` states). "auto" (default): "forward"
+        when `n (1 + n + P) <= 64`, else "adjoint". Forward mode (jvp, jacfwd) always
+        uses forward sensitivities.
       stepping: who runs the step loop. "scipy": SciPy's own Python loop (one host
         round trip per right-hand-side evaluation, ~10 us each). "compiled": SciPy's
         algorithm (same tableaus, step control, first step and dense output, so the
-        same steps and `nfev`) as one loop compiled on the host CPU, for RK23, RK45
-        and DOP853 (options limited to first_step, max_step; needs jax_enable_x64):
-        10-50x faster on small systems. "auto" (default): "compiled" where it
-        applies, else "scipy". The gradient solves use the same choice, except the
-        continuous adjoint (SciPy's loop).
+        same steps and `nfev`) as a loop inside the caller's JAX program, for RK23,
+        RK45 and DOP853 (options limited to first_step, max_step; needs
+        jax_enable_x64): no host round trip at all, and `vmap` batches the loop.
+        "auto" (default): "compiled" where it applies, else "scipy".
+      checkpoints: the compiled loop's reverse mode: how many states it may store
+        (None: 16 MiB worth, at most 2 x 1024, which covers 1e6 steps). Each
+        accepted step's `(t, y, h)` of the current segment and the loop state at
+        each segment start are stored, never the stages; `checkpoints=k` covers
+        about `(k/2)^2` accepted steps, at the price of one more forward solve per
+        gradient. A solve with more steps raises ValueError naming this argument.
       on_failure: "raise" (default): a failed solve raises
         `jaxbridge.scipy.SolverError` with SciPy's message (eager and under `jit`);
         "nan": the outputs and gradients are NaN and `status` is -1.
@@ -536,7 +559,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
                           "solve, and JAX needs output shapes first")
     del vectorized  # Jacobians come from JAX
     call = "fun(t, y, *args)"
-    args = check_args(args, name, call)
+    args = check_args(args, name, call, "unpack_checked")
     y0 = as_float_array(y0)
     t_eval = jnp.asarray(t_eval)
     if t_eval.ndim != 1:
@@ -561,17 +584,78 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     sensitivity = _sensitivity_choice(sensitivity, y0.size, sum(p.size for p in params))
     static = static_options(options, name)
     stepping = _stepping_choice(stepping, method, static, name)
-    ys, stats = _ivp(t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), fun=rhs, jac=jac_hf,
-                     method=method, rtol=float(rtol), atol=float(atol),
-                     adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
-                     adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
-                     sensitivity=sensitivity, on_failure=on_failure, options=static,
-                     stepping=stepping)
+    cfg = IvpConfig(fun=rhs, jac=jac_hf, method=method, rtol=float(rtol), atol=float(atol),
+                    adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
+                    adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
+                    sensitivity=sensitivity, on_failure=on_failure, options=static,
+                    stepping=stepping, checkpoints=_check_checkpoints(checkpoints, name))
+    if stepping == "compiled":
+        ys, stats = _compiled_ivp(cfg, t0, t1, y0, t_eval, params, fixed)
+    else:
+        ys, stats = _ivp(t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), cfg=cfg)
     return OdeResult(t=t_eval, y=jnp.moveaxis(ys, 0, -1), status=stats[0], nfev=stats[1],
                      njev=stats[2], nlu=stats[3], success=stats[0] == 0)
 
 
 STEPPINGS = ("auto", "scipy", "compiled")
+
+
+def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: tuple,
+                  fixed: tuple) -> tuple[jax.Array, jax.Array]:
+    """SciPy's explicit RK loop in the caller's program (`_rk.differentiable_solve`):
+    no host call, derivatives by JAX (forward) and the discrete adjoint (reverse);
+    `vmap` batches the loop itself."""
+    rhs, shape, ydtype, tdtype = cfg.fun, y0.shape, y0.dtype, t_eval.dtype
+
+    def fun(t: Any, y: Any, p: Any, fx: Any) -> Any:
+        out = rhs(rhs.merge(p, fx), t.astype(tdtype), y.reshape(shape).astype(ydtype))
+        return jnp.ravel(out).astype(y.dtype)
+
+    opts = dict(cfg.options)
+    n = int(np.prod(shape, dtype=int))
+    L, S = _rk.checkpoint_sizes(cfg.checkpoints, n)
+    spec = _rk.Spec(cfg.method, fun, cfg.rtol, opts.get("max_step", np.inf),
+                    opts.get("first_step"), L, S, cfg.sensitivity)
+    f64_ = jnp.result_type(float)
+    ys, status, nfev, steps = _rk.differentiable_solve(
+        spec, t0.astype(f64_), jnp.ravel(y0).astype(f64_), t1.astype(f64_),
+        t_eval.astype(f64_), jnp.full(n, cfg.atol, f64_), params, fixed)
+    finite = jnp.all(jnp.isfinite(ys))
+    if cfg.on_failure == "raise":
+        status = _check_status(status, finite, steps, method=cfg.method, budget=L * S)
+    status = jnp.where((status == 0) & ~finite, -1, status)
+    ys = jnp.where(status == 0, ys, jnp.nan).reshape((t_eval.shape[0], *shape)).astype(ydtype)
+    zero = jnp.zeros((), jnp.int32)
+    return ys, jnp.stack([status, nfev, zero, zero, steps])
+
+
+@_foreign.foreign(lambda status, finite, steps, **_: jax.ShapeDtypeStruct((), jnp.int32))
+def _check_status(status: Any, finite: Any, steps: Any, *, method: str, budget: int) -> Any:
+    """on_failure="raise" for the compiled loop: SciPy's message as a SolverError."""
+    code = int(status)
+    if code == -2:
+        raise ValueError(
+            f"jaxbridge.scipy.integrate.solve_ivp: the checkpoint budget is too small: the "
+            f"solve took {int(steps)} accepted steps, and the discrete adjoint covers "
+            f"{budget} (checkpoints=k covers about (k/2)^2 steps). Pass a larger "
+            f"`checkpoints`, or sensitivity='forward'.")
+    if code == -1:
+        _fail("integrate.solve_ivp", method, "Required step size is less than spacing "
+              "between numbers.", "raise")
+    if not bool(finite):
+        _fail("integrate.solve_ivp", method, "the solution is not finite", "raise")
+    return np.asarray(code, np.int32)
+
+
+def _check_checkpoints(checkpoints: Any, name: str) -> int | None:
+    if checkpoints is None:
+        return None
+    if isinstance(checkpoints, bool) or not isinstance(checkpoints, (int, np.integer)) \
+            or checkpoints < 2:
+        raise ValueError(f"jaxbridge.scipy.{name}: checkpoints must be None or an int >= 2 "
+                         f"(how many states the discrete adjoint may store), got "
+                         f"{checkpoints!r}")
+    return int(checkpoints)
 
 
 def _stepping_choice(stepping: str, method: str, options: tuple, name: str) -> str:
@@ -715,7 +799,7 @@ def _quad_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, options: tup
     return np.asarray(total, out[0].dtype), nan
 
 
-def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output: int = 0,
+def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: int = 0,
          epsabs: float = 1.49e-8, epsrel: float = 1.49e-8, limit: int = 50,
          points: Any = None, weight: Any = None, wvar: Any = None, wopts: Any = None,
          maxp1: int = 50, limlst: int = 50, complex_func: bool = False, *,
@@ -723,7 +807,8 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
     """`scipy.integrate.quad`: `(y, abserr)` of `int_a^b func(x, *args) dx`; differentiable.
 
     Same signature and `args` convention as SciPy (`func(x, *args)`, written in JAX,
-    returning a scalar; it may close over traced values). Gradients of `y`: w.r.t.
+    returning a scalar; it may close over traced values; a non-tuple `args` is one
+    argument, as in SciPy). Gradients of `y`: w.r.t.
     `args` and closed-over arrays, the integral of the gradient (SciPy's `quad_vec`
     over JAX's `grad`); w.r.t. the limits, the Leibniz rule (`dy/db = func(b)`,
     `dy/da = -func(a)`; zero for infinite limits). Forward mode likewise. `abserr`
@@ -756,7 +841,7 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: tuple = (), full_output
     if complex_func:
         raise unsupported(name, "complex_func", "only real integrands are differentiable here")
     call = "func(x, *args)"
-    args = check_args(args, name, call)
+    args = check_args(args, name, call, "wrap")
     dtype = jnp.result_type(jnp.asarray(a).dtype, jnp.asarray(b).dtype, float)
     a, b = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
     f_hf, ops = convert(func, name, "func", (jax.ShapeDtypeStruct((), dtype),), args, call)

@@ -17,10 +17,11 @@ the solve runs on the free coordinates, and the gradient flows to the bounds
 themselves (`x*_i = lb_i`).
 
 The linear solves are dense (`scipy.linalg.solve` on the Jacobian JAX computes) for
-`n <= 1000` or `linear_solver="direct"`, and matrix-free otherwise or with
-`linear_solver="gmres"` / `"cg"` (SciPy's Krylov solvers driven by JAX's
-Jacobian-vector products; `cg` needs a symmetric positive definite matrix, which a
-strict minimum's Hessian is). The starting point `x0` gets a zero gradient: the
+`n <= 1000` (root: `n <= 64`) or `linear_solver="direct"`, and matrix-free
+otherwise or with `linear_solver="gmres"` / `"cg"` (JAX's Krylov solvers on JAX's
+exact matrix-free products, the whole solve one compiled host-side call; `cg`
+needs a symmetric positive definite matrix, which a strict minimum's Hessian is).
+The starting point `x0` gets a zero gradient: the
 solution does not depend on it (it is correct, not a silent zero).
 
 The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX at
@@ -29,6 +30,7 @@ The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -62,6 +64,10 @@ __all__ = ["root", "minimize", "least_squares", "OptimizeResult", "LINEAR_SOLVER
 
 LINEAR_SOLVERS = ("auto", "direct", "gmres", "cg")
 _DENSE_MAX = 1000
+# root's IFT solve: dense only for small systems. Above, JAX's GMRES on exact
+# matrix-free products in one compiled call is cheaper than building the Jacobian
+# (n JVPs) and factorizing it (a DEQ of 512 unknowns: ~20 ms dense).
+_DENSE_MAX_ROOT = 64
 ROOT_JAC_METHODS = ("hybr", "lm")
 MIN_GRAD_FREE = ("Nelder-Mead", "Powell", "COBYLA", "COBYQA")
 MIN_HESS = ("Newton-CG", "dogleg", "trust-ncg", "trust-krylov", "trust-exact")
@@ -164,7 +170,9 @@ class _Problem:
             G_vjp_p=lambda fx, x, p, v: jnp_ravel(jax.vjp(lambda p: G(fx, x, p), p)[1](v)[0]),
             G_jvp_p=lambda fx, x, p, dp: jax.jvp(lambda p: G(fx, x, p), (p,), (dp,))[1],
             hess=jax.hessian(F, argnums=1) if kind == "minimize" else F,
-            hessp=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1])
+            hessp=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1],
+            krylov_T=functools.partial(_krylov, G, True),
+            krylov=functools.partial(_krylov, G, False))
         self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
 
     def __call__(self, role: str, *xs: Any) -> Any:
@@ -184,7 +192,10 @@ class _Problem:
             return z
         method = linear_solver
         if method == "auto":
-            method = "direct" if n <= _DENSE_MAX else ("gmres" if name == "root" else "cg")
+            if name == "root":
+                method = "direct" if n <= _DENSE_MAX_ROOT else "gmres"
+            else:
+                method = "direct" if n <= _DENSE_MAX else "cg"
         if method == "direct":
             J = self("G_jac", x)[np.ix_(free, free)]
             try:
@@ -195,22 +206,40 @@ class _Problem:
                                   f"Jacobian of the optimality condition ({exc})") from None
                 z[:] = np.nan
             return z
-        role = "G_vjp_x" if transpose else "G_jvp_x"
-
-        def matvec(v: Any) -> Any:
-            full = np.zeros(x.size)
-            full[free] = v
-            return self(role, x, full)[free]
-        op = scipy.sparse.linalg.LinearOperator((n, n), matvec=matvec, dtype=np.float64)
-        solver = scipy.sparse.linalg.cg if method == "cg" else scipy.sparse.linalg.gmres
-        zf, info = solver(op, rhs[free], rtol=1e-10, atol=0.0, maxiter=10 * n)
-        if info != 0:
+        # "gmres" / "cg": the whole Krylov solve as one compiled program (JAX's solver on
+        # JAX's exact matrix-free products of G): one host-side call, not one per iteration.
+        z, rel = self("krylov_T" if transpose else "krylov", x, rhs, free.astype(np.float64),
+                      method == "cg")
+        if not (np.all(np.isfinite(z)) and float(rel) <= 1e-6):
             if on_failure == "raise":
-                raise failure(f"optimize.{name}", f"implicit differentiation: "
-                              f"scipy.sparse.linalg.{method} did not converge (info={info})")
-            zf = np.full(n, np.nan)
-        z[free] = zf
+                raise failure(f"optimize.{name}", f"implicit differentiation: the {method} "
+                              f"solve did not converge (relative residual {float(rel):.1e})")
+            z = np.full(x.size, np.nan)
         return z
+
+
+def _krylov(G: Callable, transpose: bool, fx: Any, x: Any, p: Any, rhs: Any, free: Any,
+            cg: Any) -> tuple[Any, Any]:
+    """Solve `(dG/dx)^{T if transpose} z = rhs` on the free coordinates (z = 0 on the
+    others: the operator is the identity there), matrix-free, with JAX's GMRES (or CG
+    for a symmetric positive definite dG/dx); returns z and the relative residual."""
+    if transpose:
+        pullback = jax.vjp(lambda x: G(fx, x, p), x)[1]
+        op = lambda v: pullback(v)[0]  # noqa: E731
+    else:
+        op = lambda v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1]  # noqa: E731
+
+    def masked(v: Any) -> Any:
+        return free * op(free * v) + (1 - free) * v
+
+    b = free * rhs
+    z = jax.lax.cond(
+        cg, lambda b: jax.scipy.sparse.linalg.cg(masked, b, tol=1e-12, maxiter=10 * b.size)[0],
+        lambda b: jax.scipy.sparse.linalg.gmres(masked, b, tol=1e-12, restart=50,
+                                                maxiter=10 * b.size)[0], b)
+    norm = jnp.linalg.norm(b)
+    rel = jnp.linalg.norm(masked(z) - b) / jnp.where(norm > 0, norm, 1.0)
+    return z, rel
 
 
 def _count(sol: Any, field: str) -> int:
@@ -411,7 +440,7 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
             raise TypeError(f"jaxbridge.scipy.{qual}: callback must be hashable (it is "
                             f"static); got {type(callback).__name__}") from None
     call = "fun(x, *args)"
-    args = check_args(args, qual, call)
+    args = check_args(args, qual, call, "unpack" if kind == "lsq" else "wrap")
     x0 = as_float_array(x0)
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
@@ -434,7 +463,7 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
     return x, active, stats, success, user_fun
 
 
-def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr",
+def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
          jac: Callable[..., Any] | bool | None = None, tol: float | None = None,
          callback: Callable[..., Any] | None = None, options: dict | None = None, *,
          linear_solver: str = "auto", on_failure: str = "raise") -> OptimizeResult:
@@ -447,7 +476,8 @@ def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr
       fun: the residual, returning an array shaped like `x`.
       x0: the starting point (the solution does not depend on it: zero gradient).
       args: a tuple, passed as `fun(x, *args)`; array and float leaves (pytrees are
-        fine) are differentiable, Python ints and other objects static.
+        fine) are differentiable, Python ints and other objects static. As in SciPy,
+        anything else (an array, a dict, a list) is one argument: `args = (args,)`.
       method: any of SciPy's root methods. "hybr" and "lm" get the Jacobian from JAX
         (`jax.jacfwd`) unless `jac` is a JAX function `jac(x, *args)`, or False
         (SciPy's finite differences).
@@ -481,7 +511,7 @@ def root(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str = "hybr
                           nfev=stats[1], njev=stats[2], nit=stats[3])
 
 
-def minimize(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str | None = None,
+def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | None = None,
              jac: Callable[..., Any] | bool | str | None = None, hess: Any = None,
              hessp: Any = None, bounds: Any = None, constraints: Any = (),
              tol: float | None = None, callback: Callable[..., Any] | None = None,
@@ -489,7 +519,8 @@ def minimize(fun: Callable[..., Any], x0: Any, args: tuple = (), method: str | N
              on_failure: str = "raise") -> OptimizeResult:
     """`scipy.optimize.minimize` of scalar `fun(x, *args)`; differentiable in args and closures.
 
-    Same signature and `args` convention as SciPy. The gradient-based methods get
+    Same signature and `args` convention as SciPy (a non-tuple `args` is one
+    argument, as in SciPy). The gradient-based methods get
     JAX's gradient (and Hessian or Hessian-vector products for Newton-CG, dogleg,
     trust-*) unless `jac` is a JAX function `jac(x, *args)` or True (`fun` returns
     `(f, g)`); a finite-difference string ("2-point", ...) also means JAX's exact
@@ -569,18 +600,20 @@ def least_squares(fun: Callable[..., Any], x0: Any, jac: Any = "2-point",
                   loss: str = "linear", f_scale: float = 1.0, diff_step: Any = None,
                   tr_solver: str | None = None, tr_options: dict | None = None,
                   jac_sparsity: Any = None, max_nfev: int | None = None, verbose: int = 0,
-                  args: tuple = (), kwargs: dict | None = None, callback: Any = None,
+                  args: Any = (), kwargs: dict | None = None, callback: Any = None,
                   workers: Any = None, *, linear_solver: str = "auto",
                   on_failure: str = "raise") -> OptimizeResult:
     """`scipy.optimize.least_squares`: minimize `1/2 sum rho(fun(x, *args)^2)`; differentiable.
 
-    Same signature as SciPy (trust-region "trf", "dogbox" or "lm"; `bounds`; robust
-    `loss` and `f_scale`). `fun` is written in JAX; its Jacobian comes from JAX
-    (exact) unless `jac` is a JAX function `jac(x, *args)` (a finite-difference
-    string also means JAX's Jacobian). Gradients of the optimum w.r.t. `args`, arrays
-    `fun` closes over, and active bounds: implicit function theorem on the
-    stationarity of the cost (its full Hessian, from JAX, not the Gauss-Newton
-    approximation, so the gradient is exact also for nonzero residuals).
+    Same signature and `args` convention as SciPy: `fun(x, *args)` unpacks any
+    iterable `args` (a non-iterable raises TypeError, as in SciPy). Trust-region
+    "trf", "dogbox" or "lm"; `bounds`; robust `loss` and `f_scale`. `fun` is
+    written in JAX; its Jacobian comes from JAX (exact) unless `jac` is a JAX
+    function `jac(x, *args)` (a finite-difference string also means JAX's
+    Jacobian). Gradients of the optimum w.r.t. `args`, arrays `fun` closes over,
+    and active bounds: implicit function theorem on the stationarity of the cost
+    (its full Hessian, from JAX, not the Gauss-Newton approximation, so the
+    gradient is exact also for nonzero residuals).
 
     Not supported, with the reason in the error: `kwargs` (use `args` or a
     closure), a callable `loss` (write it into `fun`), `jac_sparsity`, `workers`.
