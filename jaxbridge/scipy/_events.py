@@ -54,8 +54,8 @@ from ._common import (
     static_options,
     unsupported,
 )
+from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult
 from ._trace import HostFun, array_aval, check_args, convert
-from .integrate import IMPLICIT_METHODS, METHODS, OdeResult
 
 __all__ = ["OdeEventResult", "solve_ivp", "MAX_EVENTS", "MAX_STEPS"]
 
@@ -442,7 +442,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
             raise ValueError(f"jaxbridge.scipy.{name}: {what} must be a positive int (a "
                              f"static size), got {v!r}")
     call = "fun(t, y, *args)"
-    args = check_args(args, name, call)
+    args = check_args(args, name, call, "unpack_checked")
     y0 = as_float_array(y0)
     if len(t_span) != 2:
         raise ValueError(f"jaxbridge.scipy.{name}: t_span must be (t0, tf), got {t_span!r}")

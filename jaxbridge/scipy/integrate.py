@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +71,6 @@ from jax.flatten_util import ravel_pytree
 from .. import _foreign
 from . import _rk
 from ._common import (
-    Result,
     as_float_array,
     check_policy,
     const,
@@ -87,30 +86,13 @@ from ._common import (
     static_options,
     unsupported,
 )
+from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult
 from ._trace import HostFun, array_aval, check_args, convert
 
 __all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES",
            "OdeSolution", "solve_bvp"]
 
-METHODS = ("RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA")
-IMPLICIT_METHODS = ("Radau", "BDF", "LSODA")
 _SPARSE_ADJOINT_JAC = 64  # parameter count above which the adjoint Jacobian is sparse
-
-
-class OdeResult(Result):
-    """What :func:`solve_ivp` returns: SciPy's `OdeResult` fields.
-
-    `t` (T,), `y` (y0.shape + (T,)), `status` (0: reached the end; -1: a step failed,
-    only with `on_failure="nan"`), `success`, and SciPy's counters `nfev`, `njev`,
-    `nlu` (of the forward solve). `sol`, `t_events`, `y_events` are None (dense
-    output and events are not supported).
-    """
-
-    _fields = ("t", "y", "sol", "t_events", "y_events", "nfev", "njev", "nlu", "status",
-               "success")
-    _messages: ClassVar[dict[int, str]] = {
-        0: "The solver successfully reached the end of the integration interval.",
-        -1: "Integration step failed."}
 
 
 # =================================================================== solve_ivp
