@@ -1317,26 +1317,16 @@ def _in_default_run(row: Row, mode: str, dtype: str) -> bool:
 #: strict xfails, so the fix turns them into failures until the entry is removed.
 #: (function prefix, params or None, regime prefix, dtype, modes) -> (exception, the bug).
 KNOWN_BUGS = {
-    ("scipy.optimize.", None, "", "float32", ("jvp", "jacfwd", "vmap.jacfwd")): (
-        TypeError,
-        "forward mode of root/minimize/least_squares with float32 inputs raises TypeError "
-        "(optimize.py, _Problem role G_jvp_p: a float64 tangent for float32 params)",
-    ),
-    ("scipy.integrate.quad", ("args", "func"), "", "float32", ("jvp", "jacfwd", "vmap.jacfwd")): (
-        TypeError,
-        "forward mode of quad w.r.t. float32 parameters raises TypeError (integrate.py "
-        "_Integrand.jvp_p: a float64 tangent for float32 params)",
-    ),
     (
         "scipy.optimize.least_squares",
         ("bounds",),
         "trf, ",
         "float32",
-        ("vjp", "jacrev", "vmap.jacrev"),
+        ("vjp", "jacrev", "vmap.jacrev", "jvp", "jacfwd", "vmap.jacfwd"),
     ): (
         AssertionError,
         "least_squares(trf) in float32: the active bound is not detected (SciPy's active_mask "
-        "is 0 at x* = lb), so the gradient w.r.t. the bound is a silent zero",
+        "is 0 at x* = lb), so the derivative w.r.t. the bound is a silent zero, in both modes",
     ),
 }
 

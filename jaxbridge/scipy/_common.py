@@ -154,6 +154,13 @@ def fill_zeros(tangent: Any, like: Any) -> Any:
         tangent, like, is_leaf=lambda t: t is None)
 
 
+def tangent_like(tangent: Any, primal: Any) -> Any:
+    """`tangent` cast leaf by leaf to its primal's dtype: the host side computes in
+    float64, and `jax.jvp` refuses a float64 tangent for float32 parameters."""
+    return jax.tree_util.tree_map(
+        lambda t, x: jnp.asarray(t).astype(jnp.result_type(x)), tangent, primal)
+
+
 def nan_like(tree: Any) -> Any:
     """NaN arrays shaped and typed like `tree`'s leaves (the "nan" failure policy)."""
     return jax.tree_util.tree_map(

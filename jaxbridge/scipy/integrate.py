@@ -84,6 +84,7 @@ from ._common import (
     np_unravel,
     on_cpu,
     static_options,
+    tangent_like,
     unsupported,
 )
 from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult
@@ -691,7 +692,7 @@ class _Integrand:
             return jnp_ravel(jax.grad(f, argnums=2)(fx, x, p))
 
         def jvp_p(fx: Any, x: Any, p: Any, dp: Any) -> Any:
-            return jax.jvp(lambda q: f(fx, x, q), (p,), (dp,))[1]
+            return jax.jvp(lambda q: f(fx, x, q), (p,), (tangent_like(dp, p),))[1]
 
         self._f = host_jit(key + ("f",), lambda: f)
         self._df = host_jit(key + ("df",), lambda: df_dp)

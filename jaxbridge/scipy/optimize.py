@@ -56,6 +56,7 @@ from ._common import (
     np_unravel,
     on_cpu,
     static_options,
+    tangent_like,
     unsupported,
 )
 from ._trace import HostFun, check_args, convert
@@ -168,7 +169,8 @@ class _Problem:
             G_vjp_x=lambda fx, x, p, v: jax.vjp(lambda x: G(fx, x, p), x)[1](v)[0],
             G_jvp_x=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1],
             G_vjp_p=lambda fx, x, p, v: jnp_ravel(jax.vjp(lambda p: G(fx, x, p), p)[1](v)[0]),
-            G_jvp_p=lambda fx, x, p, dp: jax.jvp(lambda p: G(fx, x, p), (p,), (dp,))[1],
+            G_jvp_p=lambda fx, x, p, dp: jax.jvp(lambda p: G(fx, x, p), (p,),
+                                                (tangent_like(dp, p),))[1],
             hess=jax.hessian(F, argnums=1) if kind == "minimize" else F,
             hessp=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1],
             krylov_T=functools.partial(_krylov, G, True),
