@@ -481,6 +481,29 @@ def _quad_rows() -> list[Row]:
     return rows
 
 
+def _bvp_rows() -> list[Row]:
+    """y'' = -k^2 y, y(0) = 0, y(1) = 1: y(x) = sin(k x) / sin(k), at x = 0.25 and 0.5
+    (sol.sol, SciPy's spline in JAX), k closed over by `fun` (the IFT on the converged
+    collocation system)."""
+    from jaxbridge.scipy.integrate import solve_bvp
+
+    xs = jnp.array([0.25, 0.5])
+
+    def closed(k: jax.Array) -> jax.Array:
+        return jnp.sin(k[0] * xs.astype(k.dtype)) / jnp.sin(k[0])
+
+    def ours(k: jax.Array) -> jax.Array:
+        mesh = jnp.linspace(0.0, 1.0, 11, dtype=k.dtype)
+        res = solve_bvp(lambda x, y: jnp.stack([y[1], -k[0] ** 2 * y[0]]),
+                        lambda ya, yb: jnp.stack([ya[0], yb[0] - 1.0]),
+                        mesh, jnp.zeros((2, 11), k.dtype), tol=1e-8, max_nodes=5000)
+        return res.sol(xs.astype(k.dtype))[0]
+
+    return [Row("scipy.integrate.solve_bvp", "fun", "k closed over, k in (0, pi)", ours,
+                _pts([1.3], [2.1]), twin=closed, rtol=1e-5, atol=1e-7, rtol32=2e-2,
+                dtypes=("float64",), default=("jacrev",))]
+
+
 # ---- scipy.optimize: jnp twins (closed forms, or Newton in JAX on the same problem)
 def _quad_eps(p: jax.Array) -> float:
     """quad's epsabs/epsrel: SciPy's default in float64, what float32 can reach else."""
@@ -1045,6 +1068,7 @@ ROWS: tuple[Row, ...] = tuple(
     + _sparse_rows()
     + _ivp_rows()
     + _quad_rows()
+    + _bvp_rows()
     + _root_rows()
     + _minimize_rows()
     + _least_squares_rows()
@@ -1099,6 +1123,22 @@ NOT_DIFFERENTIABLE: dict[str, dict[str, str]] = {
         "adjoint_atol": "static tolerance",
         "sensitivity": "static",
         "stepping": "static",
+        "checkpoints": "static memory budget of the discrete adjoint",
+        "on_failure": "static policy",
+    },
+    "scipy.integrate.solve_bvp": {
+        "bc": "differentiated through its closed-over arrays like fun (same IFT solve; "
+        "the fun row covers the mechanism)",
+        "x": "the initial mesh: the solution does not depend on it",
+        "y": "the guess: the solution does not depend on it (zero gradient, documented)",
+        "p": "the unknown parameters are outputs (res.p), not inputs",
+        "S": "not supported (raises)",
+        "fun_jac": "accepted and ignored (JAX computes the Jacobians)",
+        "bc_jac": "accepted and ignored (JAX computes the Jacobians)",
+        "tol": "static tolerance",
+        "max_nodes": "static",
+        "verbose": "static",
+        "bc_tol": "static tolerance",
         "on_failure": "static policy",
     },
     "scipy.integrate.quad": {
