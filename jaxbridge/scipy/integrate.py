@@ -573,7 +573,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
                     sensitivity=sensitivity, on_failure=on_failure, options=static,
                     stepping=stepping, checkpoints=_check_checkpoints(checkpoints, name))
     if stepping == "compiled":
-        ys, stats = _compiled_ivp(cfg, t0, t1, y0, t_eval, params, fixed)
+        ys, stats = _compiled_ivp_program(cfg, t0, t1, y0, t_eval, params, fixed)
     else:
         ys, stats = _ivp(t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), cfg=cfg)
     return OdeResult(t=t_eval, y=jnp.moveaxis(ys, 0, -1), status=stats[0], nfev=stats[1],
@@ -610,6 +610,14 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
     ys = jnp.where(status == 0, ys, jnp.nan).reshape((t_eval.shape[0], *shape)).astype(ydtype)
     zero = jnp.zeros((), jnp.int32)
     return ys, jnp.stack([status, nfev, zero, zero, steps])
+
+
+# One jitted program per *structural* configuration (IvpConfig compares its HostFun by
+# the traced structure), not per call: eager `grad` through a fresh closure per call
+# then reuses the traced loop and its compiled derivatives. Called without it, every
+# eager call traced a new while-loop jaxpr (the body closes over a fresh function),
+# and JAX compiled and cached it anew: +13 MiB and seconds per call.
+_compiled_ivp_program = jax.jit(_compiled_ivp, static_argnums=0)
 
 
 @_foreign.foreign(lambda status, finite, steps, **_: jax.ShapeDtypeStruct((), jnp.int32))
