@@ -492,6 +492,7 @@ def test_no_handler_is_an_error(cache):
         cpp.load("empty", source="int f() { return 1; }\n")
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_cuda_compile(cache):

@@ -58,6 +58,7 @@ def test_data_parallel_8_devices(single_process):
     assert "0 all-gather(s)" in proc.stdout, output(proc)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(single_process, tmp_path):
     """2 processes x 4 devices on localhost: same loss trajectory as 1 process x 8."""
     out = tmp_path / "multi.json"
@@ -90,6 +91,7 @@ def _assert_gone(pids: list[int]) -> None:
         assert not state.exists() or state.read_text().split()[2] == "Z", f"worker {pid} alive"
 
 
+@pytest.mark.slow
 def test_launcher_kills_workers_when_one_crashes():
     t0 = time.monotonic()
     proc = run([str(EXAMPLE), "--launch", "2", "--steps", "3", "--timeout", "60",

@@ -52,9 +52,12 @@ def _modules_with_examples() -> list:
 
 
 MODULES = _modules_with_examples()
+# Long by nature (a solver compiled per example): in the slow run
+SLOW_MODULES = {"jaxbridge.scipy.integrate"}
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow)
+                                  if m in SLOW_MODULES else m for m in MODULES])
 def test_docstring_examples(name):
     if name.split(".")[:2] == ["jaxbridge", "torch"]:
         pytest.importorskip("torch", reason="jaxbridge.torch needs PyTorch: "
@@ -81,7 +84,13 @@ def _sybil() -> Sybil:
     return Sybil(parsers=[PythonCodeBlockParser(), SkipParser()])
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p not in RUN_ELSEWHERE])
+# Long by nature (ODE gradients compiled block by block): in the slow run
+SLOW_PAGES = {"docs/guides/ode-events.md", "docs/guides/ode-gradients.md",
+              "docs/guides/scipy.md"}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES
+                                  else p for p in PAGES if p not in RUN_ELSEWHERE])
 def test_code_blocks(page, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # a page may write files (a C++ source, a plot)
     monkeypatch.setenv("JAXBRIDGE_CACHE_DIR", str(tmp_path / "cache"))

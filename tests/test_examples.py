@@ -61,13 +61,19 @@ def test_listed_examples_exist():
     assert not missing, f"listed examples not found in {EXAMPLES}: {missing}"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in REQUIRES if n != "training_loop.py"))
+# Long by nature (an ODE or a torch model trained for several steps): in the slow run
+SLOW_EXAMPLES = {"neural_ode.py", "projectile_events.py", "torch_model.py"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES
+                                  else n for n in sorted(REQUIRES) if n != "training_loop.py"])
 def test_example_runs(name):
     for module in REQUIRES[name]:
         require(module, name)
     check(run_example(name), name)
 
 
+@pytest.mark.slow
 def test_training_loop_example(tmp_path):
     """Also: the loss curve goes to --out (when matplotlib is there), not the repo."""
     proc = run_example("training_loop.py", "--out", str(tmp_path), "--steps", "300")

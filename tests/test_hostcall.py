@@ -202,6 +202,7 @@ def test_concurrent_calls_from_threads():
     assert not errors and not any(t.is_alive() for t in threads)
 
 
+@pytest.mark.slow
 def test_many_closures_traced_repeatedly_do_not_leak_callables():
     def run_batch(n):
         for i in range(n):

@@ -91,6 +91,7 @@ def test_unsynced_training_loop_through_a_scipy_root_solve(tmp_path):
     assert last < 0.5 * first
 
 
+@pytest.mark.slow
 def test_host_function_calling_jax_inside_scan_and_grad(tmp_path):
     @jb.foreign(lambda x: x)
     def uses_jax(x):
@@ -349,6 +350,7 @@ def test_ctrl_c_during_a_host_call_interrupts_a_retry_loop(tmp_path):
     assert "KeyboardInterrupt" in err, err
 
 
+@pytest.mark.slow
 def test_exceptions_do_not_leak():
     class Big(Exception):
         def __init__(self):

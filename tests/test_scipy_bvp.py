@@ -40,6 +40,7 @@ def test_values_match_scipy():
     np.testing.assert_allclose(res.sol(0.3)[0], np.sin(0.6) / np.sin(2.0), rtol=1e-7)
 
 
+@pytest.mark.slow
 def test_gradients_closed_form_every_transform():
     k, x = 1.3, 0.5
 

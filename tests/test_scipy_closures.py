@@ -120,8 +120,11 @@ def fd(L, th, eps=1e-6):
 
 
 # ------------------------------------------------------------------ gradients
-@pytest.mark.parametrize("kind", ["lambda", "partial", "class", "equinox"])
-@pytest.mark.parametrize("problem", list(PROBLEMS))
+@pytest.mark.parametrize("problem,kind", [
+    pytest.param(problem, kind, marks=pytest.mark.slow)  # compiles the ODE gradient twice
+    if (problem, kind) in {("solve_ivp", "lambda"), ("solve_ivp", "partial")}
+    else (problem, kind) for problem in PROBLEMS
+    for kind in ("lambda", "partial", "class", "equinox")])
 def test_closure_gradient_equals_args_gradient_under_jit(problem, kind):
     """The issue's silent zero: jit(grad) through a closure over a traced value."""
     g_args = jax.grad(loss(problem, "args"))(TH)
@@ -130,7 +133,8 @@ def test_closure_gradient_equals_args_gradient_under_jit(problem, kind):
     np.testing.assert_allclose(g_closure, g_args, rtol=1e-10, atol=1e-13)
 
 
-@pytest.mark.parametrize("problem", list(PROBLEMS))
+@pytest.mark.parametrize("problem", [pytest.param(p, marks=pytest.mark.slow)  # long: the ODE
+                                     if p == "solve_ivp" else p for p in PROBLEMS])
 def test_closure_gradients_every_transformation(problem):
     L, La = loss(problem, "lambda"), loss(problem, "args")
     g = jax.grad(La)(TH)
@@ -176,6 +180,7 @@ def test_closure_and_args_together_and_mixed_dtypes():
 
 
 # ------------------------------------------------------------------ memory (#13)
+@pytest.mark.slow
 def test_fresh_closures_reuse_programs_and_are_collectable():
     """A fresh closure per call (the usual way) compiles once, and the dropped
     functions are garbage (the host cache keys on the traced structure)."""
@@ -239,6 +244,7 @@ def test_memory_stays_bounded_with_fresh_closures():
     assert grown < 40, f"RSS grew by {grown:.0f} MiB over 30 calls"
 
 
+@pytest.mark.slow
 def test_user_jacobians_may_close_over_traced_values_too():
     """`jac` functions are converted like `fun`: closing over a traced value neither
     leaks a tracer nor changes the gradient (which comes from JAX's derivatives)."""
@@ -267,6 +273,7 @@ def test_user_jacobians_may_close_over_traced_values_too():
                                rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_float32_inputs_keep_their_dtype():
     k = jnp.float32(0.7)
 

@@ -14,6 +14,9 @@ from jaxbridge.scipy.integrate import OdeSolution, solve_ivp
 METHODS = ["RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA"]
 # RK23 takes thousands of steps at the tight tolerances used here: in the slow run
 METHODS_FAST = [pytest.param("RK23", marks=pytest.mark.slow), *METHODS[1:]]
+# ... and RK45 too in the gradient tests (12-14 s each on 2 shared cores)
+METHODS_GRAD = [pytest.param(m, marks=pytest.mark.slow) if m in ("RK23", "RK45") else m
+                for m in METHODS]
 IMPLICIT = ("Radau", "BDF", "LSODA")
 TOL = dict(rtol=1e-10, atol=1e-12)
 
@@ -115,7 +118,7 @@ def test_terminal_count_and_direction():
 
 
 # ------------------------------------------------------------------ events: gradients
-@pytest.mark.parametrize("method", METHODS_FAST)
+@pytest.mark.parametrize("method", METHODS_GRAD)
 def test_decay_event_gradients_closed_form(method):
     """y' = -k y from y0 at t0 hits c at t* = t0 + log(y0 / c) / k: dt*/dk = -(t* - t0)/k,
     dt*/dc = -1/(k c) (a parameter of the event function), dt*/dy0 = 1/(k y0),
@@ -141,6 +144,7 @@ def test_decay_event_gradients_closed_form(method):
     np.testing.assert_allclose(tangent, -(ts - t0) / k, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_oscillator_zero_crossings_closed_form_under_vmap():
     """y'' = -k y, y(0) = (1, 0): the j-th zero crossing is (2j + 1) pi / (2 sqrt(k))."""
     def crossings(k):
@@ -163,7 +167,8 @@ def test_oscillator_zero_crossings_closed_form_under_vmap():
     np.testing.assert_allclose(gf, expect[1], rtol=1e-6)
 
 
-@pytest.mark.parametrize("method", ["RK45", "Radau", "LSODA"])
+@pytest.mark.parametrize("method", [pytest.param("RK45", marks=pytest.mark.slow),
+                                    pytest.param("Radau", marks=pytest.mark.slow), "LSODA"])
 def test_cannonball_gradients_vs_finite_differences_of_scipy(method):
     """d(impact time, impact distance)/d(drag) against central differences of SciPy's
     own solve of the same problem (float64)."""
@@ -213,7 +218,7 @@ def test_dense_output_matches_scipy(method, t_span):
     np.testing.assert_allclose(sol.sol.t_max, ref.sol.t_max)
 
 
-@pytest.mark.parametrize("method", METHODS_FAST)
+@pytest.mark.parametrize("method", METHODS_GRAD)
 def test_dense_output_gradients_closed_form(method):
     """y'' = -w^2 y, y(0) = (1, 0): sol(t) = cos(w t); d/dw = -t sin(w t), d/dt =
     -w sin(w t); with dense output and t_eval given together."""

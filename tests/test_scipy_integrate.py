@@ -91,8 +91,9 @@ def test_no_args_and_multidim_state():
 
 
 # ------------------------------------------------------------------ gradients
-@pytest.mark.parametrize("sensitivity", ["adjoint", "forward"])
-@pytest.mark.parametrize("method", ["RK45", "BDF", "Radau", "LSODA"])
+@pytest.mark.parametrize("method,sensitivity", [
+    pytest.param(m, s, marks=pytest.mark.slow) if m == "RK45" or (m, s) == ("BDF", "adjoint")
+    else (m, s) for m in ("RK45", "BDF", "Radau", "LSODA") for s in ("adjoint", "forward")])
 def test_gradients_vs_finite_differences(method, sensitivity):
     g_y0, g_p, g_te, g_t0 = jax.jit(
         jax.grad(functools.partial(loss, method=method, sensitivity=sensitivity),
@@ -108,6 +109,7 @@ def test_gradients_vs_finite_differences(method, sensitivity):
     np.testing.assert_allclose(g_t0, fd(lambda t: loss(Y0, P, TE, t, ref), 0.0), **tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sensitivity", ["adjoint", "forward"])
 def test_gradients_match_pure_jax_rk4(sensitivity):
     ts = jnp.concatenate([jnp.zeros(1), TE])
@@ -123,6 +125,7 @@ def test_gradients_match_pure_jax_rk4(sensitivity):
     np.testing.assert_allclose(ours[1]["c"], ref[1]["c"], rtol=1e-7)
 
 
+@pytest.mark.slow
 def test_forward_mode_matches_reverse():
     f = lambda p: solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(p,), rtol=1e-10,  # noqa
                             atol=1e-12).y
@@ -171,6 +174,7 @@ def test_sensitivity_choice_and_bad_value():
         solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), sensitivity="backward")
 
 
+@pytest.mark.slow
 def test_forward_sensitivity_vjp_of_multidim_state_and_pytree_params():
     """Both reverse-mode strategies agree on a (2, 2) state and a nested-dict parameter."""
     def f(t, y, p):
@@ -193,6 +197,7 @@ def test_forward_sensitivity_vjp_of_multidim_state_and_pytree_params():
                         p["b"]), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_matches_diffrax_if_installed():
     diffrax = pytest.importorskip("diffrax")
 
@@ -211,6 +216,7 @@ def test_matches_diffrax_if_installed():
 
 
 # ------------------------------------------------------------------ transformations
+@pytest.mark.slow
 def test_vmap_over_params_and_jitted_training_loop():
     ks = jnp.array([1.0, 2.0, 3.0])
     f = lambda k: loss(Y0, {"k": k, "c": P["c"]}, TE, 0.0)  # noqa: E731
@@ -241,6 +247,7 @@ def blowup(t, y):
     return y ** 2
 
 
+@pytest.mark.slow
 def test_failure_raises_solver_error_eager_and_under_jit():
     """Item 3: `except SolverError` catches a failed solve, eager and under jit."""
     te = jnp.array([0.5, 2.0])
@@ -263,6 +270,7 @@ def test_failure_raises_solver_error_eager_and_under_jit():
     assert isinstance(err, SolverError) or isinstance(original_exception(err), SolverError)
 
 
+@pytest.mark.slow
 def test_failure_nan_policy():
     def f(y0):
         return solve_ivp(blowup, (0.0, 2.0), y0, t_eval=jnp.array([0.5, 2.0]),
@@ -387,6 +395,7 @@ def test_fit_ode_example_runs():
 
 
 # ------------------------------------------------------------------ compiled stepping
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["RK23", "RK45", "DOP853"])
 def test_compiled_stepping_is_scipys_algorithm(method):
     """stepping="compiled" runs SciPy's own tableau, step control, first step and dense
@@ -469,8 +478,8 @@ def lv_loss(p, y0, method="RK45", **kw):
     return jnp.sum(jnp.sin(ys) * jnp.arange(1.0, 6.0)[None, :])
 
 
-@pytest.mark.parametrize("method", [pytest.param("RK23", marks=pytest.mark.slow), "RK45",
-                                    pytest.param("DOP853", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["RK23", "RK45", "DOP853"])
 def test_discrete_adjoint_is_exact_for_the_discrete_solution(method):
     """Reverse mode (the discrete adjoint) equals JAX's own forward-mode derivative of
     the same compiled loop (step sizes held) to rounding: exact for the discrete
@@ -487,6 +496,7 @@ def test_discrete_adjoint_is_exact_for_the_discrete_solution(method):
         np.testing.assert_allclose(r, f, rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_discrete_adjoint_vs_closed_form_and_finite_differences():
     """y' = -k y + c: y(t) = c/k + (y0 - c/k) e^{-k t}; gradients in k, c, y0."""
     te = jnp.array([0.5, 1.0, 2.0])
@@ -508,6 +518,7 @@ def test_discrete_adjoint_vs_closed_form_and_finite_differences():
     np.testing.assert_allclose(g[0], num, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_discrete_adjoint_matches_diffrax_on_a_neural_ode():
     """An MLP vector field with ~300 parameters: our gradient (RK45, discrete adjoint)
     and diffrax's (Tsit5, RecursiveCheckpointAdjoint) agree within the tolerance."""
@@ -535,6 +546,7 @@ def test_discrete_adjoint_matches_diffrax_on_a_neural_ode():
         np.testing.assert_allclose(g[k], ref[k], rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_two_level_checkpointing_gives_the_same_gradient():
     """A small budget stores segment starts and re-runs segments: the same numbers;
     a budget too small for the solve's steps is a clear error."""
@@ -547,6 +559,7 @@ def test_two_level_checkpointing_gives_the_same_gradient():
         lv_loss(LV_P, LV_Y0, checkpoints=1)
 
 
+@pytest.mark.slow
 def test_compiled_gradient_vmaps_as_one_batched_loop():
     """vmap over parameters and initial states: no host call in the program (the loop
     itself is batched), and the values are the per-example gradients."""

@@ -85,8 +85,8 @@ def test_root_vs_pure_jax_implicit_differentiation():
         jax.jacfwd(lambda p: root(G, jnp.zeros(2), (p,), tol=1e-13).x)(p), ref, rtol=1e-9)
 
 
-@pytest.mark.parametrize("method", ["BFGS", "L-BFGS-B", "Newton-CG", "trust-ncg", "trust-exact",
-                                    "Nelder-Mead"])
+@pytest.mark.parametrize("method", [pytest.param("BFGS", marks=pytest.mark.slow), "L-BFGS-B",
+                                    "Newton-CG", "trust-ncg", "trust-exact", "Nelder-Mead"])
 def test_minimize_gradients(method):
     tol = {"BFGS": None, "trust-exact": 1e-8}.get(method, 1e-10)
     opts = {"xatol": 1e-12, "fatol": 1e-14, "maxiter": 4000} if method == "Nelder-Mead" else None
@@ -225,7 +225,10 @@ def ift_reference(data, loss="linear", f_scale=1.0):
 # SciPy's "lm" (MINPACK) supports only the linear loss (SciPy 1.17: "method='lm' supports
 # only 'linear' loss function"), so lm-soft_l1 and lm-cauchy are not cases.
 @pytest.mark.parametrize("method,loss", [
-    (method, loss) for loss in ("linear", "soft_l1", "cauchy")
+    pytest.param(method, loss, marks=pytest.mark.slow)  # 5-35 s each on 2 shared cores
+    if (method, loss) in {("trf", "linear"), ("dogbox", "linear"), ("trf", "soft_l1"),
+                          ("trf", "cauchy")} else (method, loss)
+    for loss in ("linear", "soft_l1", "cauchy")
     for method in ("trf", "dogbox", "lm") if method != "lm" or loss == "linear"])
 def test_least_squares_value_and_gradient(method, loss):
     tight = dict(ftol=1e-15, xtol=1e-15, gtol=1e-15)
@@ -252,6 +255,7 @@ def test_least_squares_value_and_gradient(method, loss):
     np.testing.assert_allclose(jax.jit(jax.jacfwd(x_of))(DATA), jac_ref, rtol=1e-7, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_least_squares_vmap_bounds_and_check_rules():
     from jaxbridge.testing import CheckOptions, check_rules
 
@@ -319,6 +323,7 @@ def test_least_squares_unpacks_args_and_raises_scipys_type_error():
         least_squares(lambda x, a: x - a, jnp.ones(1), args=2.0)
 
 
+@pytest.mark.slow
 def test_deq_gradient_matrix_free_equals_dense():
     """An implicit layer z = tanh(W z + U x) with 96 unknowns: root's default IFT solve
     is then JAX's GMRES on exact VJPs (one compiled call); it equals the dense solve

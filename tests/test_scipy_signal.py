@@ -60,6 +60,7 @@ def test_values_match_scipy():
     np.testing.assert_allclose(lfilter(B, jnp.ones(1), X), np.convolve(X, B)[:12], rtol=1e-13)
 
 
+@pytest.mark.slow
 def test_gradients_all_arguments_match_pure_jax_twin():
     args = (B, A, X, ZI)
     ref = jax.grad(L_twin, (0, 1, 2, 3))(*args)

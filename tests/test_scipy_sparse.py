@@ -179,6 +179,7 @@ def test_eigsh_values_match_scipy_and_dense():
                                rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_eigsh_gradients_vs_dense_jax_and_fd():
     ref = jax.grad(eig_loss_dense)(TH_E)
     np.testing.assert_allclose(jax.grad(eig_loss)(TH_E), ref, rtol=1e-8, atol=1e-10)
@@ -194,6 +195,7 @@ def test_eigsh_gradients_vs_dense_jax_and_fd():
     np.testing.assert_allclose(g_si, g_d, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_eigsh_vmap_and_check_rules():
     ths = jnp.stack([TH_E, TH_E * 1.2])
     g = jax.vmap(jax.grad(eig_loss))(ths)

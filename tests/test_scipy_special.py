@@ -74,7 +74,8 @@ def test_float32_and_check_rules_if_available():
 SMOOTH = [(js.erfcx, sp.erfcx), (js.erfi, sp.erfi), (js.dawsn, sp.dawsn)]
 
 
-@pytest.mark.parametrize("ours,ref", SMOOTH)
+@pytest.mark.parametrize("ours,ref", [pytest.param(*SMOOTH[0], marks=pytest.mark.slow),
+                                      *SMOOTH[1:]])  # erfcx: the first compile, in the slow run
 def test_erf_family_values_and_derivatives(ours, ref):
     x = jnp.linspace(-3.0, 3.0, 13)
     np.testing.assert_allclose(ours(x), ref(np.asarray(x)), rtol=1e-14)

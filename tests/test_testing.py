@@ -64,6 +64,7 @@ def _solve():
     return solve
 
 
+@pytest.mark.slow
 def test_scipy_solve_numpy_rules_pass(rng):
     a = rng.standard_normal((3, 3)) + 3 * np.eye(3)
     report = assert_rules_correct(_solve(), a, rng.standard_normal(3), check_options=FAST)
@@ -279,6 +280,7 @@ def test_missing_factor_is_caught(rng):
     assert "off by a constant factor ~0.5" in failed["vjp_jacobian"][0].hint
 
 
+@pytest.mark.slow
 def test_wrong_cotangent_shape_is_caught(rng):
     @jb.foreign(lambda x: x)
     def f(x):

@@ -79,6 +79,7 @@ def test_hessian_and_third_order_match_torch(rng):
     close(third, -np.cos(0.7))
 
 
+@pytest.mark.slow
 def test_check_rules_passes_on_a_wrapped_torch_function(ab):
     f = jt.wrap(model)
     assert f.derivatives().forward and f.derivatives().reverse and f.derivatives().second_order
@@ -358,6 +359,7 @@ def test_data_dependent_function_traces_on_zeros_once():
     assert seen == [0.0, 2.0, 2.0]  # one run on zeros (not the data), then two calls
 
 
+@pytest.mark.slow
 def test_result_declared_and_error_messages():
     def unique(x):
         return torch.unique(x)  # shape depends on the data
