@@ -71,6 +71,30 @@ def test_in_place_pytree_results_and_residuals():
     np.testing.assert_allclose(g, np.cos(x) - np.sin(x), rtol=1e-14)
 
 
+def test_derivatives_whose_cotangents_are_all_dropped_transpose_to_zeros():
+    # A custom_vjp that returns None for an input leaves the foreign tangent (first
+    # case) or adjoint (second case) before it with only symbolic-zero cotangents: JAX
+    # still calls its transpose, which must give zeros, not fail.
+    @jax.custom_vjp
+    def keep_second(a, b):
+        return b
+
+    keep_second.defvjp(lambda a, b: (b, None), lambda _, ct: (None, ct))
+    x = jnp.linspace(-1.0, 1.0, 5)
+    for f in (make_sin_in_place(), jnp.sin):  # ours, then the jnp twin
+        _, f_vjp = jax.vjp(f, x)
+
+        def through_tangent(t, f=f):
+            return jnp.sum(keep_second(jax.jvp(f, (x,), (t,))[1], t) ** 2)
+
+        def through_adjoint(c, f_vjp=f_vjp):
+            return jnp.sum(keep_second(f_vjp(c)[0], c) ** 2)
+
+        for g in (through_tangent, through_adjoint):
+            np.testing.assert_allclose(jax.grad(g)(x), 2 * x, atol=1e-15)
+            np.testing.assert_allclose(jax.jit(jax.grad(g))(x), 2 * x, atol=1e-15)
+
+
 def test_in_place_function_must_return_none():
     f = jb.foreign(lambda x: x, out=True)(lambda x, *, out: np.sin(x))
     with pytest.raises(ForeignCallError, match="must return None"):
