@@ -1356,19 +1356,7 @@ def _in_default_run(row: Row, mode: str, dtype: str) -> bool:
 #: Cells that fail because of a known, reported bug (not a documented limitation):
 #: strict xfails, so the fix turns them into failures until the entry is removed.
 #: (function prefix, params or None, regime prefix, dtype, modes) -> (exception, the bug).
-KNOWN_BUGS = {
-    (
-        "scipy.optimize.least_squares",
-        ("bounds",),
-        "trf, ",
-        "float32",
-        ("vjp", "jacrev", "vmap.jacrev", "jvp", "jacfwd", "vmap.jacfwd"),
-    ): (
-        AssertionError,
-        "least_squares(trf) in float32: the active bound is not detected (SciPy's active_mask "
-        "is 0 at x* = lb), so the derivative w.r.t. the bound is a silent zero, in both modes",
-    ),
-}
+KNOWN_BUGS: dict[tuple, tuple[type[BaseException], str]] = {}
 
 
 def _known_bug(row: Row, mode: str, dtype: str) -> tuple | None:

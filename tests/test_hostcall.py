@@ -123,6 +123,33 @@ def test_wrong_tangent_is_reported():
         jax.block_until_ready(jax.jvp(f, (jnp.ones(3),), (jnp.ones(3),)))
 
 
+def test_none_tangent_is_zeros_from_a_jvp_rule_and_an_error_from_a_linear_function():
+    # A JVP rule may return None for an output leaf that does not move: zeros.
+    @jb.foreign(lambda x: {"y": x, "c": x})
+    def f(x):
+        return {"y": np.sin(x), "c": np.full_like(x, 3.0)}
+
+    f.defjvp(lambda p, o, t: {"y": np.cos(p[0]) * t[0], "c": None})
+
+    def twin(x):
+        return {"y": jnp.sin(x), "c": jnp.full_like(x, 3.0)}
+
+    x, t = jnp.linspace(-1.0, 1.0, 4), jnp.arange(1.0, 5.0)
+    for ours, ref in ((jax.jvp(f, (x,), (t,))[1], jax.jvp(twin, (x,), (t,))[1]),
+                      (jax.jit(jax.jacfwd(f))(x), jax.jacfwd(twin)(x))):
+        np.testing.assert_allclose(ours["y"], ref["y"], rtol=1e-15)
+        np.testing.assert_array_equal(ours["c"], ref["c"])
+
+    # A linear function is its own tangent: None there is the function's bug, reported
+    # (here it returns None for a zero input, so only its tangent call sees it).
+    @jb.foreign(identity_spec, linear=True)
+    def double(x):
+        return 2 * x if np.any(x) else None
+
+    with pytest.raises(Exception, match=r"tangent output of foreign function 'double' is None"):
+        jax.block_until_ready(jax.jvp(double, (jnp.ones(3),), (jnp.zeros(3),)))
+
+
 def test_bad_declarations_and_arguments_fail_at_trace_time():
     with pytest.raises(ValueError, match="vmap must be one of"):
         jb.foreign(identity_spec, vmap="parallel")(np.sin)

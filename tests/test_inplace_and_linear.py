@@ -71,6 +71,40 @@ def test_in_place_pytree_results_and_residuals():
     np.testing.assert_allclose(g, np.cos(x) - np.sin(x), rtol=1e-14)
 
 
+def test_transposed_tangent_and_adjoint_with_dropped_and_kept_cotangents():
+    # Reverse mode over a foreign tangent or adjoint transposes it. A custom_vjp that
+    # returns None for an input leaves it only symbolic-zero cotangents (JAX still calls
+    # the transpose, which must give zeros, not fail); a used one gives J^T w or J w.
+    @jax.custom_vjp
+    def keep_second(a, b):
+        return b
+
+    keep_second.defvjp(lambda a, b: (b, None), lambda _, ct: (None, ct))
+    x, w = jnp.linspace(-1.0, 1.0, 5), jnp.arange(1.0, 6.0)
+    for f in (make_sin_in_place(), jnp.sin):  # ours, then the jnp twin
+        _, f_vjp = jax.vjp(f, x)
+
+        def dropped_tangent(t, f=f):
+            return jnp.sum(keep_second(jax.jvp(f, (x,), (t,))[1], t) ** 2)
+
+        def dropped_adjoint(c, f_vjp=f_vjp):
+            return jnp.sum(keep_second(f_vjp(c)[0], c) ** 2)
+
+        for g in (dropped_tangent, dropped_adjoint):
+            np.testing.assert_allclose(jax.grad(g)(x), 2 * x, atol=1e-15)
+            np.testing.assert_allclose(jax.jit(jax.grad(g))(x), 2 * x, atol=1e-15)
+
+        def kept_tangent(t, f=f):
+            return jnp.sum(jax.jvp(f, (x,), (t,))[1] * w)
+
+        def kept_adjoint(c, f_vjp=f_vjp):
+            return jnp.sum(f_vjp(c)[0] * w)
+
+        for g in (kept_tangent, kept_adjoint):
+            np.testing.assert_allclose(jax.grad(g)(x), jnp.cos(x) * w, rtol=1e-15)
+            np.testing.assert_allclose(jax.jit(jax.grad(g))(x), jnp.cos(x) * w, rtol=1e-15)
+
+
 def test_in_place_function_must_return_none():
     f = jb.foreign(lambda x: x, out=True)(lambda x, *, out: np.sin(x))
     with pytest.raises(ForeignCallError, match="must return None"):

@@ -392,6 +392,9 @@ def test_bad_dtype_message():
     with pytest.raises(TypeError, match=r"tridiagonal_solve: argument 'b': expected dtype "
                                         r"float64 \(the dtype of 'd'\), received float32"):
         ops.tridiagonal_solve(*(np.ones(3),) * 3, np.ones(3, np.float32))
+    # beta is keyword-only, so a second positional argument is refused, not taken as beta
+    with pytest.raises(TypeError, match="positional"):
+        ops.softplus(jnp.ones(3), 2.0)
 
 
 def test_bad_shape_and_rank_messages():

@@ -305,18 +305,25 @@ def _run_lsq(pr: Any, xf: Any, lb: Any, ub: Any, opts: Any, callback: Any) -> An
         callback=callback, **opts)
 
 
-def _active(kind: str, sol: Any, x: Any, lb: Any, ub: Any, pr: Any) -> Any:
+def _active(kind: str, sol: Any, x: Any, lb: Any, ub: Any, pr: Any, dtype: Any) -> Any:
     """-1/+1 where x* is held at its lower/upper bound, else 0."""
-    if kind == "lsq":
-        return np.asarray(sol.active_mask, np.int8)
     if kind == "root" or not (np.isfinite(lb).any() or np.isfinite(ub).any()):
         return np.zeros(x.size, np.int8)
     g = pr("G", x)  # at an active bound the gradient pushes outwards
-    tol_lb = 1e-10 * (1 + np.abs(np.where(np.isfinite(lb), lb, 0)))
-    tol_ub = 1e-10 * (1 + np.abs(np.where(np.isfinite(ub), ub, 0)))
+    # least_squares: x* within a few ulps of the bound in the user's dtype. SciPy's
+    # "trf" is an interior method that stops a little inside the bound (2e-10 here in
+    # float32), and its `active_mask` (relative tolerance `xtol`) misses that for a
+    # tight xtol; the derivative w.r.t. the bound would be a silent zero.
+    rel = max(1e-10, 4 * float(np.finfo(dtype).eps)) if kind == "lsq" else 1e-10
+    tol_lb = rel * (1 + np.abs(np.where(np.isfinite(lb), lb, 0)))
+    tol_ub = rel * (1 + np.abs(np.where(np.isfinite(ub), ub, 0)))
     at_lb = (x <= lb + tol_lb) & (g > 0)
     at_ub = (x >= ub - tol_ub) & (g < 0)
-    return (at_ub.astype(np.int8) - at_lb.astype(np.int8))
+    ours = at_ub.astype(np.int8) - at_lb.astype(np.int8)
+    if kind == "lsq":  # SciPy's mask too, as before: it also holds bounds where g ~ 0
+        scipy_mask = np.asarray(sol.active_mask, np.int8)
+        return np.where(scipy_mask != 0, scipy_mask, ours).astype(np.int8)
+    return ours
 
 
 @_foreign.foreign(_result)
@@ -338,7 +345,8 @@ def _solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *, 
             sol = _run_lsq(pr, xf, lbf, ubf, opts, callback)
         x = np.asarray(sol.x, np.float64)
         ok = bool(sol.success) and bool(np.all(np.isfinite(x)))
-        active = _active(kind, sol, x, lbf, ubf, pr) if ok else np.zeros(x.size, np.int8)
+        active = (_active(kind, sol, x, lbf, ubf, pr, x0.dtype) if ok
+                  else np.zeros(x.size, np.int8))
     stats = _stats(sol)
     if not ok:
         if on_failure == "raise":
