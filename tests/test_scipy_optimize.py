@@ -425,12 +425,37 @@ def test_compiled_root_deq_gradients_vs_jnp_twin_and_fd(batch, width):
     np.testing.assert_allclose(g_closure, g[0], rtol=1e-10, atol=1e-12)
 
 
-def test_compiled_root_failures_and_bad_input():
+def _cos_residual(x, p):
+    return x - jnp.cos(p * x)
+
+
+def test_compiled_root_bad_input():
+    """A bad `stepping`, options the compiled loop cannot reproduce, and a residual of
+    the wrong size are named in the error; what the compiled loop cannot reproduce
+    runs SciPy's own loop under "auto"."""
+    F = _cos_residual
+    with pytest.raises(ValueError, match="stepping must be one of"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="fast")
+    with pytest.raises(ValueError, match=r"stepping='compiled' runs the methods \('df-sane',\)"):
+        root(F, jnp.ones(3), (2.0,), method="hybr", stepping="compiled")
+    with pytest.raises(ValueError, match="stepping='compiled'.*line_search"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="compiled",
+             options={"line_search": "cheng"})
+    with pytest.raises(ValueError, match="stepping='compiled'.*callback"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="compiled", callback=print)
+    with pytest.raises(ValueError, match=r"root: fun\(x, \*args\) must return 3 values"):
+        root(lambda x: x[:2], jnp.ones(3), method="df-sane")
+    with pytest.raises(ValueError, match="linear_solver"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", linear_solver="qr")
+    sol = root(F, jnp.ones(3), (2.0,), method="df-sane", options={"line_search": "cheng"})
+    np.testing.assert_allclose(sol.fun, 0.0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_root_failures():
     """SciPy's failure as a SolverError (eager, under jit and in the backward solve) or
-    NaN; bad `stepping`, options the compiled loop cannot reproduce, and a residual of
-    the wrong size are named in the error."""
-    def F(x, p):
-        return x - jnp.cos(p * x)
+    NaN values and gradients (never a silent zero)."""
+    F = _cos_residual
     with pytest.raises(SolverError, match=r"root\(method='df-sane'\): too many function"):
         jax.block_until_ready(root(F, jnp.ones(3), (2.0,), method="df-sane",
                                    options={"maxfev": 3}).x)
@@ -455,15 +480,3 @@ def test_compiled_root_failures_and_bad_input():
     g = jax.grad(lambda p: root(skew, p, (p,), method="df-sane", linear_solver="cg",
                                 on_failure="nan").x.sum())(p)
     assert np.isnan(g).all()
-    with pytest.raises(ValueError, match="stepping must be one of"):
-        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="fast")
-    with pytest.raises(ValueError, match=r"stepping='compiled' runs the methods \('df-sane',\)"):
-        root(F, jnp.ones(3), (2.0,), method="hybr", stepping="compiled")
-    with pytest.raises(ValueError, match="stepping='compiled'.*line_search"):
-        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="compiled",
-             options={"line_search": "cheng"})
-    with pytest.raises(ValueError, match=r"root: fun\(x, \*args\) must return 3 values"):
-        root(lambda x: x[:2], jnp.ones(3), method="df-sane")
-    # what the compiled loop cannot reproduce runs SciPy's own loop ("auto")
-    sol = root(F, jnp.ones(3), (2.0,), method="df-sane", options={"line_search": "cheng"})
-    np.testing.assert_allclose(sol.fun, 0.0, atol=1e-6)

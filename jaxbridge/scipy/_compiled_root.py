@@ -92,8 +92,10 @@ def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
         if method == "cg":
             z = jax.scipy.sparse.linalg.cg(mv, b, tol=_LINEAR_RTOL, maxiter=10 * n)[0]
         else:
-            z = jax.scipy.sparse.linalg.gmres(mv, b, tol=_LINEAR_RTOL, restart=min(n, 50),
-                                              maxiter=10 * n, solve_method="incremental")[0]
+            # restarts of 20 (batched Arnoldi): the fastest of 10-50 / incremental on
+            # DEQs of 512 and 16,384 unknowns (benchmarks/RESULTS.md)
+            z = jax.scipy.sparse.linalg.gmres(mv, b, tol=_LINEAR_RTOL, restart=min(n, 20),
+                                              maxiter=10 * n, solve_method="batched")[0]
         return checked(mv, b, z)
 
     def direct(mv: Callable, b: jax.Array) -> jax.Array:
