@@ -10,6 +10,7 @@ reverse mode, `vmap` and closures over traced values work as for any JAX code.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 from .. import _foreign
 from . import _dfsane
 from ._common import failure
+from ._trace import HostFun
 
 METHODS = ("df-sane",)
 OPTIONS = _dfsane.OPTIONS
@@ -35,10 +37,21 @@ def supported(method: str, options: dict, callback: Any) -> bool:
             and _dfsane.supported(options))
 
 
-def root(fun: Callable[..., Any], x0: jax.Array, args: tuple, method: str, tol: Any,
-         options: dict, linear_solver: str, on_failure: str) -> tuple[jax.Array, jax.Array]:
-    """Solve `fun(x, *args) = 0` from x0; returns x* (shaped like x0, NaN on failure
-    with on_failure="nan") and (status, nfev, njev, nit, success) as int32."""
+@functools.partial(jax.jit, static_argnames=("fun", "method", "tol", "options",
+                                             "linear_solver", "on_failure"))
+def root(x0: jax.Array, ops: list, *, fun: HostFun, method: str, tol: Any, options: tuple,
+         linear_solver: str, on_failure: str) -> tuple[jax.Array, jax.Array]:
+    """Solve `fun(ops, x) = 0` from x0; returns x* (shaped like x0, NaN on failure
+    with on_failure="nan") and (status, nfev, njev, nit, success) as int32.
+
+    Jitted on the residual's structure (`HostFun` compares structurally), so an eager
+    call with a function seen before (even a fresh closure) reuses the compiled loop."""
+    return _root(lambda x: fun(ops, x), x0, method, tol, dict(options), linear_solver,
+                 on_failure)
+
+
+def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options: dict,
+          linear_solver: str, on_failure: str) -> tuple[jax.Array, jax.Array]:
     shape, dtype = x0.shape, x0.dtype
     real = jnp.result_type(float)  # float64: supported() needs jax_enable_x64
     opts = dict(options)
@@ -48,7 +61,7 @@ def root(fun: Callable[..., Any], x0: jax.Array, args: tuple, method: str, tol: 
     opts.pop("disp", None)
 
     def F(z: jax.Array) -> jax.Array:
-        out = jnp.asarray(fun(z.reshape(shape).astype(dtype), *args))
+        out = jnp.asarray(fun(z.reshape(shape).astype(dtype)))
         if out.size != z.size:
             raise ValueError(f"jaxbridge.scipy.optimize.root: fun(x, *args) must return "
                              f"{z.size} values (x0 has shape {shape}), got shape {out.shape}")

@@ -525,8 +525,14 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
             raise ValueError(f"jaxbridge.scipy.optimize.root: linear_solver must be one of "
                              f"{LINEAR_SOLVERS}, got {linear_solver!r}")
         args = check_args(args, "optimize.root", "fun(x, *args)", "wrap")
-        x, stats = _compiled_root.root(fun, as_float_array(x0), args, method, tol,
-                                       dict(options or {}), linear_solver, on_failure)
+        x0 = as_float_array(x0)
+        hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape,
+                                                                               x0.dtype),),
+                          args, "fun(x, *args)")
+        x, stats = _compiled_root.root(
+            x0, ops, fun=hf, method=method, tol=None if tol is None else float(tol),
+            options=static_options(options, "optimize.root"), linear_solver=linear_solver,
+            on_failure=on_failure)
         return OptimizeResult(x=x, fun=fun(x, *args), success=stats[4] == 1,
                               status=stats[0], nfev=stats[1], njev=stats[2], nit=stats[3])
     x, _, stats, success, user_fun = _call("root", fun, x0, args, method, jac, tol, options,
