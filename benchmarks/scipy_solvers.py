@@ -215,16 +215,22 @@ def mlp_params(widths, seed=0):
             for k, a, b in zip(keys, widths[:-1], widths[1:])]
 
 
-def interleaved(fns, args, rounds=7):
-    """Median and (min, max) seconds of each function, the calls interleaved."""
+def interleaved(fns, args, rounds=7, rotate=False):
+    """Median and (min, max) seconds of each function, the calls interleaved.
+
+    rotate: start each round with the next function (no function always follows the
+    same one: a heavy, multi-threaded call slows the call right after it)."""
     for f in fns:
         jax.block_until_ready(f(*args))
     times = [[] for _ in fns]
-    for _ in range(rounds):
-        for f, ts in zip(fns, times):
+    for r in range(rounds):
+        order = list(range(len(fns)))
+        if rotate:
+            order = order[r % len(fns):] + order[:r % len(fns)]
+        for i in order:
             t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            ts.append(time.perf_counter() - t)
+            jax.block_until_ready(fns[i](*args))
+            times[i].append(time.perf_counter() - t)
     return [(float(np.median(ts)), min(ts), max(ts)) for ts in times]
 
 
@@ -270,7 +276,7 @@ def neural_ode_bench():
         print(f"  ratio ours/diffrax: {mo / md:.2f}x (median)", flush=True)
 
 
-def deq_bench(rounds=7):
+def deq_bench(rounds=15):
     """DEQ value+grad: ours and optimistix, interleaved, against a tight jnp twin.
 
     optimistix's ImplicitAdjoint defaults to AutoLinearSolver, which materializes the
@@ -329,7 +335,7 @@ def deq_bench(rounds=7):
                         jax.jit(jax.value_and_grad(nt, argnums=(0, 1)))]
                 names += [f"optimistix fixed_point FixedPointIteration, {aname}",
                           f"optimistix root_find Newton+GMRES, {aname}"]
-        stats = interleaved(fns, (W, U), rounds=rounds if width <= 64 else max(3, rounds - 2))
+        stats = interleaved(fns, (W, U), rounds=rounds, rotate=True)
         errs = [rel_err(ravel(f(W, U)[1]), ref) for f in fns]
         for name, (med, lo, hi), err in zip(names, stats, errs):
             row(f"DEQ {batch}x{width}", f"{name}, range {lo * 1e3:.2f}-{hi * 1e3:.2f} ms", med,
@@ -338,7 +344,8 @@ def deq_bench(rounds=7):
             peer = min(range(n_ours, len(fns)), key=lambda i: stats[i][0])
             for i in range(n_ours):
                 print(f"  ratio {names[i]} / {names[peer]}: {stats[i][0] / stats[peer][0]:.2f}x"
-                      f" (median; gradient error {errs[i]:.1e} vs {errs[peer]:.1e})", flush=True)
+                      f" median, {stats[i][1] / stats[peer][1]:.2f}x fastest run (gradient "
+                      f"error {errs[i]:.1e} vs {errs[peer]:.1e})", flush=True)
 
 
 def ravel(tree):

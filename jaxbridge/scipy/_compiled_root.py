@@ -78,8 +78,9 @@ def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options
     nfev, nit, converged = jax.lax.stop_gradient(aux).astype(jnp.int32)
     finite = jnp.all(jnp.isfinite(x))
     ok = (converged == 1) & finite
-    if on_failure == "raise":
-        ok = _check_root(converged == 1, finite, method=method) == 1
+    if on_failure == "raise":  # the host call (it raises) runs only on failure
+        ok = jax.lax.cond(ok, lambda: ok, lambda: _check_root(
+            converged == 1, finite, method=method) == 1)
     # a failed solve poisons the gradients too (NaN, never a silent zero)
     x = (x * jnp.where(ok, 1.0, jnp.nan)).reshape(shape).astype(dtype)
     i32 = jnp.int32
@@ -97,8 +98,9 @@ def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
         norm = jnp.linalg.norm(b)
         rel = jnp.linalg.norm(mv(z) - b) / jnp.where(norm > 0, norm, 1.0)
         good = jnp.all(jnp.isfinite(z)) & (rel <= _LINEAR_ACCEPT)
-        if on_failure == "raise":
-            good = _check_linear(good, rel, method=method) == 1
+        if on_failure == "raise":  # the host call (it raises) runs only on failure
+            good = jax.lax.cond(good, lambda: good, lambda: _check_linear(
+                good, rel, method=method) == 1)
         return jnp.where(good, z, jnp.nan)
 
     def krylov(mv: Callable, b: jax.Array) -> jax.Array:

@@ -38,27 +38,20 @@ class Stats(NamedTuple):
     converged: jax.Array
 
 
-class _Search(NamedTuple):
-    alpha_p: jax.Array
-    alpha_m: jax.Array
-    alpha_tp: jax.Array
-    minus: jax.Array      # the next trial is x - alpha_m d
-    xp: jax.Array
-    Fp: jax.Array
-    fp: jax.Array
-    nfev: jax.Array
-    accepted: jax.Array
-    exhausted: jax.Array  # SciPy's _NoConvergence: maxfev reached before a trial
-
-
-class _Outer(NamedTuple):
+class _State(NamedTuple):
     x: jax.Array
     F: jax.Array
     f: jax.Array          # ||F||^2, SciPy's merit
-    sigma: jax.Array
     k: jax.Array
     nfev: jax.Array
     prev: jax.Array       # the last M merits (a ring; -inf where empty)
+    d: jax.Array          # the search direction -sigma_k F_k
+    eta: jax.Array
+    f_bar: jax.Array      # max(prev)
+    alpha_p: jax.Array    # the line search's step lengths ...
+    alpha_m: jax.Array
+    alpha_tp: jax.Array
+    minus: jax.Array      # ... and whether the next trial is x - alpha_m d
     converged: jax.Array
     stopped: jax.Array
 
@@ -68,63 +61,57 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, ftol: float = 1e-8
           sigma_0: float = 1.0) -> tuple[jax.Array, Stats]:
     """SciPy's `_root_df_sane(F, x0, ...)` with line_search="cruz" on a flat `x0`.
 
+    One loop iteration per residual evaluation (a line-search trial; an accepted one
+    also takes the step and sets up the next search): SciPy's nested loops flattened,
+    which halves the loop overhead that dominates small problems.
     Returns the last iterate and (nfev, nit, converged), as SciPy's result reports them.
     """
     F0 = F(x0)
     f0 = jnp.vdot(F0, F0)
-    F0_norm = jnp.sqrt(f0)
-    prev = jnp.full((M,), -jnp.inf, f0.dtype).at[0].set(f0)
-    i32 = jnp.int32
+    bar = ftol * jnp.sqrt(f0) + fatol  # SciPy: converged when ||F_k|| < ftol ||F_0|| + fatol
+    one = jnp.ones((), f0.dtype)
+    false = jnp.zeros((), bool)
 
-    def line_search(s: _Outer, d: jax.Array, eta: jax.Array) -> _Search:
-        f_bar = jnp.max(s.prev)
-
-        def body(ls: _Search) -> _Search:
-            exhausted = ls.nfev >= maxfev
-            alpha = jnp.where(ls.minus, -ls.alpha_m, ls.alpha_p)
-            xp = s.x + alpha * d
-            Fp = F(xp)
-            fp = jnp.vdot(Fp, Fp)
-            a = jnp.abs(alpha)
-            ok = (fp <= f_bar + eta - _GAMMA * a ** 2 * s.f) & ~exhausted
-            trial = a ** 2 * s.f / (fp + (2 * a - 1) * s.f)
-            # after a failed x - alpha_m d: both step lengths shrink (SciPy's clip)
-            shrink = ls.minus & ~ok
-            alpha_p = jnp.where(shrink, jnp.clip(ls.alpha_tp, _TAU_MIN * ls.alpha_p,
-                                                 _TAU_MAX * ls.alpha_p), ls.alpha_p)
-            alpha_m = jnp.where(shrink, jnp.clip(trial, _TAU_MIN * ls.alpha_m,
-                                                 _TAU_MAX * ls.alpha_m), ls.alpha_m)
-            return _Search(alpha_p, alpha_m, jnp.where(ls.minus, ls.alpha_tp, trial),
-                           ~ls.minus, jnp.where(ok, xp, ls.xp), jnp.where(ok, Fp, ls.Fp),
-                           jnp.where(ok, fp, ls.fp), ls.nfev + jnp.where(exhausted, 0, 1),
-                           ok, exhausted)
-
-        one = jnp.ones((), s.f.dtype)
-        start = _Search(one, one, one, jnp.zeros((), bool), s.x, s.F, s.f, s.nfev,
-                        jnp.zeros((), bool), jnp.zeros((), bool))
-        return jax.lax.while_loop(lambda ls: ~ls.accepted & ~ls.exhausted, body, start)
-
-    def outer(s: _Outer) -> _Outer:
-        converged = jnp.sqrt(s.f) < ftol * F0_norm + fatol
+    def direction(sigma: jax.Array, Fk: jax.Array) -> jax.Array:
         # SciPy's control of the spectral parameter ([2] in its docstring)
-        sigma = jnp.where(jnp.abs(s.sigma) > 1 / sigma_eps, jnp.sign(s.sigma) / sigma_eps,
-                          jnp.where(jnp.abs(s.sigma) < sigma_eps, sigma_eps, s.sigma))
-        d = -sigma * s.F
-        eta = f0 / (1 + s.k.astype(f0.dtype)) ** 2
-        ls = jax.lax.cond(converged, lambda: _Search(  # no search once converged
-            sigma, sigma, sigma, jnp.zeros((), bool), s.x, s.F, s.f, s.nfev,
-            jnp.zeros((), bool), jnp.zeros((), bool)), lambda: line_search(s, d, eta))
-        step = ls.accepted & ~converged
-        dx, dF = ls.xp - s.x, ls.Fp - s.F
-        new_sigma = jnp.vdot(dx, dx) / jnp.vdot(dx, dF)
-        return _Outer(
-            jnp.where(step, ls.xp, s.x), jnp.where(step, ls.Fp, s.F),
-            jnp.where(step, ls.fp, s.f), jnp.where(step, new_sigma, sigma),
-            s.k + step.astype(i32), ls.nfev,
-            jnp.where(step, s.prev.at[(s.k + 1) % M].set(ls.fp), s.prev),
-            converged, converged | ls.exhausted)
+        sigma = jnp.where(jnp.abs(sigma) > 1 / sigma_eps, jnp.sign(sigma) / sigma_eps,
+                          jnp.where(jnp.abs(sigma) < sigma_eps, sigma_eps, sigma))
+        return -sigma * Fk
 
-    s0 = _Outer(x0, F0, f0, jnp.asarray(sigma_0, f0.dtype), jnp.zeros((), i32),
-                jnp.ones((), i32), prev, jnp.zeros((), bool), jnp.zeros((), bool))
-    s = jax.lax.while_loop(lambda s: ~s.stopped, outer, s0)
+    def body(s: _State) -> _State:
+        exhausted = s.nfev >= maxfev  # SciPy's _NoConvergence: checked before a trial
+        alpha = jnp.where(s.minus, -s.alpha_m, s.alpha_p)
+        xp = s.x + alpha * s.d
+        Fp = F(xp)
+        fp = jnp.vdot(Fp, Fp)
+        a = jnp.abs(alpha)
+        ok = (fp <= s.f_bar + s.eta - _GAMMA * a ** 2 * s.f) & ~exhausted
+        trial = a ** 2 * s.f / (fp + (2 * a - 1) * s.f)
+        # after a failed x - alpha_m d both step lengths shrink (SciPy's clip)
+        shrink = s.minus & ~ok
+        alpha_p = jnp.where(shrink, jnp.clip(s.alpha_tp, _TAU_MIN * s.alpha_p,
+                                             _TAU_MAX * s.alpha_p), s.alpha_p)
+        alpha_m = jnp.where(shrink, jnp.clip(trial, _TAU_MIN * s.alpha_m,
+                                             _TAU_MAX * s.alpha_m), s.alpha_m)
+        # an accepted trial: the step, the new spectral parameter, the next search
+        dx, dF = xp - s.x, Fp - s.F
+        k = s.k + ok.astype(s.k.dtype)
+        prev = jnp.where(ok, s.prev.at[k % M].set(fp), s.prev)
+        converged = ok & (jnp.sqrt(fp) < bar)
+        return _State(
+            jnp.where(ok, xp, s.x), jnp.where(ok, Fp, s.F), jnp.where(ok, fp, s.f), k,
+            s.nfev + jnp.where(exhausted, 0, 1), prev,
+            jnp.where(ok, direction(jnp.vdot(dx, dx) / jnp.vdot(dx, dF), Fp), s.d),
+            jnp.where(ok, f0 / (1 + k.astype(f0.dtype)) ** 2, s.eta),
+            jnp.where(ok, jnp.max(prev), s.f_bar),
+            jnp.where(ok, one, alpha_p), jnp.where(ok, one, alpha_m),
+            jnp.where(s.minus, s.alpha_tp, trial), ~s.minus & ~ok,
+            converged, converged | exhausted)
+
+    converged0 = jnp.sqrt(f0) < bar
+    prev0 = jnp.full((M,), -jnp.inf, f0.dtype).at[0].set(f0)
+    s0 = _State(x0, F0, f0, jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32), prev0,
+                direction(jnp.asarray(sigma_0, f0.dtype), F0), f0, f0, one, one, one, false,
+                converged0, converged0)
+    s = jax.lax.while_loop(lambda s: ~s.stopped, body, s0)
     return s.x, Stats(s.nfev, s.k, s.converged)
