@@ -1,5 +1,7 @@
 """jaxbridge.scipy.optimize: root and minimize, differentiated by the implicit function theorem."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -351,3 +353,135 @@ def test_deq_gradient_matrix_free_equals_dense():
     for a, d, t in zip(g_auto, g_dense, g_twin):
         np.testing.assert_allclose(a, d, rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(a, t, rtol=1e-8, atol=1e-10)
+
+
+# ------------------------------------------------------------------ compiled root (df-sane)
+def _deq(batch, width, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    W = jax.random.normal(k1, (width, width)) * 0.5 / np.sqrt(width)
+    U = jax.random.normal(k2, (width, width)) / np.sqrt(width)
+    x = jax.random.normal(k3, (batch, width))
+    return W, U, x
+
+
+def test_compiled_dfsane_reproduces_scipys_iterates():
+    """stepping="compiled" runs SciPy's DF-SANE in JAX: the same x, nfev and nit as
+    scipy.optimize.root itself, also with non-default options."""
+    W, U, x = _deq(4, 8)
+
+    def F(z, W, U):
+        return z - jnp.tanh(z @ W.T + x @ U.T)
+
+    def F_np(z):
+        return np.asarray(F(jnp.asarray(z).reshape(4, 8), W, U)).ravel()
+    for options in (None, {"M": 3, "sigma_0": 0.5, "fatol": 1e-12}):
+        ref = scipy.optimize.root(F_np, np.zeros(32), method="df-sane", tol=1e-11,
+                                  options=options)
+        assert ref.success, ref.message
+        for stepping in ("compiled", "scipy"):
+            sol = root(F, jnp.zeros((4, 8)), (W, U), method="df-sane", tol=1e-11,
+                       options=options, stepping=stepping)
+            assert bool(sol.success)
+            assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit), stepping
+            np.testing.assert_allclose(np.ravel(sol.x), ref.x, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(sol.fun, F(sol.x, W, U), rtol=1e-12)
+
+
+@pytest.mark.parametrize("batch,width", [
+    (2, 4), pytest.param(6, 16, marks=pytest.mark.slow)])  # 8 unknowns: dense; 96: GMRES
+def test_compiled_root_deq_gradients_vs_jnp_twin_and_fd(batch, width):
+    """A DEQ layer z = tanh(W z + U x) through the compiled root, under jit, grad, jvp
+    and vmap, against JAX autodiff of a fixed-point iteration and central differences
+    in float64; closing over W gives the same gradient as passing it in args."""
+    W, U, x = _deq(batch, width, seed=1)
+    dW = jax.random.normal(jax.random.PRNGKey(5), W.shape)
+
+    def F(z, W, U):
+        return z - jnp.tanh(z @ W.T + x @ U.T)
+
+    def ours(W, U):
+        return root(F, jnp.zeros((batch, width)), (W, U), method="df-sane", tol=1e-13).x
+
+    def closure(W, U):
+        return root(lambda z: F(z, W, U), jnp.zeros((batch, width)), method="df-sane",
+                    tol=1e-13).x
+
+    def twin(W, U):
+        return jax.lax.fori_loop(0, 200, lambda i, z: jnp.tanh(z @ W.T + x @ U.T),
+                                 jnp.zeros((batch, width)))
+
+    def loss(layer, W, U):
+        return jnp.sum(jnp.sin(layer(W, U)))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def derivatives(layer, W, U):  # one program per layer: one compile
+        return (jax.grad(functools.partial(loss, layer), argnums=(0, 1))(W, U),
+                jax.jvp(layer, (W, U), (dW, jnp.zeros_like(U)))[1],
+                jax.vmap(lambda W: layer(W, U))(jnp.stack([W, 0.5 * W])),
+                loss(layer, W + 1e-5 * dW, U) - loss(layer, W - 1e-5 * dW, U))
+    g, t, batched, diff = derivatives(ours, W, U)
+    g_twin, t_twin, batched_twin, _ = derivatives(twin, W, U)
+    for a, b in zip(g, g_twin):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(jnp.vdot(g[0], dW), diff / 2e-5, rtol=1e-6)
+    np.testing.assert_allclose(t, t_twin, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(batched, batched_twin, rtol=1e-10, atol=1e-12)
+    g_closure = jax.jit(jax.grad(functools.partial(loss, closure)))(W, U)
+    np.testing.assert_allclose(g_closure, g[0], rtol=1e-10, atol=1e-12)
+
+
+def _cos_residual(x, p):
+    return x - jnp.cos(p * x)
+
+
+def test_compiled_root_bad_input():
+    """A bad `stepping`, options the compiled loop cannot reproduce, and a residual of
+    the wrong size are named in the error; what the compiled loop cannot reproduce
+    runs SciPy's own loop under "auto"."""
+    F = _cos_residual
+    with pytest.raises(ValueError, match="stepping must be one of"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="fast")
+    with pytest.raises(ValueError, match=r"stepping='compiled' runs the methods \('df-sane',\)"):
+        root(F, jnp.ones(3), (2.0,), method="hybr", stepping="compiled")
+    with pytest.raises(ValueError, match="stepping='compiled'.*line_search"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="compiled",
+             options={"line_search": "cheng"})
+    with pytest.raises(ValueError, match="stepping='compiled'.*callback"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="compiled", callback=print)
+    with pytest.raises(ValueError, match=r"root: fun\(x, \*args\) must return 3 values"):
+        root(lambda x: x[:2], jnp.ones(3), method="df-sane")
+    with pytest.raises(ValueError, match="linear_solver"):
+        root(F, jnp.ones(3), (2.0,), method="df-sane", linear_solver="qr")
+    sol = root(F, jnp.ones(3), (2.0,), method="df-sane", options={"line_search": "cheng"})
+    np.testing.assert_allclose(sol.fun, 0.0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_root_failures():
+    """SciPy's failure as a SolverError (eager, under jit and in the backward solve) or
+    NaN values and gradients (never a silent zero)."""
+    F = _cos_residual
+    with pytest.raises(SolverError, match=r"root\(method='df-sane'\): too many function"):
+        jax.block_until_ready(root(F, jnp.ones(3), (2.0,), method="df-sane",
+                                   options={"maxfev": 3}).x)
+    with pytest.raises(SolverError, match="too many function evaluations"):
+        jax.block_until_ready(jax.jit(lambda p: root(F, jnp.ones(3), (p,), method="df-sane",
+                                                     options={"maxfev": 3}).x)(2.0))
+    sol = root(F, jnp.ones(3), (2.0,), method="df-sane", options={"maxfev": 3},
+               on_failure="nan")
+    assert not bool(sol.success) and np.isnan(sol.x).all() and int(sol.nfev) == 3
+    g = jax.grad(lambda p: root(F, jnp.ones(3), (p,), method="df-sane", options={"maxfev": 3},
+                                on_failure="nan").x.sum())(2.0)
+    assert np.isnan(g)
+    # a skew Jacobian: CG breaks down in the backward solve (x0 is already the root)
+    R = jnp.array([[0.0, 1.0], [-1.0, 0.0]])
+
+    def skew(x, p):
+        return R @ (x - p)
+    p = jnp.array([0.3, -0.2])
+    with pytest.raises(SolverError, match="implicit differentiation: the cg solve"):
+        jax.block_until_ready(jax.grad(lambda p: root(skew, p, (p,), method="df-sane",
+                                                      linear_solver="cg").x.sum())(p))
+    g = jax.grad(lambda p: root(skew, p, (p,), method="df-sane", linear_solver="cg",
+                                on_failure="nan").x.sum())(p)
+    assert np.isnan(g).all()

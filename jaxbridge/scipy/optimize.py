@@ -42,6 +42,7 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from .. import _foreign
+from . import _compiled_root
 from ._common import (
     Result,
     as_float_array,
@@ -64,6 +65,7 @@ from ._trace import HostFun, check_args, convert
 __all__ = ["root", "minimize", "least_squares", "OptimizeResult", "LINEAR_SOLVERS"]
 
 LINEAR_SOLVERS = ("auto", "direct", "gmres", "cg")
+STEPPINGS = ("auto", "scipy", "compiled")
 _DENSE_MAX = 1000
 # root's IFT solve: dense only for small systems. Above, JAX's GMRES on exact
 # matrix-free products in one compiled call is cheaper than building the Jacobian
@@ -476,7 +478,8 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
 def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
          jac: Callable[..., Any] | bool | None = None, tol: float | None = None,
          callback: Callable[..., Any] | None = None, options: dict | None = None, *,
-         linear_solver: str = "auto", on_failure: str = "raise") -> OptimizeResult:
+         linear_solver: str = "auto", on_failure: str = "raise",
+         stepping: str = "auto") -> OptimizeResult:
     """`scipy.optimize.root`: solve `fun(x, *args) = 0`; differentiable in args and closures.
 
     Same signature and `args` convention as SciPy. `fun` is written in JAX and may
@@ -500,6 +503,15 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         n = 1000, then "gmres"), "direct", "gmres" (matrix-free), "cg".
       on_failure: "raise" (`jaxbridge.scipy.SolverError` with SciPy's message, eager
         and under `jit`) or "nan" (NaN outputs, `success=False`).
+      stepping: who runs the solver loop. "scipy": SciPy's own loop on the host (one
+        host round trip per residual evaluation, tens of microseconds each).
+        "compiled": SciPy's algorithm as a loop inside the caller's JAX program (same
+        iterates, `nfev` and `nit` up to rounding; no host round trip; `vmap` batches
+        the loop), for method "df-sane" without `callback`, with the options ftol,
+        fatol, maxfev, M, sigma_eps, sigma_0 (line_search "cruz"), and
+        jax_enable_x64 on. Its gradients: `jax.lax.custom_root` with the same
+        `linear_solver` choices, matrix-free GMRES on JAX's exact products above 64
+        unknowns. "auto" (default): "compiled" where it applies, else "scipy".
 
     Returns:
       :class:`OptimizeResult` with `x`, `fun`, `success`, `status`, `nfev`, `njev`,
@@ -515,10 +527,44 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
       >>> print(f"{float(g(2.0)):.5f}")  # -x / (3 x^2 + a)
       -0.17327
     """
+    if _root_stepping(stepping, method, options, callback) == "compiled":
+        check_policy(on_failure, "optimize.root")
+        if linear_solver not in LINEAR_SOLVERS:
+            raise ValueError(f"jaxbridge.scipy.optimize.root: linear_solver must be one of "
+                             f"{LINEAR_SOLVERS}, got {linear_solver!r}")
+        args = check_args(args, "optimize.root", "fun(x, *args)", "wrap")
+        x0 = as_float_array(x0)
+        hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape,
+                                                                               x0.dtype),),
+                          args, "fun(x, *args)")
+        x, stats = _compiled_root.root(
+            x0, ops, fun=hf, method=method, tol=None if tol is None else float(tol),
+            options=static_options(options, "optimize.root"), linear_solver=linear_solver,
+            on_failure=on_failure)
+        return OptimizeResult(x=x, fun=fun(x, *args), success=stats[4] == 1,
+                              status=stats[0], nfev=stats[1], njev=stats[2], nit=stats[3])
     x, _, stats, success, user_fun = _call("root", fun, x0, args, method, jac, tol, options,
                                            callback, linear_solver, on_failure)
     return OptimizeResult(x=x, fun=user_fun(x), success=success, status=stats[0],
                           nfev=stats[1], njev=stats[2], nit=stats[3])
+
+
+def _root_stepping(stepping: str, method: str, options: dict | None, callback: Any) -> str:
+    if stepping not in STEPPINGS:
+        raise ValueError(f"jaxbridge.scipy.optimize.root: stepping must be one of "
+                         f"{STEPPINGS}, got {stepping!r}")
+    if not isinstance(method, str):
+        return "scipy"  # SciPy's own error for a callable/odd method
+    ok = _compiled_root.supported(method, dict(options or {}), callback)
+    if stepping == "compiled" and not ok:
+        raise ValueError(
+            f"jaxbridge.scipy.optimize.root: stepping='compiled' runs the methods "
+            f"{_compiled_root.METHODS} without callback, with the options "
+            f"{_compiled_root.OPTIONS} (line_search='cruz'), and needs jax_enable_x64; got "
+            f"method={method!r}, options={sorted(options or {})}, callback={callback!r}")
+    if stepping == "auto":
+        return "compiled" if ok else "scipy"
+    return stepping
 
 
 def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | None = None,

@@ -1,0 +1,143 @@
+"""`root(..., stepping="compiled")`: SciPy's root loop inside the caller's JAX program.
+
+The residual is JAX code, so the solver loop itself can be compiled with it: no host
+round trip per residual evaluation (`_dfsane` reproduces SciPy's DF-SANE). Derivatives
+come from the implicit function theorem through `jax.lax.custom_root`: the tangent
+solve is matrix-free (JAX's GMRES on exact JVPs of the residual; its transpose,
+used by `grad`, runs on exact VJPs) or dense for small systems. Both forward and
+reverse mode, `vmap` and closures over traced values work as for any JAX code.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _foreign
+from . import _dfsane
+from ._common import failure
+from ._trace import HostFun
+
+METHODS = ("df-sane",)
+OPTIONS = _dfsane.OPTIONS
+_DENSE_MAX = 64          # as the host path: dense IFT solves only for small systems
+_LINEAR_RTOL = 1e-12     # the Krylov tangent solve's relative tolerance
+_LINEAR_ACCEPT = 1e-6    # ... and the relative residual above which it has failed
+
+
+def supported(method: str, options: dict, callback: Any) -> bool:
+    """Whether the compiled loop reproduces SciPy's `root` for these arguments."""
+    x64 = jnp.result_type(float) == jnp.float64  # SciPy's loop runs in float64
+    return (method.lower() in METHODS and callback is None and bool(x64)
+            and _dfsane.supported(options))
+
+
+@functools.partial(jax.jit, static_argnames=("fun", "method", "tol", "options",
+                                             "linear_solver", "on_failure"))
+def root(x0: jax.Array, ops: list, *, fun: HostFun, method: str, tol: Any, options: tuple,
+         linear_solver: str, on_failure: str) -> tuple[jax.Array, jax.Array]:
+    """Solve `fun(ops, x) = 0` from x0; returns x* (shaped like x0, NaN on failure
+    with on_failure="nan") and (status, nfev, njev, nit, success) as int32.
+
+    Jitted on the residual's structure (`HostFun` compares structurally), so an eager
+    call with a function seen before (even a fresh closure) reuses the compiled loop."""
+    return _root(lambda x: fun(ops, x), x0, method, tol, dict(options), linear_solver,
+                 on_failure)
+
+
+def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options: dict,
+          linear_solver: str, on_failure: str) -> tuple[jax.Array, jax.Array]:
+    shape, dtype = x0.shape, x0.dtype
+    real = jnp.result_type(float)  # float64: supported() needs jax_enable_x64
+    opts = dict(options)
+    if tol is not None:
+        opts.setdefault("ftol", float(tol))  # SciPy's root: tol -> df-sane's ftol
+    opts.pop("line_search", None)
+    opts.pop("disp", None)
+
+    def F(z: jax.Array) -> jax.Array:
+        out = jnp.asarray(fun(z.reshape(shape).astype(dtype)))
+        if out.size != z.size:
+            raise ValueError(f"jaxbridge.scipy.optimize.root: fun(x, *args) must return "
+                             f"{z.size} values (x0 has shape {shape}), got shape {out.shape}")
+        return jnp.ravel(out).astype(real)
+
+    def solve(F: Callable, z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+        z, st = _dfsane.solve(F, z0, **opts)
+        # custom_root gives aux outputs tangents like their primals': floats, not ints
+        return z, jnp.stack([st.nfev, st.nit, st.converged]).astype(real)
+
+    n = int(np.prod(shape, dtype=int))
+    x, aux = jax.lax.custom_root(F, jnp.ravel(x0).astype(real), solve,
+                                 _tangent_solve(linear_solver, n, on_failure), has_aux=True)
+    nfev, nit, converged = jax.lax.stop_gradient(aux).astype(jnp.int32)
+    finite = jnp.all(jnp.isfinite(x))
+    ok = (converged == 1) & finite
+    if on_failure == "raise":  # the host call (it raises) runs only on failure
+        ok = jax.lax.cond(ok, lambda: ok, lambda: _check_root(
+            converged == 1, finite, method=method) == 1)
+    # a failed solve poisons the gradients too (NaN, never a silent zero)
+    x = (x * jnp.where(ok, 1.0, jnp.nan)).reshape(shape).astype(dtype)
+    i32 = jnp.int32
+    return x, jnp.stack([jnp.zeros((), i32), nfev, jnp.full((), -1, i32), nit, ok.astype(i32)])
+
+
+def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
+    """`tangent_solve(g, y)` for custom_root: solves `g(z) = y` with `g` the residual's
+    linearization at x*; reverse mode transposes it (a solve with g's transpose)."""
+    method = linear_solver
+    if method == "auto":
+        method = "direct" if n <= _DENSE_MAX else "gmres"
+
+    def checked(mv: Callable, b: jax.Array, z: jax.Array) -> jax.Array:
+        norm = jnp.linalg.norm(b)
+        rel = jnp.linalg.norm(mv(z) - b) / jnp.where(norm > 0, norm, 1.0)
+        good = jnp.all(jnp.isfinite(z)) & (rel <= _LINEAR_ACCEPT)
+        if on_failure == "raise":  # the host call (it raises) runs only on failure
+            good = jax.lax.cond(good, lambda: good, lambda: _check_linear(
+                good, rel, method=method) == 1)
+        return jnp.where(good, z, jnp.nan)
+
+    def krylov(mv: Callable, b: jax.Array) -> jax.Array:
+        if method == "cg":
+            z = jax.scipy.sparse.linalg.cg(mv, b, tol=_LINEAR_RTOL, maxiter=10 * n)[0]
+        else:
+            # restarts of 20 (batched Arnoldi): the fastest of 10-50 / incremental on
+            # DEQs of 512 and 16,384 unknowns (benchmarks/RESULTS.md)
+            z = jax.scipy.sparse.linalg.gmres(mv, b, tol=_LINEAR_RTOL, restart=min(n, 20),
+                                              maxiter=10 * n, solve_method="batched")[0]
+        return checked(mv, b, z)
+
+    def direct(mv: Callable, b: jax.Array) -> jax.Array:
+        J = jax.jacfwd(mv)(jnp.zeros_like(b))  # mv is linear: its Jacobian is the matrix
+        return checked(mv, b, jnp.linalg.solve(J, b))
+
+    inner = direct if method == "direct" else krylov
+
+    def tangent_solve(g: Callable, y: jax.Array) -> jax.Array:
+        return jax.lax.custom_linear_solve(g, y, inner, transpose_solve=inner)
+    return tangent_solve
+
+
+@_foreign.foreign(lambda converged, finite, **_: jax.ShapeDtypeStruct((), jnp.int32))
+def _check_root(converged: Any, finite: Any, *, method: str) -> Any:
+    """on_failure="raise": SciPy's message as a SolverError (eager and under jit)."""
+    if not bool(converged):  # DF-SANE stops unconverged only at maxfev
+        raise failure("optimize.root", f"root(method={method!r}): too many function "
+                      f"evaluations required")
+    if not bool(finite):
+        raise failure("optimize.root", f"root(method={method!r}): the solution is not finite")
+    return np.asarray(1, np.int32)
+
+
+@_foreign.foreign(lambda good, rel, **_: jax.ShapeDtypeStruct((), jnp.int32))
+def _check_linear(good: Any, rel: Any, *, method: str) -> Any:
+    if not bool(good):
+        raise failure("optimize.root", f"implicit differentiation: the {method} solve did "
+                      f"not converge (relative residual {float(rel):.1e})")
+    return np.asarray(1, np.int32)
