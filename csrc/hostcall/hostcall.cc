@@ -358,13 +358,15 @@ void SetWritable(PyObject* a, bool writable) {
 }
 
 // One XLA buffer as the callable sees it.
+// Trivially constructible (no initializers): CollectSlots sets every field, and a call
+// does not pay for zeroing Slots' inline storage.
 struct Slot {
-  ffi::DataType type = ffi::DataType::INVALID;
-  const int64_t* dims = nullptr;  // XLA's dimensions, valid during the call
-  size_t rank = 0;
-  void* data = nullptr;           // XLA's memory (or pinned staging on GPU)
-  size_t bytes = 0;
-  bool writable = false;          // outputs
+  ffi::DataType type;
+  const int64_t* dims;  // XLA's dimensions, valid during the call
+  size_t rank;
+  void* data;           // XLA's memory (or pinned staging on GPU)
+  size_t bytes;
+  bool writable;        // outputs
   std::vector<py::ssize_t> shape() const { return {dims, dims + rank}; }
 };
 
@@ -396,7 +398,7 @@ class Slots {
 
  private:
   static constexpr size_t kInline = 8;
-  std::array<Slot, kInline> inline_{};
+  std::array<Slot, kInline> inline_;  // uninitialized beyond n_
   std::vector<Slot> heap_;
   size_t n_ = 0;
 };
@@ -859,6 +861,7 @@ ffi::Error CollectSlots(ffi::RemainingArgs args, ffi::RemainingRets rets, Slots*
     s.rank = dims.size();
     s.data = buffer->untyped_data();
     s.bytes = buffer->size_bytes();
+    s.writable = false;
     ins->push_back(s);
   }
   for (size_t i = 0; i < rets.size(); ++i) {
