@@ -704,8 +704,15 @@ PyObject* ResolveKept(CallViews& views, Entry& entry, PyObject* exc) {
 constexpr int kDirectReturns = 1;
 constexpr int kDirectOut = 2;
 
-PyObject* OutKeyword() {  // ("out",), built once under the GIL, never freed
-  static PyObject* names = Py_BuildValue("(s)", "out");
+// ("out",), built once under the GIL, never freed. Interned, like the parameter names
+// of compiled code, so that CPython matches the keyword by identity.
+PyObject* OutKeyword() {
+  static PyObject* names = [] {
+    PyObject* out = PyUnicode_InternFromString("out");
+    PyObject* tuple = PyTuple_Pack(1, out);
+    Py_DECREF(out);
+    return tuple;
+  }();
   return names;
 }
 
