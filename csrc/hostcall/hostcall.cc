@@ -3,6 +3,7 @@
 //
 // Protocol: fill(inputs: tuple[np.ndarray], outputs: tuple[np.ndarray]) -> ignored.
 // Inputs are read-only, outputs writable; the callable fills every output or raises.
+// A callable registered with `direct` is called without `fill` (see CallDirect).
 // All checking of what user code returns happens in Python (jaxbridge/_hostcall.py).
 //
 // What this file guarantees, each with a test in tests/test_hostcall_runtime.py:
