@@ -19,11 +19,13 @@ One run prints (`python benchmarks/hostcall.py`):
 * sharded: a `batch_dims=1` function on 2 CPU devices (per-shard calls on two XLA
   worker threads) vs the same call on one device (the calling thread).
 
-Each figure is the median over interleaved repeats (the spread is min-max); the
-machine is shared, so compare ratios, not absolute times. `--only view_guard blas`
+Each figure is best / median over interleaved rounds, and each ratio is also given
+paired (peer / ours within each round: median and min-max over rounds); the machine
+is shared, so compare ratios, not absolute times. `--only view_guard blas`
 runs the two older sections (kept-view guard, BLAS threads).
 
-Usage: `python benchmarks/hostcall.py [--quick] [--repeats N] [--only SECTION ...]`.
+Usage: `python benchmarks/hostcall.py [--quick] [--repeats N] [--only SECTION ...]
+[--sizes 1 1000 1000000]`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ except ImportError:  # a peer, installed with the `bench` extra
     jaxbind = None
 
 REPEATS = 5
+# What a timing measures: wall-clock time, or (--clock cpu) the CPU time of the whole
+# process (XLA runs large loops on its own threads, so the calling thread's CPU time
+# would miss them): time spent waiting for a core that another process holds is not
+# counted, time spent on a core slowed by others' cache and memory traffic still is.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
 
 
 def host_sin(x):
@@ -64,17 +72,20 @@ def per_call_us(body, x, iters, repeats=5):
     loop(x).block_until_ready()  # compile + warm up
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         loop(x).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best / iters * 1e6
 
 
 def interleaved(mechanisms, x, iters, repeats):
-    """{name: [per-call us of each round]}, the mechanisms taking turns in each round."""
+    """{name: [per-call us of each round]}, the mechanisms taking turns in each round
+    (the order rotates from round to round, so that none always follows the same one)."""
     times = {name: [] for name in mechanisms}
-    for _ in range(repeats):
-        for name, (body, n_iters) in mechanisms.items():
+    names = list(mechanisms)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            body, n_iters = mechanisms[name]
             times[name].append(per_call_us(body, x, n_iters or iters, repeats=3))
     return times
 
@@ -89,6 +100,13 @@ def ratio(peer, ours):
     """peer / ours by best and (in parentheses) by median."""
     return (f"{min(peer) / min(ours):.2f}x "
             f"({statistics.median(peer) / statistics.median(ours):.2f}x)")
+
+
+def paired(peer, ours):
+    """peer / ours within each round (the two ran minutes apart at most, seconds at 1M
+    elements, so a change in outside load affects both): median [min-max] over rounds."""
+    each = sorted(p / o for p, o in zip(peer, ours))
+    return f"{statistics.median(each):.2f}x [{each[0]:.2f}-{each[-1]:.2f}]"
 
 
 def table(title, names, rows, ratio_name, ratio):
@@ -160,15 +178,18 @@ SIZES = [(1, 2000), (1000, 2000), (1_000_000, 30)]
 PEERS = ("buffer_cb", "JAXbind", "pure_cb")
 
 
-def section_calls(scale, repeats):
+def section_calls(scale, repeats, sizes=None):
     print("\n## x + 1 per call inside a jitted fori_loop (us; best / median of "
           f"{repeats} interleaved rounds); ratio = peer / ours by best (by median); "
-          "> 1: ours is faster")
+          "> 1: ours is faster; paired = peer / ours within each round, median [min-max]")
     print("| dtype | elements | mode | ours | buffer_cb | JAXbind | pure_cb "
-          "| buffer_cb/ours | JAXbind/ours | pure_cb/ours |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| buffer_cb/ours | JAXbind/ours | pure_cb/ours | buffer_cb/ours paired "
+          "| JAXbind/ours paired |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for dtype in (jnp.float32, jnp.float64):
         for n, iters in SIZES:
+            if sizes and n not in sizes:
+                continue
             iters = max(5, int(iters * scale))
             slow = max(5, iters // 10)
             x = jnp.zeros(n, dtype)
@@ -177,6 +198,8 @@ def section_calls(scale, repeats):
                 cells = [show(times[k]) if k in times else "-" for k in ("ours", *PEERS)]
                 ratios = [ratio(times[k], times["ours"]) if k in times else "-"
                           for k in PEERS]
+                ratios += [paired(times[k], times["ours"]) if k in times else "-"
+                           for k in PEERS[:2]]
                 print(f"| {np.dtype(dtype).name} | {n} | {mode} | " + " | ".join(cells)
                       + " | " + " | ".join(ratios) + " |", flush=True)
 
@@ -237,9 +260,9 @@ def grad_us_per_call(f, x, repeats=3):
     loss(x).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         loss(x).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best / GRAD_CALLS * 1e6
 
 
@@ -259,10 +282,11 @@ def section_grad(scale, repeats):
     print(f"\n## jax.grad through {GRAD_CALLS} chained sin calls, n=1000 float32 (us per "
           "call, forward + adjoint; best / median); ratio = mechanism / ours by best "
           "(by median)")
-    print("| mechanism | us per call | mechanism/ours |")
-    print("|---|---:|---:|")
+    print("| mechanism | us per call | mechanism/ours | paired |")
+    print("|---|---:|---:|---:|")
     for name, samples in times.items():
-        print(f"| {name} | {show(samples)} | {ratio(samples, times['ours'])} |")
+        print(f"| {name} | {show(samples)} | {ratio(samples, times['ours'])} | "
+              f"{paired(samples, times['ours'])} |")
 
 
 def section_view_guard(scale, repeats):
@@ -360,10 +384,11 @@ def section_sharded(scale, repeats):
     print("\n## per-shard host calls: `sin` with batch_dims=1 on 2 rows (us per loop "
           f"iteration; best / median of {repeats} rounds)")
     print("| one device (calling thread) | 2 devices (2 per-shard calls on XLA worker "
-          "threads) | iteration ratio 2 dev / 1 dev | jnp.sin 1 dev | jnp.sin 2 dev |")
-    print("|---:|---:|---:|---:|---:|")
-    print(f"| {show(one)} | {show(two)} | {ratio(two, one)} | {show(jnp_one)} | "
-          f"{show(jnp_two)} |")
+          "threads) | iteration ratio 2 dev / 1 dev | paired | jnp.sin 1 dev | "
+          "jnp.sin 2 dev |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| {show(one)} | {show(two)} | {ratio(two, one)} | {paired(two, one)} | "
+          f"{show(jnp_one)} | {show(jnp_two)} |")
     print(f"Each per-shard call (2 per iteration) costs {min(two) / min(one) / 2:.2f}x "
           "a main-thread call (by best).")
 
@@ -378,7 +403,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved rounds")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), help="sections to run")
+    parser.add_argument("--sizes", nargs="*", type=int, choices=[n for n, _ in SIZES],
+                        help="element counts of the calls section (default: all)")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall-clock time, or the process's CPU time (calls and grad "
+                             "sections; less sensitive to other processes)")
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     jax.config.update("jax_enable_x64", True)  # float64 rows; every array's dtype is explicit
     scale = 0.2 if args.quick else 1.0
     peers = ", ".join(f"{m.__name__} {getattr(m, '__version__', '?')}"
@@ -386,9 +418,13 @@ def main() -> None:
     print(f"# jaxbridge {jb.__version__}, jax {jax.__version__}, numpy {np.__version__}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"backend {jax.default_backend()}, Python {platform.python_version()}, {peers}, "
-          f"{time.strftime('%Y-%m-%d')}")
+          f"{time.strftime('%Y-%m-%d %H:%M')}, clock: {args.clock}, load average "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     for name in args.only or DEFAULT:
-        SECTIONS[name](scale, args.repeats)
+        if name == "calls":
+            section_calls(scale, args.repeats, args.sizes)
+        else:
+            SECTIONS[name](scale, args.repeats)
 
 
 if __name__ == "__main__":

@@ -514,6 +514,48 @@ def test_functions_that_keep_nothing_stay_zero_copy():
     assert callables and not any(c.copies_inputs for c in callables)
 
 
+# ----------------------------------------------------------------- the direct call
+class _Subclass(np.ndarray):
+    pass
+
+
+# A plain function (array arguments, one result) is called by the trampoline itself,
+# which copies an exact C-contiguous result and hands anything else to the same checks.
+@pytest.mark.parametrize("returned, expected", [
+    (lambda x: x[::-1] * 2, lambda x: x[::-1] * 2),                  # not contiguous
+    (lambda x: x.reshape(2, 3).T.ravel(order="K") + 0,
+     lambda x: x.reshape(2, 3).T.ravel(order="K")),                  # a copy, contiguous
+    (lambda x: x, lambda x: x),                                      # its own input
+    (lambda x: (x + 1).view(_Subclass), lambda x: x + 1),            # not exactly ndarray
+])
+def test_direct_call_takes_any_valid_result(returned, expected):
+    f = jb.foreign(lambda x: x)(returned)
+    x = jnp.arange(6.0, dtype=jnp.float32)
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: v + f(x + i), 0 * x))
+    np.testing.assert_array_equal(jax.jit(f)(x), expected(np.asarray(x)))
+    want = sum(expected(np.asarray(x) + i) for i in range(3))  # reused views, new data
+    np.testing.assert_array_equal(loop(x), want)
+
+
+def test_direct_call_checks_what_it_does_not_take():
+    wrong_dtype = jb.foreign(lambda x: x)(lambda x: x.astype(np.float64))
+    with pytest.raises(jb.errors.ResultMismatchError, match="float64.*declared float32"):
+        jax.jit(wrong_dtype)(jnp.ones(3, jnp.float32))
+    wrong_shape = jb.foreign(lambda x: x)(lambda x: x[:2])
+    with pytest.raises(jb.errors.ResultMismatchError, match=r"shape \[2\]"):
+        jax.jit(wrong_shape)(jnp.ones(3, jnp.float32))
+    scalar = jb.foreign(lambda x: jax.ShapeDtypeStruct((), jnp.int32))(lambda x: 42)
+    assert jax.jit(scalar)(jnp.ones(3)) == 42                     # weak typing: exact
+    returns_value = jb.foreign(lambda x: x, out=True)(lambda x, *, out: x + 1)
+    with pytest.raises(jb.errors.ForeignCallError, match="must return None"):
+        jax.jit(returns_value)(jnp.ones(3, jnp.float32))
+    kept = []
+    keeps = jb.foreign(lambda x: x, out=True)(lambda x, *, out: kept.append(out))
+    with pytest.raises(KeptViewError, match="output 0"):
+        jax.jit(keeps)(jnp.ones(3, jnp.float32))
+    np.testing.assert_array_equal(np.asarray(kept[0]).shape, (3,))  # still valid
+
+
 # ----------------------------------------------------------------- threads and exit
 def test_daemon_threads_in_host_calls_at_interpreter_exit(tmp_path):
     code = """

@@ -3,6 +3,7 @@
 //
 // Protocol: fill(inputs: tuple[np.ndarray], outputs: tuple[np.ndarray]) -> ignored.
 // Inputs are read-only, outputs writable; the callable fills every output or raises.
+// A callable registered with `direct` is called without `fill` (see CallDirect).
 // All checking of what user code returns happens in Python (jaxbridge/_hostcall.py).
 //
 // What this file guarantees, each with a test in tests/test_hostcall_runtime.py:
@@ -72,6 +73,12 @@ struct Entry {
   PyObject* fill;     // borrowed: the owner unregisters from a weakref finalizer, and
   PyObject* handler;  // executables keep the owner alive (see jaxbridge/_hostcall.py)
   bool copy = false;  // give this callable copies instead of zero-copy views
+  // The direct call (see CallDirect): the user's function itself, how its result is
+  // delivered, and the Python function that checks a result the fast path did not take.
+  // Borrowed like `fill` (the handler holds them); kind 0: no direct call, use `fill`.
+  PyObject* direct_fun = nullptr;
+  int direct_kind = 0;
+  PyObject* direct_finish = nullptr;
   // The views of its last call that kept nothing, for the next call (see CallViews).
   // Released with the GIL held (unregister_callback is called from Python).
   std::unique_ptr<CallViews> spare;
@@ -352,12 +359,49 @@ void SetWritable(PyObject* a, bool writable) {
 }
 
 // One XLA buffer as the callable sees it.
+// Trivially constructible (no initializers): CollectSlots sets every field, and a call
+// does not pay for zeroing Slots' inline storage.
 struct Slot {
   ffi::DataType type;
-  std::vector<py::ssize_t> shape;
-  void* data;      // XLA's memory (or pinned staging on GPU)
+  const int64_t* dims;  // XLA's dimensions, valid during the call
+  size_t rank;
+  void* data;           // XLA's memory (or pinned staging on GPU)
   size_t bytes;
-  bool writable;   // outputs
+  bool writable;        // outputs
+  std::vector<py::ssize_t> shape() const { return {dims, dims + rank}; }
+};
+
+// The buffers of one call: a few are kept inline, so that a call allocates nothing.
+class Slots {
+ public:
+  Slots() = default;
+  Slots(const Slots& other) {
+    for (const Slot& s : other) push_back(s);
+  }
+  Slots& operator=(const Slots&) = delete;
+  void push_back(const Slot& s) {
+    if (n_ < kInline) {
+      inline_[n_++] = s;
+      return;
+    }
+    if (n_ == kInline) heap_.assign(inline_.begin(), inline_.end());
+    heap_.push_back(s);
+    ++n_;
+  }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  Slot* begin() { return n_ > kInline ? heap_.data() : inline_.data(); }
+  Slot* end() { return begin() + n_; }
+  const Slot* begin() const { return n_ > kInline ? heap_.data() : inline_.data(); }
+  const Slot* end() const { return begin() + n_; }
+  Slot& operator[](size_t i) { return begin()[i]; }
+  const Slot& operator[](size_t i) const { return begin()[i]; }
+
+ private:
+  static constexpr size_t kInline = 8;
+  std::array<Slot, kInline> inline_;  // uninitialized beyond n_
+  std::vector<Slot> heap_;
+  size_t n_ = 0;
 };
 
 // The views of one call. Every zero-copy view has `owner_` as its NumPy base: an
@@ -373,7 +417,7 @@ struct Slot {
 // (every call of one compiled program) only points them at the new buffers.
 class CallViews {
  public:
-  CallViews(const std::vector<Slot>& ins, const std::vector<Slot>& outs, bool copy)
+  CallViews(const Slots& ins, const Slots& outs, bool copy)
       : copy_(copy) {
     if (!copy_) owner_ = Owner();
     ins_ = Tuple(ins);
@@ -386,7 +430,7 @@ class CallViews {
 
   // Point the views of an earlier call at this call's buffers; false (nothing changed)
   // unless every view still has the slot's dtype and shape and is ours, contiguous.
-  bool Rebind(const std::vector<Slot>& ins, const std::vector<Slot>& outs) {
+  bool Rebind(const Slots& ins, const Slots& outs) {
     if (copy_ || !Fits(ins_, ins) || !Fits(outs_, outs)) return false;
     Point(ins_, ins);
     Point(outs_, outs);
@@ -394,7 +438,7 @@ class CallViews {
   }
 
   // Copy mode: the callable filled arrays of its own; write them to XLA's buffers.
-  void CopyOutputsBack(const std::vector<Slot>& outs) const {
+  void CopyOutputsBack(const Slots& outs) const {
     if (!copy_) return;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (outs[i].bytes) std::memcpy(outs[i].data, View(outs_, i).data(), outs[i].bytes);
@@ -414,7 +458,7 @@ class CallViews {
     Py_ssize_t based = 0;
     auto scan = [&](const py::tuple& views, std::vector<int>* out) {
       bool tuple_kept = Py_REFCNT(views.ptr()) > 1;  // the callable kept the tuple itself
-      for (size_t i = 0; i < views.size(); ++i) {
+      for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(views.ptr()); i < n; ++i) {
         PyObject* view = PyTuple_GET_ITEM(views.ptr(), i);
         if (py::detail::array_proxy(view)->base == owner_.ptr()) ++based;
         if (tuple_kept || Py_REFCNT(view) > 1) out->push_back(static_cast<int>(i));
@@ -438,24 +482,24 @@ class CallViews {
     return py::reinterpret_borrow<py::array>(PyTuple_GET_ITEM(views.ptr(), i));
   }
 
-  bool Fits(const py::tuple& views, const std::vector<Slot>& slots) const {
-    if (views.size() != slots.size()) return false;
+  bool Fits(const py::tuple& views, const Slots& slots) const {
+    if (static_cast<size_t>(PyTuple_GET_SIZE(views.ptr())) != slots.size()) return false;
     for (size_t i = 0; i < slots.size(); ++i) {
       auto* fields = py::detail::array_proxy(PyTuple_GET_ITEM(views.ptr(), i));
       const Slot& s = slots[i];
       if (fields->base != owner_.ptr() || fields->descr != NumpyDtype(s.type) ||
-          fields->nd != static_cast<int>(s.shape.size()) ||
+          fields->nd != static_cast<int>(s.rank) ||
           !(fields->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
         return false;
       }
-      for (size_t d = 0; d < s.shape.size(); ++d) {
-        if (fields->dimensions[d] != s.shape[d]) return false;
+      for (size_t d = 0; d < s.rank; ++d) {
+        if (fields->dimensions[d] != s.dims[d]) return false;
       }
     }
     return true;
   }
 
-  static void Point(const py::tuple& views, const std::vector<Slot>& slots) {
+  static void Point(const py::tuple& views, const Slots& slots) {
     for (size_t i = 0; i < slots.size(); ++i) {
       PyObject* view = PyTuple_GET_ITEM(views.ptr(), i);
       py::detail::array_proxy(view)->data = static_cast<char*>(slots[i].data);
@@ -463,7 +507,7 @@ class CallViews {
     }
   }
 
-  py::tuple Tuple(const std::vector<Slot>& slots) {
+  py::tuple Tuple(const Slots& slots) {
     py::tuple t(slots.size());
     for (size_t i = 0; i < slots.size(); ++i) t[i] = Make(slots[i]);
     // Holds only arrays, which cannot form reference cycles: keep it out of the cyclic
@@ -482,10 +526,10 @@ class CallViews {
     auto descr = py::reinterpret_borrow<py::dtype>(dtype);
     py::array a;
     if (copy_) {
-      a = py::array(descr, s.shape);
+      a = py::array(descr, s.shape());
       if (s.bytes) std::memcpy(a.mutable_data(), s.data, s.bytes);
     } else {
-      a = py::array(descr, s.shape, s.data, owner_);
+      a = py::array(descr, s.shape(), s.data, owner_);
     }
     SetWritable(a.ptr(), s.writable);
     return a;
@@ -533,7 +577,7 @@ void FillBits(void* data, size_t bytes, Bits bits) {
   for (size_t i = 0, n = bytes / sizeof(Bits); i < n; ++i) p[i] = bits;
 }
 
-void FailedFill(const std::vector<Slot>& outs) {
+void FailedFill(const Slots& outs) {
   for (const Slot& s : outs) {
     if (!s.bytes) continue;
     switch (s.type) {
@@ -564,7 +608,7 @@ ffi::Error Failure(const std::string& message) {
 // The failure `exc` (stolen) of a call on this thread: delivered to the calling Python
 // thread, or reported through XLA with a message from the handler.
 ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread,
-                  const std::vector<Slot>& outs) {
+                  const Slots& outs) {
   bool base_only = !PyErr_GivenExceptionMatches(exc, PyExc_Exception);
   PyObject* noted = PyObject_CallMethod(handler, "annotate", "O", exc);
   if (noted == nullptr) PyErr_Clear();
@@ -648,9 +692,99 @@ PyObject* ResolveKept(CallViews& views, Entry& entry, PyObject* exc) {
   return err;
 }
 
+// ------------------------------------------------------------------ the direct call
+// The common host functions -- plain array arguments, one result, no keyword arguments
+// -- are called here without their Python `fill` wrapper (one Python frame, a keyword
+// dict and a NumPy assignment less per call; see runners.direct in
+// jaxbridge/_foreign/runners.py):
+//   kDirectReturns  value = fun(*ins); a C-contiguous ndarray of the output's dtype
+//                   and shape is copied into the output here, anything else goes to
+//                   finish(value, outs), which checks it and fills the output or raises;
+//   kDirectOut      value = fun(*ins, out=outs[0]); None is done, anything else goes to
+//                   finish(value, outs), which raises.
+constexpr int kDirectReturns = 1;
+constexpr int kDirectOut = 2;
+
+// ("out",), built once under the GIL, never freed. Interned, like the parameter names
+// of compiled code, so that CPython matches the keyword by identity.
+PyObject* OutKeyword() {
+  static PyObject* names = [] {
+    PyObject* out = PyUnicode_InternFromString("out");
+    PyObject* tuple = PyTuple_Pack(1, out);
+    Py_DECREF(out);
+    return tuple;
+  }();
+  return names;
+}
+
+// Copy `value` into the output view `out` (of `bytes` bytes) if it is exactly what was
+// declared.
+bool TakeResult(PyObject* value, PyObject* out, size_t bytes) {
+  if (Py_TYPE(value) != py::detail::npy_api::get().PyArray_Type_) return false;
+  auto* got = py::detail::array_proxy(value);
+  auto* want = py::detail::array_proxy(out);
+  if (got->descr != want->descr || got->nd != want->nd ||
+      !(got->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
+    return false;
+  }
+  for (int d = 0; d < want->nd; ++d) {
+    if (got->dimensions[d] != want->dimensions[d]) return false;
+  }
+  // memmove: a function that returns its (aliased) input gives the output's own memory.
+  if (bytes != 0 && got->data != want->data) std::memmove(want->data, got->data, bytes);
+  return true;
+}
+
+// The callable's result (a new reference; nullptr with the exception set).
+PyObject* CallDirect(const Entry& entry, const CallViews& views, const Slots& out_slots) {
+  PyObject* fun = entry.direct_fun;
+  PyObject* finish = entry.direct_finish;
+  int kind = entry.direct_kind;
+  PyObject* ins = views.ins().ptr();
+  PyObject* outs = views.outs().ptr();
+  Py_ssize_t n = PyTuple_GET_SIZE(ins);
+  constexpr Py_ssize_t kStack = 8;
+  PyObject* stack[kStack + 2];
+  std::vector<PyObject*> heap;
+  PyObject** args = stack;
+  if (n > kStack) {
+    heap.resize(static_cast<size_t>(n) + 2);
+    args = heap.data();
+  }
+  args[0] = nullptr;  // PY_VECTORCALL_ARGUMENTS_OFFSET: the callee may use this slot
+  for (Py_ssize_t i = 0; i < n; ++i) args[i + 1] = PyTuple_GET_ITEM(ins, i);
+  PyObject* keywords = nullptr;
+  if (kind == kDirectOut) {
+    args[n + 1] = PyTuple_GET_ITEM(outs, 0);
+    keywords = OutKeyword();
+  }
+  Py_INCREF(fun);  // the callable may drop its registration while it runs
+  Py_INCREF(finish);
+  PyObject* value = PyObject_Vectorcall(fun, args + 1,
+                                        static_cast<size_t>(n) | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                        keywords);
+  PyObject* result = value;
+  if (value != nullptr) {
+    bool done = kind == kDirectOut ? value == Py_None
+                                   : TakeResult(value, PyTuple_GET_ITEM(outs, 0),
+                                                out_slots[0].bytes);
+    if (done) {
+      Py_INCREF(Py_None);
+      result = Py_None;
+    } else {
+      PyObject* pair[2] = {value, outs};
+      result = PyObject_Vectorcall(finish, pair, 2, nullptr);
+    }
+    Py_DECREF(value);  // before the kept-view check: a returned view is not kept
+  }
+  Py_DECREF(finish);
+  Py_DECREF(fun);
+  return result;
+}
+
 // Runs the callable registered under `callback_id` on `ins`/`outs`.
-ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
-                        const std::vector<Slot>& outs) {
+ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins,
+                        const Slots& outs) {
   InFlight in_flight;
   if (!in_flight.entered()) {
     if (OnPythonThread() && PyThread_get_thread_ident() != TheHooks().main_thread) {
@@ -696,8 +830,13 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
     }
     if (!views->ok()) return ffi::Error::InvalidArgument(views->error());
     PyObject* exc = nullptr;
-    PyObject* result = PyObject_CallFunctionObjArgs(entry.fill, views->ins().ptr(),
-                                                    views->outs().ptr(), nullptr);
+    PyObject* result;
+    if (entry.direct_kind != 0 && outs.size() == 1) {
+      result = CallDirect(entry, *views, outs);
+    } else {
+      PyObject* args[2] = {views->ins().ptr(), views->outs().ptr()};
+      result = PyObject_Vectorcall(entry.fill, args, 2, nullptr);
+    }
     if (result == nullptr) {
       exc = PyErr_GetRaisedExceptionCompat();
     } else {
@@ -718,29 +857,39 @@ ffi::Error InvokeOnHost(int64_t callback_id, const std::vector<Slot>& ins,
   return ffi::Error::Success();
 }
 
-ffi::Error CollectSlots(ffi::RemainingArgs args, ffi::RemainingRets rets,
-                        std::vector<Slot>* ins, std::vector<Slot>* outs) {
-  ins->reserve(args.size());
+ffi::Error CollectSlots(ffi::RemainingArgs args, ffi::RemainingRets rets, Slots* ins,
+                        Slots* outs) {
   for (size_t i = 0; i < args.size(); ++i) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
     auto dims = buffer->dimensions();
-    ins->push_back({buffer->element_type(), {dims.begin(), dims.end()},
-                    buffer->untyped_data(), buffer->size_bytes(), false});
+    Slot s;
+    s.type = buffer->element_type();
+    s.dims = dims.begin();
+    s.rank = dims.size();
+    s.data = buffer->untyped_data();
+    s.bytes = buffer->size_bytes();
+    s.writable = false;
+    ins->push_back(s);
   }
-  outs->reserve(rets.size());
   for (size_t i = 0; i < rets.size(); ++i) {
     auto buffer = rets.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
     auto dims = (*buffer)->dimensions();
-    outs->push_back({(*buffer)->element_type(), {dims.begin(), dims.end()},
-                     (*buffer)->untyped_data(), (*buffer)->size_bytes(), true});
+    Slot s;
+    s.type = (*buffer)->element_type();
+    s.dims = dims.begin();
+    s.rank = dims.size();
+    s.data = (*buffer)->untyped_data();
+    s.bytes = (*buffer)->size_bytes();
+    s.writable = true;
+    outs->push_back(s);
   }
   return ffi::Error::Success();
 }
 
 ffi::Error HostCallCpu(ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t callback_id) {
-  std::vector<Slot> ins, outs;
+  Slots ins, outs;
   if (ffi::Error e = CollectSlots(args, rets, &ins, &outs); e.failure()) return e;
   return InvokeOnHost(callback_id, ins, outs);
 }
@@ -777,7 +926,7 @@ size_t Aligned(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 ffi::Error HostCallCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                         int64_t callback_id) {
   thread_local PinnedStaging staging;
-  std::vector<Slot> device_ins, device_outs;
+  Slots device_ins, device_outs;
   if (ffi::Error e = CollectSlots(args, rets, &device_ins, &device_outs); e.failure()) {
     return e;
   }
@@ -787,7 +936,7 @@ ffi::Error HostCallCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remai
   if (cudaError_t s = staging.Reserve(total > 0 ? total : 1); s != cudaSuccess) {
     return CudaError("cudaMallocHost", s);
   }
-  std::vector<Slot> ins = device_ins, outs = device_outs;
+  Slots ins = device_ins, outs = device_outs;
   char* cursor = static_cast<char*>(staging.data);
   for (size_t i = 0; i < ins.size(); ++i) {
     ins[i].data = cursor;
@@ -864,9 +1013,26 @@ PYBIND11_MODULE(_native, m) {
     hooks.clear_frames = clear_frames.release().ptr();
     hooks.main_thread = main_thread;
   }, "Called once by jaxbridge._hostcall with the Python objects the handler needs.");
-  m.def("register_callback", [](int64_t callback_id, py::handle fill, py::handle handler) {
-    Registry()[callback_id] = Entry{fill.ptr(), handler.ptr(), false};  // borrowed
-  }, py::arg("callback_id"), py::arg("fill"), py::arg("handler"));
+  m.def("register_callback", [](int64_t callback_id, py::handle fill, py::handle handler,
+                                py::object direct) {
+    Entry entry{fill.ptr(), handler.ptr(), false};  // borrowed
+    if (!direct.is_none()) {  // (fun, kind, finish): see CallDirect
+      auto parts = direct.cast<py::tuple>();
+      int kind = parts[1].cast<int>();
+      if (parts.size() != 3 || (kind != kDirectReturns && kind != kDirectOut)) {
+        throw py::value_error("register_callback: direct must be (fun, 1 or 2, finish)");
+      }
+      entry.direct_fun = parts[0].ptr();
+      entry.direct_kind = kind;
+      entry.direct_finish = parts[2].ptr();
+    }
+    Registry()[callback_id] = std::move(entry);
+  }, py::arg("callback_id"), py::arg("fill"), py::arg("handler"),
+     py::arg("direct") = py::none(),
+     "Register `fill` under `callback_id`; `direct` = (fun, kind, finish) lets the handler "
+     "call `fun` itself (kind 1: fun(*ins) returns the one result; kind 2: "
+     "fun(*ins, out=outs[0]) returns None) and hand anything else to finish(value, outs). "
+     "All are borrowed: `handler` must keep them alive.");
   m.def("unregister_callback", [](int64_t callback_id) { Registry().erase(callback_id); },
         py::arg("callback_id"));
   m.def("num_registered", []() { return Registry().size(); });

@@ -230,7 +230,10 @@ class HostCallable:
         self.id = next(_ids)
         refresh_blas_limit()
         if _native is not None:
-            _native.register_callback(self.id, fill, self)
+            # The trampoline may call the user's function itself (runners._direct);
+            # this object keeps what it is given alive.
+            self.direct = getattr(fill, "direct", None)
+            _native.register_callback(self.id, fill, self, self.direct)
             if self.copy_policy.copy:
                 _native.set_copies_inputs(self.id, True)
             weakref.finalize(self, _native.unregister_callback, self.id)

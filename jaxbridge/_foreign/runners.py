@@ -321,37 +321,53 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
     return fill, avals, what
 
 
+# How the native trampoline may call a host function without its `fill` wrapper
+# (csrc/hostcall/hostcall.cc, CallDirect): fill.direct = (fun, kind, finish).
+DIRECT_RETURNS = 1  # fun(*ins) returns the one result
+DIRECT_OUT = 2      # fun(*ins, out=outs[0]) returns None
+
+
+def _direct(fill: Callable[[tuple, tuple], None], fun: Callable, kind: int,
+            finish: Callable[[Any, tuple], None]) -> Callable[[tuple, tuple], None]:
+    """`fill`, marked as callable directly: the trampoline calls `fun` on the inputs itself
+    and hands any result it does not take to `finish(value, outputs)` (which checks and
+    fills, or raises), exactly what `fill` would have done."""
+    fill.direct = (fun, kind, finish)  # type: ignore[attr-defined]
+    return fill
+
+
 def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
     """The forward call, with a fast path for one array result."""
     fun, kwargs, args = sig.defn.fun, sig.kwargs, sig.args
+    single = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
+        and sig.out_tree.num_leaves == 1
+    direct = single and sig.plain_args and not kwargs
     if sig.defn.in_place:
-        one_leaf = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
-            and sig.out_tree.num_leaves == 1
-        if one_leaf and sig.plain_args and not kwargs:
+        def not_none(value: Any, outs: tuple) -> None:
+            _returned_none(sig, value, "forward call")
+
+        if direct:
             def fill_plain(ins: tuple, outs: tuple) -> None:  # the per-call floor
                 value = fun(*ins, out=outs[0])
                 if value is not None:
-                    _returned_none(sig, value, "forward call")
+                    not_none(value, outs)
 
-            return fill_plain
+            return _direct(fill_plain, fun, DIRECT_OUT, not_none)
 
         def fill_in_place(ins: tuple, outs: tuple) -> None:
-            if one_leaf:  # fast path: the lone output buffer is `out` itself
+            if single:  # fast path: the lone output buffer is `out` itself
                 target = outs[0]
             else:
                 out, res = sig.outputs(outs)
                 target = out if sig.res_tree is None else (out, res)
             value = fun(*args(ins), out=target, **kwargs)
             if value is not None:
-                _returned_none(sig, value, "forward call")
+                not_none(value, outs)
 
         return fill_in_place
-    single = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
-        and sig.out_tree.num_leaves == 1
     dtype = sig.out_avals[0].dtype if single else None
 
-    def fill(ins: tuple, outs: tuple) -> None:
-        value = fun(*args(ins), **kwargs)
+    def finish(value: Any, outs: tuple) -> None:
         if single and type(value) is np.ndarray and value.dtype == dtype \
                 and value.shape == outs[0].shape:  # == the declared shape unless sharded
             outs[0][...] = value
@@ -360,7 +376,10 @@ def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
         for out, checked in zip(outs, check_forward(sig, value, avals)):
             out[...] = checked
 
-    return fill
+    def fill(ins: tuple, outs: tuple) -> None:
+        finish(fun(*args(ins), **kwargs), outs)
+
+    return _direct(fill, fun, DIRECT_RETURNS, finish) if direct else fill
 
 
 def _adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, tuple], None]:
