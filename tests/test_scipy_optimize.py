@@ -364,7 +364,10 @@ def _deq(batch, width, seed=0):
     return W, U, x
 
 
-def test_compiled_dfsane_reproduces_scipys_iterates():
+@pytest.mark.slow  # ~7 s on the loaded 2-core machine (compiles); by default,
+# test_root_value_matches_scipy[df-sane] runs the compiled loop against SciPy
+@pytest.mark.parametrize("options", [None, {"M": 3, "sigma_0": 0.5, "fatol": 1e-12}])
+def test_compiled_dfsane_reproduces_scipys_iterates(options):
     """stepping="compiled" runs SciPy's DF-SANE in JAX: the same x, nfev and nit as
     scipy.optimize.root itself, also with non-default options."""
     W, U, x = _deq(4, 8)
@@ -374,21 +377,21 @@ def test_compiled_dfsane_reproduces_scipys_iterates():
 
     def F_np(z):
         return np.asarray(F(jnp.asarray(z).reshape(4, 8), W, U)).ravel()
-    for options in (None, {"M": 3, "sigma_0": 0.5, "fatol": 1e-12}):
-        ref = scipy.optimize.root(F_np, np.zeros(32), method="df-sane", tol=1e-11,
-                                  options=options)
-        assert ref.success, ref.message
-        for stepping in ("compiled", "scipy"):
-            sol = root(F, jnp.zeros((4, 8)), (W, U), method="df-sane", tol=1e-11,
-                       options=options, stepping=stepping)
-            assert bool(sol.success)
-            assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit), stepping
-            np.testing.assert_allclose(np.ravel(sol.x), ref.x, rtol=1e-12, atol=1e-14)
-            np.testing.assert_allclose(sol.fun, F(sol.x, W, U), rtol=1e-12)
+    ref = scipy.optimize.root(F_np, np.zeros(32), method="df-sane", tol=1e-11,
+                              options=options)
+    assert ref.success, ref.message
+    for stepping in ("compiled", "scipy"):
+        sol = root(F, jnp.zeros((4, 8)), (W, U), method="df-sane", tol=1e-11,
+                   options=options, stepping=stepping)
+        assert bool(sol.success)
+        assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit), stepping
+        np.testing.assert_allclose(np.ravel(sol.x), ref.x, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(sol.fun, F(sol.x, W, U), rtol=1e-12)
 
 
-@pytest.mark.parametrize("batch,width", [
-    (2, 4), pytest.param(6, 16, marks=pytest.mark.slow)])  # 8 unknowns: dense; 96: GMRES
+@pytest.mark.slow  # 6-17 s on the loaded 2-core machine (compiles); the derivative
+# matrix's default cell covers the compiled root's jacfwd + vmap meanwhile
+@pytest.mark.parametrize("batch,width", [(2, 4), (6, 16)])  # 8 unknowns: dense; 96: GMRES
 def test_compiled_root_deq_gradients_vs_jnp_twin_and_fd(batch, width):
     """A DEQ layer z = tanh(W z + U x) through the compiled root, under jit, grad, jvp
     and vmap, against JAX autodiff of a fixed-point iteration and central differences

@@ -26,6 +26,11 @@ solution does not depend on it (it is correct, not a silent zero).
 
 The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX at
 `x*`, so they are differentiable by the chain rule.
+
+`root(method="df-sane")` runs, where it applies (`stepping="auto"`), not on the host
+but as SciPy's algorithm compiled into the caller's program (`_compiled_root`,
+`_dfsane`): same iterates, no host round trip per residual evaluation, gradients by
+`jax.lax.custom_root` with the same linear solvers on JAX's exact products.
 """
 
 from __future__ import annotations
