@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "dlpack_views.h"
 
 #ifdef JAXBRIDGE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -745,6 +746,9 @@ ffi::Error HostCallCpu(ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t
   return InvokeOnHost(callback_id, ins, outs);
 }
 
+// Device buffers as DLPack capsules for callables that take them (jaxbridge.torch).
+#include "device_call.inc"
+
 #ifdef JAXBRIDGE_WITH_CUDA
 // GPU: stage through pinned host memory on XLA's stream. One staging block per call
 // covers every operand and result (aligned to 256 bytes); the stream is synchronized
@@ -774,12 +778,15 @@ ffi::Error CudaError(const char* what, cudaError_t status) {
 
 size_t Aligned(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
-ffi::Error HostCallCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                        int64_t callback_id) {
+ffi::Error HostCallCuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, int64_t callback_id) {
   thread_local PinnedStaging staging;
   std::vector<Slot> device_ins, device_outs;
   if (ffi::Error e = CollectSlots(args, rets, &device_ins, &device_outs); e.failure()) {
     return e;
+  }
+  if (HasDeviceFill(callback_id)) {  // no staging: see device_call.inc
+    return InvokeOnDevice(callback_id, device_ins, device_outs, stream, device);
   }
   size_t total = 0;
   for (const Slot& s : device_ins) total += Aligned(s.bytes);
@@ -832,6 +839,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kJaxbridgeHostCallCpu, HostCallCpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kJaxbridgeHostCallCuda, HostCallCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()       // its device
                                   .RemainingArgs()                 // device operands
                                   .RemainingRets()                 // device results
                                   .Attr<int64_t>("callback_id"));  // registry key
@@ -867,7 +875,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("register_callback", [](int64_t callback_id, py::handle fill, py::handle handler) {
     Registry()[callback_id] = Entry{fill.ptr(), handler.ptr(), false};  // borrowed
   }, py::arg("callback_id"), py::arg("fill"), py::arg("handler"));
-  m.def("unregister_callback", [](int64_t callback_id) { Registry().erase(callback_id); },
+  m.def("unregister_callback", [](int64_t callback_id) {
+    Registry().erase(callback_id);
+    ForgetDeviceFill(callback_id);
+  },
         py::arg("callback_id"));
   m.def("num_registered", []() { return Registry().size(); });
   m.def("copies_inputs", [](int64_t callback_id) {
@@ -899,6 +910,7 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("limit"), py::arg("functions"),
      "Cap BLAS threads at `limit` during host calls (0: never); `functions` are the "
      "(get_num_threads, set_num_threads) addresses of each loaded BLAS library.");
+  DefineDeviceCall(m);
   m.def("begin_shutdown", &BeginShutdown, py::arg("timeout_seconds"),
         "atexit: refuse new host calls and wait for those in flight.");
 #ifdef JAXBRIDGE_WITH_CUDA

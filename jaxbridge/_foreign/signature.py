@@ -100,7 +100,11 @@ class CallSignature(CallLayout):
             if self.batch_shape and self.defn.vmap != "vectorized":
                 fill = loop_leading(runners.filler(self.base, role, self._rule_of(role), nz)[0],
                                     len(self.batch_shape))
-            target = HostCallable(fill, avals, self.name, what, self.defn.copy_policy(role))
+            # A forward function may offer to run on XLA's device buffers (on CUDA);
+            # jaxbridge.torch's do (see jaxbridge/torch/_device.py).
+            on_device = getattr(self.defn.fun, "jaxbridge_device_fill", None)
+            target = HostCallable(fill, avals, self.name, what, self.defn.copy_policy(role),
+                                  on_device(fill) if on_device and role == "forward" else None)
             self._callables[key] = target
         return target
 

@@ -51,9 +51,14 @@ class _Batching:
 
 
 def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
+    """The leaves as tensors of their own (NumPy views become tensors sharing their
+    memory; tensors of XLA's device buffers, on the device path, become aliases: the
+    checks after the call count references to exactly these objects)."""
     if copy:
-        return [to_torch(x).clone() if isinstance(x, np.ndarray) else x for x in leaves]
-    return [to_torch(x) if type(x) is np.ndarray else x for x in leaves]
+        return [to_torch(x).clone() if isinstance(x, np.ndarray)
+                else x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+    return [to_torch(x) if type(x) is np.ndarray
+            else x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
 
 
 def _check_after_call(name: str, tensors: list[Any], state: _Batching) -> None:
@@ -97,7 +102,8 @@ def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
 
 
 def write_results(name: str, value: Any, out: Any) -> None:
-    """Copy torch's results into XLA's output buffers (`out`, the declared structure)."""
+    """Copy torch's results into XLA's output buffers (`out`, the declared structure:
+    NumPy views, or tensors of XLA's device buffers on the device path)."""
     if type(out) is np.ndarray:  # fast path: one result
         _write_one(name, "output", value, out)
         return
@@ -113,11 +119,18 @@ def write_results(name: str, value: Any, out: Any) -> None:
         _write_one(name, f"output leaf {i}", v, o)
 
 
-def _write_one(name: str, what: str, value: Any, out: np.ndarray) -> None:
+def _write_one(name: str, what: str, value: Any, out: Any) -> None:
+    """`value` into `out`: a NumPy view of XLA's buffer, or on the device path a tensor
+    viewing XLA's device buffer (the copy then runs on XLA's stream)."""
     if not isinstance(value, torch.Tensor):
         _bad_result(name, value, out)
     if value.shape != out.shape:
         _mismatch(name, what, value, out)
+    if isinstance(out, torch.Tensor):
+        if value.dtype != out.dtype:
+            _check_cast(name, what, value, out)
+        out.copy_(value)
+        return
     if value.dtype is SAME_MEMORY_DTYPES.get(out.dtype):
         try:  # NumPy's copy is cheaper than wrapping `out` for torch's (~0.5 us a call)
             np.copyto(out, value.numpy(), casting="no")
@@ -130,27 +143,35 @@ def _write_one(name: str, what: str, value: Any, out: np.ndarray) -> None:
     target.copy_(value)
 
 
-def _bad_result(name: str, value: Any, out: np.ndarray) -> None:
+def _declared(out: Any) -> np.dtype:
+    """The NumPy dtype of an output buffer (a NumPy view or a device tensor)."""
+    return numpy_dtype(out.dtype, "jaxbridge.torch") if isinstance(out, torch.Tensor) \
+        else out.dtype
+
+
+def _bad_result(name: str, value: Any, out: Any) -> None:
+    declared = _declared(out)
     raise ResultMismatchError(
         f"jaxbridge.torch: function {name!r} must return torch tensors; got "
-        f"{type(value).__name__} where {out.dtype.name}{list(out.shape)} was expected",
-        function=name, what="output", problem="type", declared=str(out.dtype),
+        f"{type(value).__name__} where {declared.name}{list(out.shape)} was expected",
+        function=name, what="output", problem="type", declared=str(declared),
         received=type(value).__name__)
 
 
-def _check_cast(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+def _check_cast(name: str, what: str, value: torch.Tensor, out: Any) -> None:
     """Only JAX's own canonicalization is applied silently (int64 -> int32 and
     float64 -> float32 without jax_enable_x64); any other dtype difference is an error."""
-    if numpy_dtype(value.dtype, f"jaxbridge.torch: {what} of {name!r}") == out.dtype:
+    declared = _declared(out)
+    if numpy_dtype(value.dtype, f"jaxbridge.torch: {what} of {name!r}") == declared:
         return
     raise ResultMismatchError(
         f"jaxbridge.torch: {what} of function {name!r} has dtype {value.dtype}, but "
-        f"{out.dtype.name} was declared; nothing is cast silently: return that dtype "
+        f"{declared.name} was declared; nothing is cast silently: return that dtype "
         f"(value.to(...)) or declare the one it has", function=name, what=what,
-        problem="dtype", declared=out.dtype.name, received=str(value.dtype))
+        problem="dtype", declared=declared.name, received=str(value.dtype))
 
 
-def _mismatch(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+def _mismatch(name: str, what: str, value: torch.Tensor, out: Any) -> None:
     raise ResultMismatchError(
         f"jaxbridge.torch: {what} of function {name!r} has shape {list(value.shape)}, but "
         f"{list(out.shape)} was declared (or found when tracing it on meta tensors). Pass "

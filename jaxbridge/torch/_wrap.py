@@ -28,6 +28,7 @@ from .._core.arrays import is_array_leaf
 from .._core.capabilities import Derivatives
 from .._foreign.api import ForeignFunction, callable_name
 from ._convert import struct_of, torch_dtype
+from ._device import device_filler
 from ._host import _Batching, run_host, run_one
 
 __all__ = ["TorchFunction", "wrap"]
@@ -154,11 +155,13 @@ class TorchFunction:
 
             depth = 0
             if vectorized and _jaxbridge_ranks:  # under jax.vmap: leading axes on every leaf
-                first = next(x for x in leaves if isinstance(x, np.ndarray))
+                first = next(x for x in leaves if isinstance(x, (np.ndarray, torch.Tensor)))
                 depth = first.ndim - _jaxbridge_ranks[0]
             run_host(name, call, leaves, out, depth, state)
 
         forward.__name__ = forward.__qualname__ = name  # named in errors
+        # On CUDA, run on XLA's device buffers and stream (jaxbridge/torch/_device.py).
+        forward.jaxbridge_device_fill = device_filler  # type: ignore[attr-defined]
         return forward
 
     # ---- derivative rules (JAX side): each calls a derived torch function
