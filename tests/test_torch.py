@@ -478,3 +478,24 @@ def test_import_jaxbridge_does_not_import_torch_and_says_how_to_install_it():
                           timeout=120)
     assert "torch imported: False" in proc.stdout, proc.stdout + proc.stderr
     assert 'pip install "jaxbridge[torch]"' in proc.stdout, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- torch operators: out=
+def test_torch_operators_write_into_xlas_buffer_once_known_exact():
+    """A torch operator (torch.sin, torch.add, ...) runs with out= on XLA's output buffer
+    from its second call on, once an ordinary call returned exactly the declared dtype
+    and shape; where it did not (torch.sum of int32 gives int64, cast to int32 unless
+    jax_enable_x64), or where the operator has no out= for these arguments (torch.sum
+    of a whole tensor), it keeps returning results that are copied."""
+    x = jnp.linspace(-1.0, 1.0, 7, dtype=jnp.float32)
+    sin, add, total = jt.wrap(torch.sin), jt.wrap(torch.add), jt.wrap(torch.sum)
+    for _ in range(3):
+        close(jax.jit(sin)(x), np.sin(np.asarray(x)), 1e-6)
+        close(jax.jit(add)(x, 2 * x), 3 * np.asarray(x), 1e-6)
+        close(jax.jit(lambda v: add(v, 1))(x), np.asarray(x) + 1, 1e-6)  # a weak int
+        assert int(jax.jit(total)(jnp.arange(5, dtype=jnp.int32))) == 10
+    assert list(sin._batching.direct.values()) == [True]
+    assert all(add._batching.direct.values()) and len(add._batching.direct) == 2
+    assert list(total._batching.direct.values()) == [False]
+    close(jax.grad(lambda v: sin(v).sum())(x), np.cos(np.asarray(x)), 1e-6)  # unchanged
+    close(jax.vmap(sin)(x.reshape(7, 1)), np.sin(np.asarray(x)).reshape(7, 1), 1e-6)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,15 +40,61 @@ def thread_cap() -> int:
     return _env_cap[0]
 
 
+def is_torch_op(fn: Any) -> bool:
+    """Whether `fn` is one of torch's own operators (`torch.sin`, `torch.add`,
+    `torch.matmul`, ...): those take ``out=`` and can write into XLA's buffer."""
+    return isinstance(fn, types.BuiltinFunctionType) and \
+        getattr(fn, "__module__", None) == "torch"
+
+
 class _Batching:
     """Per wrapped function, learned on first use: whether `torch.vmap` works for it,
-    and whether it keeps its input tensors (it then gets private copies)."""
+    whether it keeps its input tensors (it then gets private copies), and, for a torch
+    operator, the input and output dtypes for which its ``out=`` variant writes the
+    result straight into XLA's output buffer (`direct`: no result tensor of torch's
+    own, no copy; learned from one ordinary call that returned exactly the declared
+    dtype and shape, so ``out=`` never casts or resizes)."""
 
-    __slots__ = ("vmap_fails", "copy_inputs")
+    __slots__ = ("vmap_fails", "copy_inputs", "op", "direct")
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Any = None) -> None:
         self.vmap_fails = False
         self.copy_inputs = False
+        self.op = is_torch_op(fn)
+        self.direct: dict[tuple, bool] = {}
+
+
+def _direct_key(tensors: Sequence[Any], out: Any) -> tuple | None:
+    """The key of `_Batching.direct` for one call (None: not a one-output call)."""
+    if not isinstance(out, (np.ndarray, torch.Tensor)):
+        return None
+    return (*(t.dtype if isinstance(t, torch.Tensor) else type(t) for t in tensors),
+            out.dtype)
+
+
+def _run_op(fn: Any, tensors: Sequence[Any], out: Any, state: _Batching) -> bool:
+    """Run torch operator `fn` writing into `out` (XLA's buffer) if that is known to
+    give exactly what an ordinary call would; False if the caller must run it."""
+    key = _direct_key(tensors, out)
+    if key is None or not state.direct.get(key, False):
+        return False
+    target = out if isinstance(out, torch.Tensor) else to_torch(out)
+    try:
+        fn(*tensors, out=target)
+    except TypeError:  # no out= overload for these arguments (torch.sum(x)): run it plainly
+        state.direct[key] = False
+        return False
+    return True
+
+
+def _learn_op(tensors: Sequence[Any], value: Any, out: Any, state: _Batching) -> None:
+    """After an ordinary call of a torch operator: may the next call write into `out`?"""
+    key = _direct_key(tensors, out)
+    if key is None or key in state.direct:
+        return
+    want = out.dtype if isinstance(out, torch.Tensor) else SAME_MEMORY_DTYPES.get(out.dtype)
+    state.direct[key] = type(value) is torch.Tensor and value.dtype is want and \
+        tuple(value.shape) == tuple(out.shape) and not value.requires_grad
 
 
 def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
@@ -132,8 +179,8 @@ def _write_one(name: str, what: str, value: Any, out: Any) -> None:
         out.copy_(value)
         return
     if value.dtype is SAME_MEMORY_DTYPES.get(out.dtype):
-        try:  # NumPy's copy is cheaper than wrapping `out` for torch's (~0.5 us a call)
-            np.copyto(out, value.numpy(), casting="no")
+        try:  # NumPy's copy is cheaper than wrapping `out` for torch's (~0.5 us a call);
+            out[...] = value.numpy()  # the same dtype (checked), so nothing is cast
             return
         except (RuntimeError, TypeError):  # requires grad, conjugate bit, ...
             pass
@@ -180,13 +227,16 @@ def _mismatch(name: str, what: str, value: torch.Tensor, out: Any) -> None:
 
 
 def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
-             batch_depth: int, batching: _Batching) -> None:
+             batch_depth: int, batching: _Batching, op: Any = None) -> None:
     """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
     on `leaves` (NumPy views, and static leaves) and write its results into `out`.
 
     With `batch_depth > 0` every leaf carries that many leading batch axes (JAX's vmap):
     the function runs once under nested `torch.vmap`, or, for one that torch.vmap cannot
     batch (data-dependent control flow, `.item()`, in-place updates), once per element.
+
+    `op`: the torch operator that `call` applies to the leaves as they are (no static
+    arguments), run with ``out=`` where that is known to be exact.
     """
     tensors = _tensors(leaves, batching.copy_inputs)
     cap = thread_cap()
@@ -197,7 +247,12 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
     # `call` do not require grad, so torch records no graph of them.
     try:
         if batch_depth == 0:
-            write_results(name, call(tensors), out)
+            if not (op is not None and _run_op(op, tensors, out, batching)):
+                value = call(tensors)
+                if op is not None:
+                    _learn_op(tensors, value, out, batching)
+                write_results(name, value, out)
+                del value
         else:
             _run_batched(name, call, tensors, out, batch_depth, batching)
         _check_after_call(name, tensors, batching)
@@ -208,10 +263,10 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
 
 def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
             state: _Batching) -> None:
-    """`run_host` for the commonest call, one array argument and no batching, with the
-    per-call work pared down (a host call of a 1-element op costs a few us in all)."""
+    """`run_host` for the commonest call, one array argument and one result, unbatched,
+    with the per-call work pared down (a host call of a 1-element op costs a few us)."""
     if state.copy_inputs:
-        run_host(name, lambda ts: fn(*ts), (a,), out, 0, state)
+        run_host(name, lambda ts: fn(*ts), (a,), out, 0, state, fn if state.op else None)
         return
     x = to_torch(a)
     cap = thread_cap()
@@ -219,12 +274,15 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
     if before > cap:
         torch.set_num_threads(cap)
     try:
-        value = fn(x)
-        if type(out) is np.ndarray:
-            _write_one(name, "output", value, out)
-        else:
-            write_results(name, value, out)
-        del value
+        if not (state.op and _run_op(fn, (x,), out, state)):
+            value = fn(x)
+            if state.op:
+                _learn_op((x,), value, out, state)
+            if type(out) is np.ndarray:
+                _write_one(name, "output", value, out)
+            else:
+                write_results(name, value, out)
+            del value
         if x._version or sys.getrefcount(x) > 2:
             tensors = [x]
             del x
