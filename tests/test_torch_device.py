@@ -196,6 +196,19 @@ def test_gpu_calls_run_on_xlas_device_buffers_and_stream(gpu):
     def raises(x):
         raise Boom("from torch on the GPU")
 
-    with pytest.raises(Boom):
+    with pytest.raises(Exception) as info:  # itself, or an XLA error describing it
         jax.block_until_ready(jax.jit(jt.wrap(raises, result=jax.ShapeDtypeStruct(
             (4096,), jnp.float32)))(x))
+    assert isinstance(info.value, Boom) or "Boom" in str(info.value)
+    assert "from torch on the GPU" in str(info.value)
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(x)), np.sin(xs) * xs, rtol=1e-5,
+                               atol=1e-6)  # the device and the bridge still work
+
+    kept = []
+
+    def keeps(x):
+        kept.append(x[1:])  # a view of XLA's device buffer, past the call
+        return x * 2
+
+    with pytest.raises(Exception, match="kept"):
+        jax.block_until_ready(jax.jit(jt.wrap(keeps))(x))
