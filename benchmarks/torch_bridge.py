@@ -7,7 +7,8 @@
    `torch.from_numpy`; torch2jax (PyPI `wrap-torch2jax`, if installed; it compiles a
    C++ extension on first use); the NumPy `jb.foreign` path (returning a new
    array, and in place with `out=True`); and `jaxbridge.torch.wrap(torch.add)`, a torch
-   operator, which writes into XLA's output buffer with `out=` (no result tensor).
+   operator, which writes into XLA's output buffer with `out=` (no result tensor), and
+   `wrap(fn, result=..., out=True)` with `fn` calling `torch.add(x, 1, out=out)`.
 2. An MLP, forward + backward: `jax.value_and_grad` of `wrap_module` under `jit`
    against the same model in eager torch (`loss.backward()`).
 
@@ -68,10 +69,16 @@ def bridges(n: int) -> dict:
         np.add(a, np.float32(1), out=out)
 
     add_op = jt.wrap(torch.add)
+
+    @jt.wrap(result=struct, out=True)
+    def add_one_out(v, out):
+        torch.add(v, 1, out=out)
+
     one = np.float32(1)
     cases = {"jaxbridge.torch": jt.wrap(add_one_torch), "pure_callback": pure_cb,
              "numpy jb.foreign": numpy_new, "numpy jb.foreign out=": numpy_in_place,
-             "jaxbridge.torch op": lambda v: add_op(v, one)}
+             "jaxbridge.torch op": lambda v: add_op(v, one),
+             "jaxbridge.torch out=": add_one_out}
     if torch2jax is not None:
         cases["torch2jax"] = torch2jax(add_one_torch, x)
     return {name: (f, x) for name, f in cases.items()}
@@ -144,7 +151,9 @@ def main() -> None:
         print("  goals, CPU-time ratios per repeat, median (min-max):")
         goals = [("pure_callback", "jaxbridge.torch"), ("torch2jax", "jaxbridge.torch"),
                  ("jaxbridge.torch", "numpy jb.foreign"),
-                 ("jaxbridge.torch op", "numpy jb.foreign")]
+                 ("jaxbridge.torch op", "numpy jb.foreign"),
+                 ("jaxbridge.torch out=", "numpy jb.foreign"),
+                 ("jaxbridge.torch out=", "numpy jb.foreign out=")]
         for a, b in goals:
             if a in cpu and b in cpu:
                 print(f"    {a} / {b}: "

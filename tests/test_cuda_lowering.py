@@ -181,3 +181,20 @@ def test_torch_calls_for_cuda_run_on_device_buffers(how, monkeypatch):
             if type(o) is hostcall.HostCallable and id(o) not in before]
     assert text.count("jaxbridge_host_call") == len(made) >= 1
     assert all(callable(o.device_fill) for o in made)
+
+
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_torch_out_true_calls_lower_for_cuda(how):
+    """wrap(fn, out=True) (fn writes into XLA's buffers; derivatives through
+    torch.func.functionalize) lowers to the native handler too."""
+    torch = pytest.importorskip(
+        "torch", reason="jaxbridge.torch needs PyTorch: pip install -e '.[torch]' (Python 3.11)")
+    import jaxbridge.torch as jt
+
+    @jt.wrap(result=lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out=True)
+    def f(x, out):
+        torch.mul(torch.sin(x), x, out=out)
+
+    text = cuda_hlo(transforms(f, 1)[how], jnp.ones(2))
+    assert "jaxbridge_host_call" in text
+    assert "python_gpu_callback" not in text

@@ -499,3 +499,49 @@ def test_torch_operators_write_into_xlas_buffer_once_known_exact():
     assert list(total._batching.direct.values()) == [False]
     close(jax.grad(lambda v: sin(v).sum())(x), np.cos(np.asarray(x)), 1e-6)  # unchanged
     close(jax.vmap(sin)(x.reshape(7, 1)), np.sin(np.asarray(x)).reshape(7, 1), 1e-6)
+
+
+# ---------------------------------------------------------------- out=True
+def test_out_true_writes_into_xlas_buffers_and_differentiates(rng):
+    """wrap(fn, result=..., out=True): fn fills `out` (a pytree of tensors viewing XLA's
+    buffers); every transformation goes through torch.func.functionalize of it."""
+    structs = lambda a, b: {"y": jax.ShapeDtypeStruct(a.shape, a.dtype),  # noqa: E731
+                            "s": jax.ShapeDtypeStruct((), a.dtype)}
+
+    @jt.wrap(result=structs, out=True)
+    def f(a, b, out):
+        torch.mul(torch.sin(a), b, out=out["y"])
+        torch.sum(a * a, dim=0, out=out["s"])
+
+    def twin(a, b):
+        return {"y": jnp.sin(a) * b, "s": jnp.sum(a * a)}
+
+    a, b = rng.normal(size=4), rng.normal(size=4)
+    for got, want in zip(jax.tree_util.tree_leaves(jax.jit(f)(a, b)),
+                         jax.tree_util.tree_leaves(twin(a, b))):
+        close(got, want)
+
+    def loss(f):
+        return lambda a, b: jnp.sum(f(a, b)["y"] ** 2) + f(a, b)["s"]
+    close(jax.jit(jax.grad(loss(f), argnums=(0, 1)))(a, b)[0],
+          jax.grad(loss(twin), argnums=(0, 1))(a, b)[0])
+    close(jax.jvp(f, (a, b), (b, a))[1]["y"], jax.jvp(twin, (a, b), (b, a))[1]["y"])
+    close(jax.hessian(loss(f))(a, b), jax.hessian(loss(twin))(a, b))
+    A, B = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    close(jax.vmap(f)(A, B)["y"], jax.vmap(twin)(A, B)["y"])
+
+
+def test_out_true_needs_result_and_a_function_that_returns_none():
+    with pytest.raises(TypeError, match="out=True needs result="):
+        jt.wrap(lambda x, out: None, out=True)
+    with pytest.raises(TypeError, match="out must be True or False"):
+        jt.wrap(lambda x: x, out="yes")
+
+    @jt.wrap(result=jax.ShapeDtypeStruct((2,), jnp.float64), out=True)
+    def returns(x, out):
+        out.copy_(x)
+        return out
+
+    with pytest.raises(ResultMismatchError, match="must write its results into `out` and "
+                                                  "return None; it returned Tensor"):
+        jax.jit(returns)(np.ones(2))

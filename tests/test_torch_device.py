@@ -212,3 +212,15 @@ def test_gpu_calls_run_on_xlas_device_buffers_and_stream(gpu):
 
     with pytest.raises(Exception, match="kept"):
         jax.block_until_ready(jax.jit(jt.wrap(keeps))(x))
+
+
+def test_out_true_function_through_the_device_protocol(monkeypatch):
+    @jt.wrap(result=jax.ShapeDtypeStruct((3,), jnp.float32), out=True)
+    def f(x, out):
+        torch.add(x, 1, out=out)
+
+    x = np.arange(3, dtype=np.float32)
+    _, (target,) = lowered_host_callables(f, x, cuda_torch=True, monkeypatch=monkeypatch)
+    out = np.zeros(3, np.float32)
+    target.device_fill((capsule_of(x),), (capsule_of(out),), None, 0)
+    np.testing.assert_array_equal(out, x + 1)

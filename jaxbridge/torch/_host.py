@@ -23,7 +23,7 @@ from .._foreign import hostcall
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 
-__all__ = ["thread_cap", "run_host", "run_one", "write_results"]
+__all__ = ["thread_cap", "run_host", "run_one", "run_in_place", "write_results"]
 
 
 _env_cap: list[int] = []  # JAXBRIDGE_HOST_BLAS_THREADS, read once (reading it costs ~1 us)
@@ -287,6 +287,37 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
             tensors = [x]
             del x
             _check_after_call(name, tensors, state)
+    finally:
+        if before > cap:
+            torch.set_num_threads(before)
+
+
+def _targets(out: Any) -> Any:
+    """XLA's output buffers (NumPy views, or device tensors) as torch tensors."""
+    if type(out) is np.ndarray:
+        return to_torch(out)
+    return jax.tree_util.tree_map(
+        lambda o: to_torch(o) if isinstance(o, np.ndarray) else o, out)
+
+
+def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree: Any,
+                 static: dict, out: Any, state: _Batching) -> None:
+    """Run a function of ``wrap(..., out=True)``: it writes its results into `out`
+    (XLA's output buffers, as tensors in the declared structure) and returns None."""
+    tensors = _tensors(leaves, state.copy_inputs)
+    cap = thread_cap()
+    before = torch.get_num_threads() if cap else 0
+    if before > cap:
+        torch.set_num_threads(cap)
+    try:
+        value = fn(*jax.tree_util.tree_unflatten(tree, tensors), out=_targets(out), **static)
+        if value is not None:
+            raise ResultMismatchError(
+                f"jaxbridge.torch: function {name!r} was wrapped with out=True, so it must "
+                f"write its results into `out` and return None; it returned "
+                f"{type(value).__name__}", function=name, what="output", problem="type",
+                declared="None", received=type(value).__name__)
+        _check_after_call(name, tensors, state)
     finally:
         if before > cap:
             torch.set_num_threads(before)
