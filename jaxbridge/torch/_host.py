@@ -4,7 +4,10 @@ One call: the NumPy views the host-call runtime lends become torch tensors (no c
 torch's intra-op thread pool is capped for the duration (as BLAS is: XLA already runs
 its own threads, and several host calls may run at once, one per shard), the function
 runs (once under `torch.vmap`, or once per element, when JAX batches the call), and
-its results are copied into XLA's output buffers after a shape check.
+its results are copied into XLA's output buffers after a shape check -- or, for a
+function of ``wrap(..., out=True)`` and for a torch operator whose ``out=`` is known to
+be exact, written there by torch itself. On the CUDA device path (`_device.py`) the
+leaves and `out` are tensors of XLA's device buffers instead of NumPy views.
 """
 
 from __future__ import annotations
