@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 import jaxbridge.torch as jt  # noqa: E402
 from jaxbridge._foreign.hostcall import HostCallable, _native  # noqa: E402
-from jaxbridge.errors import ForeignCallError, ResultMismatchError  # noqa: E402
+from jaxbridge.errors import ForeignCallError, KeptViewError, ResultMismatchError  # noqa: E402
 from jaxbridge.torch import _device  # noqa: E402
 
 if _native is None:
@@ -161,6 +161,85 @@ def test_without_cuda_torch_the_call_is_staged(monkeypatch):
     _, (target,) = lowered_host_callables(f, np.ones(2, np.float32), cuda_torch=False,
                                           monkeypatch=monkeypatch)
     assert target.device_fill is None
+
+
+# ---- the handler's own logic (csrc/hostcall/device_call.inc), minus CUDA: host arrays
+# as kDLCPU buffers through _native._invoke_device_fill_for_testing
+def device_target(f, *args, monkeypatch):
+    _, (target,) = lowered_host_callables(f, *args, cuda_torch=True, monkeypatch=monkeypatch)
+    return target
+
+
+def test_handler_runs_a_wrapped_function_on_the_buffers(monkeypatch):
+    f = jt.wrap(lambda x, y: torch.sin(x) * y)
+    x, y = np.linspace(0, 1, 5, dtype=np.float32), np.full(5, 2.0, np.float32)
+    target = device_target(f, x, y, monkeypatch=monkeypatch)
+    out = np.zeros(5, np.float32)
+    alive = _native.dlpack_views_alive()
+    assert _native._invoke_device_fill_for_testing(target.id, (x, y), (out,)) is None
+    np.testing.assert_allclose(out, np.sin(x) * y, rtol=1e-6)
+    assert _native.dlpack_views_alive() == alive  # every view released
+
+
+def test_handler_delivers_the_exception_itself_and_fills_nan(monkeypatch):
+    class Boom(Exception):
+        pass
+
+    def explode(x):
+        raise Boom("in torch")
+
+    f = jt.wrap(explode, result=jax.ShapeDtypeStruct((3,), jnp.float32))
+    x = np.ones(3, np.float32)
+    target = device_target(f, x, monkeypatch=monkeypatch)
+    out = np.zeros(3, np.float32)
+    with pytest.raises(Boom, match="in torch"):  # delivered to this thread on return
+        _native._invoke_device_fill_for_testing(target.id, (x,), (out,))
+        for _ in range(10):  # the pending call runs between bytecodes
+            pass
+    assert np.isnan(out).all()
+
+
+def test_handler_catches_tensors_kept_past_the_call(monkeypatch):
+    kept = []
+
+    def keeps(x):
+        kept.append(x[1:])  # a view: cannot be moved off XLA's memory
+        return x * 2
+
+    f = jt.wrap(keeps)
+    x = np.ones(3, np.float32)
+    target = device_target(f, x, monkeypatch=monkeypatch)
+    out = np.zeros(3, np.float32)
+    with pytest.raises(KeptViewError, match="kept input tensor"):
+        _native._invoke_device_fill_for_testing(target.id, (x,), (out,))
+        for _ in range(10):
+            pass
+    kept.clear()
+
+
+def test_handler_counts_views_kept_by_any_consumer():
+    """The capsules' deleters count views still alive after the call, whoever keeps
+    them (here a device fill that bypasses jaxbridge.torch's own checks)."""
+    stash = []
+
+    def device_fill(ins, outs, stream, device):
+        stash.append(torch.from_dlpack(ins[0]))
+
+    target = HostCallable(lambda ins, outs: None, [jax.ShapeDtypeStruct((2,), np.float32)],
+                          "stasher", "forward", device_fill=device_fill)
+    x, out = np.ones(2, np.float32), np.zeros(2, np.float32)
+    with pytest.raises(KeptViewError, match=r"'stasher' kept 1 view\(s\)"):
+        _native._invoke_device_fill_for_testing(target.id, (x,), (out,))
+        for _ in range(10):
+            pass
+    alive = _native.dlpack_views_alive()
+    stash.clear()
+    assert _native.dlpack_views_alive() == alive - 1
+
+
+def test_handler_refuses_unregistered_callbacks():
+    text = _native._invoke_device_fill_for_testing(10**12, (), ())
+    assert "no longer registered" in text
 
 
 @pytest.mark.gpu
