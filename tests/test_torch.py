@@ -522,13 +522,28 @@ def test_out_true_writes_into_xlas_buffers_and_differentiates(rng):
         close(got, want)
 
     def loss(f):
-        return lambda a, b: jnp.sum(f(a, b)["y"] ** 2) + f(a, b)["s"]
+        def value(a, b):
+            out = f(a, b)
+            return jnp.sum(out["y"] ** 2) + out["s"]
+        return value
     close(jax.jit(jax.grad(loss(f), argnums=(0, 1)))(a, b)[0],
           jax.grad(loss(twin), argnums=(0, 1))(a, b)[0])
     close(jax.jvp(f, (a, b), (b, a))[1]["y"], jax.jvp(twin, (a, b), (b, a))[1]["y"])
-    close(jax.hessian(loss(f))(a, b), jax.hessian(loss(twin))(a, b))
     A, B = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
     close(jax.vmap(f)(A, B)["y"], jax.vmap(twin)(A, B)["y"])
+
+
+@pytest.mark.slow
+def test_out_true_second_order(rng):
+    """Forward over reverse through torch.func.functionalize (4-9 s: slow stage)."""
+    @jt.wrap(result=lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out=True)
+    def f(a, out):
+        torch.mul(torch.sin(a), a, out=out)
+
+    a, t_ = rng.normal(size=4), rng.normal(size=4)
+    hvp = [jax.jvp(jax.grad(lambda v: jnp.sum(g(v) ** 2)), (a,), (t_,))[1]
+           for g in (f, lambda v: jnp.sin(v) * v)]
+    close(*hvp)
 
 
 def test_out_true_needs_result_and_a_function_that_returns_none():
