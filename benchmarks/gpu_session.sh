@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Everything that needs a CUDA GPU, in as few device calls as possible.
 #
-#   bash benchmarks/gpu_session.sh [PHASE ...]      (default: build gpu-tests bench)
+#   bash benchmarks/gpu_session.sh [PHASE ...]      (default: build gpu-tests torch-gpu bench)
 #
 # Phases:
 #   build        pip install --no-build-isolation --no-deps .  (CUDA kernels compiled)
 #   gpu-tests    pytest -m gpu: CUDA kernels vs CPU kernels (values, vjp, jvp, vmap),
 #                host calls from GPU programs, bad input and empty input on the GPU
+#   torch-gpu    jaxbridge.torch's device path (DLPack views of XLA's device buffers,
+#                XLA's stream): tests/test_torch_device.py -m gpu; it skips, saying so,
+#                where torch is a CPU build (the summary line prints torch's CUDA)
 #   tests        the whole test suite with the GPU as JAX's default device
 #   bench        benchmarks/kernels.py and benchmarks/hostcall.py --quick on the GPU
 #   sanitize     gpu-tests under compute-sanitizer memcheck (slow)
@@ -20,7 +23,7 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-$(mktemp -d)}"
 PY="${PYTHON:-python3}"
 PHASES=("$@")
-[ ${#PHASES[@]} -eq 0 ] && PHASES=(build gpu-tests bench)
+[ ${#PHASES[@]} -eq 0 ] && PHASES=(build gpu-tests torch-gpu bench)
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 
@@ -53,6 +56,12 @@ print('native with_cuda', _native.with_cuda, 'kernel platforms', o._register(), 
       [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
       ;;
     gpu-tests) run_pytest gpu_tests.log -m gpu ;;
+    torch-gpu)
+      note "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1)"
+      (cd /tmp && "$PY" -m pytest -p no:cacheprovider --rootdir="$REPO" -c "$REPO/pyproject.toml" \
+          "$REPO/tests/test_torch_device.py" -q -rs -m gpu) > "$OUT/torch_gpu.log" 2>&1
+      note "torch_gpu.log: exit $?: $(tail -1 "$OUT/torch_gpu.log")"
+      ;;
     tests) run_pytest tests.log -x ;;
     bench)
       (cd /tmp && "$PY" "$REPO/benchmarks/kernels.py" --dtype both) > "$OUT/kernels.md" 2>&1

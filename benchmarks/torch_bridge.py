@@ -5,8 +5,10 @@
 1. Per call, inside a jitted `fori_loop`, of `x + 1` at 1 element and 1M elements:
    `jaxbridge.torch.wrap`; a hand-written `jax.pure_callback` bridge with
    `torch.from_numpy`; torch2jax (PyPI `wrap-torch2jax`, if installed; it compiles a
-   C++ extension on first use); and the NumPy `jb.foreign` path (returning a new
-   array, and in place with `out=True`).
+   C++ extension on first use); the NumPy `jb.foreign` path (returning a new
+   array, and in place with `out=True`); and `jaxbridge.torch.wrap(torch.add)`, a torch
+   operator, which writes into XLA's output buffer with `out=` (no result tensor), and
+   `wrap(fn, result=..., out=True)` with `fn` calling `torch.add(x, 1, out=out)`.
 2. An MLP, forward + backward: `jax.value_and_grad` of `wrap_module` under `jit`
    against the same model in eager torch (`loss.backward()`).
 
@@ -66,8 +68,17 @@ def bridges(n: int) -> dict:
     def numpy_in_place(a, out):
         np.add(a, np.float32(1), out=out)
 
+    add_op = jt.wrap(torch.add)
+
+    @jt.wrap(result=struct, out=True)
+    def add_one_out(v, out):
+        torch.add(v, 1, out=out)
+
+    one = np.float32(1)
     cases = {"jaxbridge.torch": jt.wrap(add_one_torch), "pure_callback": pure_cb,
-             "numpy jb.foreign": numpy_new, "numpy jb.foreign out=": numpy_in_place}
+             "numpy jb.foreign": numpy_new, "numpy jb.foreign out=": numpy_in_place,
+             "jaxbridge.torch op": lambda v: add_op(v, one),
+             "jaxbridge.torch out=": add_one_out}
     if torch2jax is not None:
         cases["torch2jax"] = torch2jax(add_one_torch, x)
     return {name: (f, x) for name, f in cases.items()}
@@ -137,6 +148,16 @@ def main() -> None:
         for name in cases:
             print(f"  {name:22s} cpu {summary(cpu[name])}  wall {summary(wall[name])}  "
                   f"x{summary(ratios[name])}")
+        print("  goals, CPU-time ratios per repeat, median (min-max):")
+        goals = [("pure_callback", "jaxbridge.torch"), ("torch2jax", "jaxbridge.torch"),
+                 ("jaxbridge.torch", "numpy jb.foreign"),
+                 ("jaxbridge.torch op", "numpy jb.foreign"),
+                 ("jaxbridge.torch out=", "numpy jb.foreign"),
+                 ("jaxbridge.torch out=", "numpy jb.foreign out=")]
+        for a, b in goals:
+            if a in cpu and b in cpu:
+                print(f"    {a} / {b}: "
+                      f"{summary([p / q for p, q in zip(cpu[a], cpu[b])])}")
 
     # Ours runs torch capped at one thread during host calls (the default); eager torch
     # runs with its own thread count. CPU time compares the work either way.

@@ -173,3 +173,43 @@ def test_torch_calls_lower_for_cuda_to_the_native_handler(how):
     assert "python_gpu_callback" not in text
     second = cuda_hlo(jax.hessian(lambda x: f(x).sum()), jnp.ones(2))  # torch.func, nested
     assert second.count("jaxbridge_host_call") >= 2
+
+
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_torch_calls_for_cuda_run_on_device_buffers(how, monkeypatch):
+    """Every torch call lowered for CUDA (forward, autograd adjoint, torch.func tangent)
+    offers the trampoline its device fill (DLPack views of XLA's device buffers, XLA's
+    stream: csrc/hostcall/device_call.inc) where torch has CUDA; CPU-only torch is faked
+    into having it here."""
+    import gc
+
+    torch = pytest.importorskip(
+        "torch", reason="jaxbridge.torch needs PyTorch: pip install -e '.[torch]' (Python 3.11)")
+    import jaxbridge.torch as jt
+    from jaxbridge.torch import _device
+
+    monkeypatch.setattr(_device, "_has_cuda", [True])
+    f = jt.wrap(lambda x: torch.sin(x) * x)
+    before = {id(o) for o in gc.get_objects() if type(o) is hostcall.HostCallable}
+    text = cuda_hlo(transforms(f, 1)[how], jnp.ones(2))
+    made = [o for o in gc.get_objects()
+            if type(o) is hostcall.HostCallable and id(o) not in before]
+    assert text.count("jaxbridge_host_call") == len(made) >= 1
+    assert all(callable(o.device_fill) for o in made)
+
+
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_torch_out_true_calls_lower_for_cuda(how):
+    """wrap(fn, out=True) (fn writes into XLA's buffers; derivatives through
+    torch.func.functionalize) lowers to the native handler too."""
+    torch = pytest.importorskip(
+        "torch", reason="jaxbridge.torch needs PyTorch: pip install -e '.[torch]' (Python 3.11)")
+    import jaxbridge.torch as jt
+
+    @jt.wrap(result=lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out=True)
+    def f(x, out):
+        torch.mul(torch.sin(x), x, out=out)
+
+    text = cuda_hlo(transforms(f, 1)[how], jnp.ones(2))
+    assert "jaxbridge_host_call" in text
+    assert "python_gpu_callback" not in text

@@ -480,3 +480,85 @@ def test_import_jaxbridge_does_not_import_torch_and_says_how_to_install_it():
                           timeout=120)
     assert "torch imported: False" in proc.stdout, proc.stdout + proc.stderr
     assert 'pip install "jaxbridge[torch]"' in proc.stdout, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- torch operators: out=
+def test_torch_operators_write_into_xlas_buffer_once_known_exact():
+    """A torch operator (torch.sin, torch.add, ...) runs with out= on XLA's output buffer
+    from its second call on, once an ordinary call returned exactly the declared dtype
+    and shape; where it did not (torch.sum of int32 gives int64, cast to int32 unless
+    jax_enable_x64), or where the operator has no out= for these arguments (torch.sum
+    of a whole tensor), it keeps returning results that are copied."""
+    x = jnp.linspace(-1.0, 1.0, 7, dtype=jnp.float32)
+    sin, add, total = jt.wrap(torch.sin), jt.wrap(torch.add), jt.wrap(torch.sum)
+    for _ in range(3):
+        close(jax.jit(sin)(x), np.sin(np.asarray(x)), 1e-6)
+        close(jax.jit(add)(x, 2 * x), 3 * np.asarray(x), 1e-6)
+        close(jax.jit(lambda v: add(v, 1))(x), np.asarray(x) + 1, 1e-6)  # a weak int
+        assert int(jax.jit(total)(jnp.arange(5, dtype=jnp.int32))) == 10
+    assert list(sin._batching.direct.values()) == [True]
+    assert all(add._batching.direct.values()) and len(add._batching.direct) == 2
+    assert list(total._batching.direct.values()) == [False]
+    close(jax.grad(lambda v: sin(v).sum())(x), np.cos(np.asarray(x)), 1e-6)  # unchanged
+    close(jax.vmap(sin)(x.reshape(7, 1)), np.sin(np.asarray(x)).reshape(7, 1), 1e-6)
+
+
+# ---------------------------------------------------------------- out=True
+def test_out_true_writes_into_xlas_buffers_and_differentiates(rng):
+    """wrap(fn, result=..., out=True): fn fills `out` (a pytree of tensors viewing XLA's
+    buffers); every transformation goes through torch.func.functionalize of it."""
+    structs = lambda a, b: {"y": jax.ShapeDtypeStruct(a.shape, a.dtype),  # noqa: E731
+                            "s": jax.ShapeDtypeStruct((), a.dtype)}
+
+    @jt.wrap(result=structs, out=True)
+    def f(a, b, out):
+        torch.mul(torch.sin(a), b, out=out["y"])
+        torch.sum(a * a, dim=0, out=out["s"])
+
+    def twin(a, b):
+        return {"y": jnp.sin(a) * b, "s": jnp.sum(a * a)}
+
+    a, b = rng.normal(size=4), rng.normal(size=4)
+    for got, want in zip(jax.tree_util.tree_leaves(jax.jit(f)(a, b)),
+                         jax.tree_util.tree_leaves(twin(a, b))):
+        close(got, want)
+
+    def loss(f):
+        def value(a, b):
+            out = f(a, b)
+            return jnp.sum(out["y"] ** 2) + out["s"]
+        return value
+    close(jax.jit(jax.grad(loss(f), argnums=(0, 1)))(a, b)[0],
+          jax.grad(loss(twin), argnums=(0, 1))(a, b)[0])
+    close(jax.jvp(f, (a, b), (b, a))[1]["y"], jax.jvp(twin, (a, b), (b, a))[1]["y"])
+    A, B = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    close(jax.vmap(f)(A, B)["y"], jax.vmap(twin)(A, B)["y"])
+
+
+@pytest.mark.slow
+def test_out_true_second_order(rng):
+    """Forward over reverse through torch.func.functionalize (4-9 s: slow stage)."""
+    @jt.wrap(result=lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out=True)
+    def f(a, out):
+        torch.mul(torch.sin(a), a, out=out)
+
+    a, t_ = rng.normal(size=4), rng.normal(size=4)
+    hvp = [jax.jvp(jax.grad(lambda v: jnp.sum(g(v) ** 2)), (a,), (t_,))[1]
+           for g in (f, lambda v: jnp.sin(v) * v)]
+    close(*hvp)
+
+
+def test_out_true_needs_result_and_a_function_that_returns_none():
+    with pytest.raises(TypeError, match="out=True needs result="):
+        jt.wrap(lambda x, out: None, out=True)
+    with pytest.raises(TypeError, match="out must be True or False"):
+        jt.wrap(lambda x: x, out="yes")
+
+    @jt.wrap(result=jax.ShapeDtypeStruct((2,), jnp.float64), out=True)
+    def returns(x, out):
+        out.copy_(x)
+        return out
+
+    with pytest.raises(ResultMismatchError, match="must write its results into `out` and "
+                                                  "return None; it returned Tensor"):
+        jax.jit(returns)(np.ones(2))

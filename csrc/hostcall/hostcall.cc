@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "dlpack_views.h"
 
 #ifdef JAXBRIDGE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -894,6 +895,9 @@ ffi::Error HostCallCpu(ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t
   return InvokeOnHost(callback_id, ins, outs);
 }
 
+// Device buffers as DLPack capsules for callables that take them (jaxbridge.torch).
+#include "device_call.inc"
+
 #ifdef JAXBRIDGE_WITH_CUDA
 // GPU: stage through pinned host memory on XLA's stream. One staging block per call
 // covers every operand and result (aligned to 256 bytes); the stream is synchronized
@@ -923,12 +927,15 @@ ffi::Error CudaError(const char* what, cudaError_t status) {
 
 size_t Aligned(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
-ffi::Error HostCallCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                        int64_t callback_id) {
+ffi::Error HostCallCuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, int64_t callback_id) {
   thread_local PinnedStaging staging;
   Slots device_ins, device_outs;
   if (ffi::Error e = CollectSlots(args, rets, &device_ins, &device_outs); e.failure()) {
     return e;
+  }
+  if (HasDeviceFill(callback_id)) {  // no staging: see device_call.inc
+    return InvokeOnDevice(callback_id, device_ins, device_outs, stream, device);
   }
   size_t total = 0;
   for (const Slot& s : device_ins) total += Aligned(s.bytes);
@@ -981,6 +988,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kJaxbridgeHostCallCpu, HostCallCpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kJaxbridgeHostCallCuda, HostCallCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream
+                                  .Ctx<ffi::DeviceOrdinal>()       // its device
                                   .RemainingArgs()                 // device operands
                                   .RemainingRets()                 // device results
                                   .Attr<int64_t>("callback_id"));  // registry key
@@ -1033,7 +1041,10 @@ PYBIND11_MODULE(_native, m) {
      "call `fun` itself (kind 1: fun(*ins) returns the one result; kind 2: "
      "fun(*ins, out=outs[0]) returns None) and hand anything else to finish(value, outs). "
      "All are borrowed: `handler` must keep them alive.");
-  m.def("unregister_callback", [](int64_t callback_id) { Registry().erase(callback_id); },
+  m.def("unregister_callback", [](int64_t callback_id) {
+    Registry().erase(callback_id);
+    ForgetDeviceFill(callback_id);
+  },
         py::arg("callback_id"));
   m.def("num_registered", []() { return Registry().size(); });
   m.def("copies_inputs", [](int64_t callback_id) {
@@ -1065,6 +1076,7 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("limit"), py::arg("functions"),
      "Cap BLAS threads at `limit` during host calls (0: never); `functions` are the "
      "(get_num_threads, set_num_threads) addresses of each loaded BLAS library.");
+  DefineDeviceCall(m);
   m.def("begin_shutdown", &BeginShutdown, py::arg("timeout_seconds"),
         "atexit: refuse new host calls and wait for those in flight.");
 #ifdef JAXBRIDGE_WITH_CUDA

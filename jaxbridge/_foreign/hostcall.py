@@ -218,11 +218,17 @@ class HostCallable:
     writable arrays of exactly `out_avals`' shapes and dtypes (shard-local shapes under
     `batch_dims`), or raises. It must keep nothing it was given: on the native path the
     arrays are views of XLA's buffers, valid only during the call.
+
+    `device_fill(inputs, outputs, stream, device)`, if given, replaces `fill` on the CUDA
+    platform: DLPack capsules of XLA's device buffers and XLA's stream, no staging
+    through host memory (csrc/hostcall/device_call.inc; jaxbridge.torch uses it).
     """
 
     def __init__(self, fill: Callable[[tuple, tuple], Any], out_avals: Sequence[Any],
-                 name: str, what: str, copy_policy: CopyPolicy | None = None):
+                 name: str, what: str, copy_policy: CopyPolicy | None = None,
+                 device_fill: Callable[[tuple, tuple, int, int], Any] | None = None):
         self.fill = fill
+        self.device_fill = device_fill
         self.out_avals = tuple(out_avals)
         self.name = name
         self.what = what
@@ -236,6 +242,8 @@ class HostCallable:
             _native.register_callback(self.id, fill, self, self.direct)
             if self.copy_policy.copy:
                 _native.set_copies_inputs(self.id, True)
+            if device_fill is not None:
+                _native.set_device_fill(self.id, device_fill)
             weakref.finalize(self, _native.unregister_callback, self.id)
 
     def __repr__(self) -> str:

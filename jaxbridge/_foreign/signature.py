@@ -100,7 +100,14 @@ class CallSignature(CallLayout):
             if self.batch_shape and self.defn.vmap != "vectorized":
                 fill = loop_leading(runners.filler(self.base, role, self._rule_of(role), nz)[0],
                                     len(self.batch_shape))
-            target = HostCallable(fill, avals, self.name, what, self.defn.copy_policy(role))
+            # A forward function may adapt its fill to this call (a leaner fill; one on
+            # XLA's device buffers for CUDA): jaxbridge.torch's do (torch/_wrap.py).
+            adapt = getattr(self.defn.fun, "jaxbridge_adapt_fill", None)
+            device_fill = None
+            if adapt is not None and role == "forward":
+                fill, device_fill = adapt(self, fill)
+            target = HostCallable(fill, avals, self.name, what, self.defn.copy_policy(role),
+                                  device_fill)
             self._callables[key] = target
         return target
 

@@ -1,7 +1,9 @@
 """`jaxbridge.torch`: PyTorch functions and modules as differentiable JAX functions.
 
 * :func:`wrap` -- a torch function of tensors becomes a JAX function that works under
-  `jit`, `grad`, `jvp`, `vmap`, `hessian`, ... with its derivatives from torch.
+  `jit`, `grad`, `jvp`, `vmap`, `hessian`, ... with its derivatives from torch
+  (``out=True``: the function writes into XLA's output buffers itself). On a GPU
+  shared with torch, calls run on XLA's device buffers and CUDA stream (DLPack).
 * :func:`wrap_module` -- an `nn.Module` becomes ``apply(params, *args)`` and a dict of
   JAX arrays keyed by torch's parameter names, for training with optax.
 

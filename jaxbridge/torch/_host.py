@@ -4,13 +4,17 @@ One call: the NumPy views the host-call runtime lends become torch tensors (no c
 torch's intra-op thread pool is capped for the duration (as BLAS is: XLA already runs
 its own threads, and several host calls may run at once, one per shard), the function
 runs (once under `torch.vmap`, or once per element, when JAX batches the call), and
-its results are copied into XLA's output buffers after a shape check.
+its results are copied into XLA's output buffers after a shape check -- or, for a
+function of ``wrap(..., out=True)`` and for a torch operator whose ``out=`` is known to
+be exact, written there by torch itself. On the CUDA device path (`_device.py`) the
+leaves and `out` are tensors of XLA's device buffers instead of NumPy views.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +26,7 @@ from .._foreign import hostcall
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 
-__all__ = ["thread_cap", "run_host", "run_one", "write_results"]
+__all__ = ["thread_cap", "run_host", "run_one", "run_in_place", "write_results"]
 
 
 _env_cap: list[int] = []  # JAXBRIDGE_HOST_BLAS_THREADS, read once (reading it costs ~1 us)
@@ -39,21 +43,72 @@ def thread_cap() -> int:
     return _env_cap[0]
 
 
+def is_torch_op(fn: Any) -> bool:
+    """Whether `fn` is one of torch's own operators (`torch.sin`, `torch.add`,
+    `torch.matmul`, ...): those take ``out=`` and can write into XLA's buffer."""
+    return isinstance(fn, types.BuiltinFunctionType) and \
+        getattr(fn, "__module__", None) == "torch"
+
+
 class _Batching:
     """Per wrapped function, learned on first use: whether `torch.vmap` works for it,
-    and whether it keeps its input tensors (it then gets private copies)."""
+    whether it keeps its input tensors (it then gets private copies), and, for a torch
+    operator, the input and output dtypes for which its ``out=`` variant writes the
+    result straight into XLA's output buffer (`direct`: no result tensor of torch's
+    own, no copy; learned from one ordinary call that returned exactly the declared
+    dtype and shape, so ``out=`` never casts or resizes)."""
 
-    __slots__ = ("vmap_fails", "copy_inputs")
+    __slots__ = ("vmap_fails", "copy_inputs", "op", "direct")
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Any = None) -> None:
         self.vmap_fails = False
         self.copy_inputs = False
+        self.op = is_torch_op(fn)
+        self.direct: dict[tuple, bool] = {}
+
+
+def _direct_key(tensors: Sequence[Any], out: Any) -> tuple | None:
+    """The key of `_Batching.direct` for one call (None: not a one-output call)."""
+    if not isinstance(out, (np.ndarray, torch.Tensor)):
+        return None
+    return (*(t.dtype if isinstance(t, torch.Tensor) else type(t) for t in tensors),
+            out.dtype)
+
+
+def _run_op(fn: Any, tensors: Sequence[Any], out: Any, state: _Batching) -> bool:
+    """Run torch operator `fn` writing into `out` (XLA's buffer) if that is known to
+    give exactly what an ordinary call would; False if the caller must run it."""
+    key = _direct_key(tensors, out)
+    if key is None or not state.direct.get(key, False):
+        return False
+    target = out if isinstance(out, torch.Tensor) else to_torch(out)
+    try:
+        fn(*tensors, out=target)
+    except TypeError:  # no out= overload for these arguments (torch.sum(x)): run it plainly
+        state.direct[key] = False
+        return False
+    return True
+
+
+def _learn_op(tensors: Sequence[Any], value: Any, out: Any, state: _Batching) -> None:
+    """After an ordinary call of a torch operator: may the next call write into `out`?"""
+    key = _direct_key(tensors, out)
+    if key is None or key in state.direct:
+        return
+    want = out.dtype if isinstance(out, torch.Tensor) else SAME_MEMORY_DTYPES.get(out.dtype)
+    state.direct[key] = type(value) is torch.Tensor and value.dtype is want and \
+        tuple(value.shape) == tuple(out.shape) and not value.requires_grad
 
 
 def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
+    """The leaves as tensors of their own (NumPy views become tensors sharing their
+    memory; tensors of XLA's device buffers, on the device path, become aliases: the
+    checks after the call count references to exactly these objects)."""
     if copy:
-        return [to_torch(x).clone() if isinstance(x, np.ndarray) else x for x in leaves]
-    return [to_torch(x) if type(x) is np.ndarray else x for x in leaves]
+        return [to_torch(x).clone() if isinstance(x, np.ndarray)
+                else x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+    return [to_torch(x) if type(x) is np.ndarray
+            else x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
 
 
 def _check_after_call(name: str, tensors: list[Any], state: _Batching) -> None:
@@ -97,7 +152,8 @@ def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
 
 
 def write_results(name: str, value: Any, out: Any) -> None:
-    """Copy torch's results into XLA's output buffers (`out`, the declared structure)."""
+    """Copy torch's results into XLA's output buffers (`out`, the declared structure:
+    NumPy views, or tensors of XLA's device buffers on the device path)."""
     if type(out) is np.ndarray:  # fast path: one result
         _write_one(name, "output", value, out)
         return
@@ -113,14 +169,21 @@ def write_results(name: str, value: Any, out: Any) -> None:
         _write_one(name, f"output leaf {i}", v, o)
 
 
-def _write_one(name: str, what: str, value: Any, out: np.ndarray) -> None:
+def _write_one(name: str, what: str, value: Any, out: Any) -> None:
+    """`value` into `out`: a NumPy view of XLA's buffer, or on the device path a tensor
+    viewing XLA's device buffer (the copy then runs on XLA's stream)."""
     if not isinstance(value, torch.Tensor):
         _bad_result(name, value, out)
     if value.shape != out.shape:
         _mismatch(name, what, value, out)
+    if isinstance(out, torch.Tensor):
+        if value.dtype != out.dtype:
+            _check_cast(name, what, value, out)
+        out.copy_(value)
+        return
     if value.dtype is SAME_MEMORY_DTYPES.get(out.dtype):
-        try:  # NumPy's copy is cheaper than wrapping `out` for torch's (~0.5 us a call)
-            np.copyto(out, value.numpy(), casting="no")
+        try:  # NumPy's copy is cheaper than wrapping `out` for torch's (~0.5 us a call);
+            out[...] = value.numpy()  # the same dtype (checked), so nothing is cast
             return
         except (RuntimeError, TypeError):  # requires grad, conjugate bit, ...
             pass
@@ -130,27 +193,35 @@ def _write_one(name: str, what: str, value: Any, out: np.ndarray) -> None:
     target.copy_(value)
 
 
-def _bad_result(name: str, value: Any, out: np.ndarray) -> None:
+def _declared(out: Any) -> np.dtype:
+    """The NumPy dtype of an output buffer (a NumPy view or a device tensor)."""
+    return numpy_dtype(out.dtype, "jaxbridge.torch") if isinstance(out, torch.Tensor) \
+        else out.dtype
+
+
+def _bad_result(name: str, value: Any, out: Any) -> None:
+    declared = _declared(out)
     raise ResultMismatchError(
         f"jaxbridge.torch: function {name!r} must return torch tensors; got "
-        f"{type(value).__name__} where {out.dtype.name}{list(out.shape)} was expected",
-        function=name, what="output", problem="type", declared=str(out.dtype),
+        f"{type(value).__name__} where {declared.name}{list(out.shape)} was expected",
+        function=name, what="output", problem="type", declared=str(declared),
         received=type(value).__name__)
 
 
-def _check_cast(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+def _check_cast(name: str, what: str, value: torch.Tensor, out: Any) -> None:
     """Only JAX's own canonicalization is applied silently (int64 -> int32 and
     float64 -> float32 without jax_enable_x64); any other dtype difference is an error."""
-    if numpy_dtype(value.dtype, f"jaxbridge.torch: {what} of {name!r}") == out.dtype:
+    declared = _declared(out)
+    if numpy_dtype(value.dtype, f"jaxbridge.torch: {what} of {name!r}") == declared:
         return
     raise ResultMismatchError(
         f"jaxbridge.torch: {what} of function {name!r} has dtype {value.dtype}, but "
-        f"{out.dtype.name} was declared; nothing is cast silently: return that dtype "
+        f"{declared.name} was declared; nothing is cast silently: return that dtype "
         f"(value.to(...)) or declare the one it has", function=name, what=what,
-        problem="dtype", declared=out.dtype.name, received=str(value.dtype))
+        problem="dtype", declared=declared.name, received=str(value.dtype))
 
 
-def _mismatch(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> None:
+def _mismatch(name: str, what: str, value: torch.Tensor, out: Any) -> None:
     raise ResultMismatchError(
         f"jaxbridge.torch: {what} of function {name!r} has shape {list(value.shape)}, but "
         f"{list(out.shape)} was declared (or found when tracing it on meta tensors). Pass "
@@ -159,13 +230,16 @@ def _mismatch(name: str, what: str, value: torch.Tensor, out: np.ndarray) -> Non
 
 
 def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
-             batch_depth: int, batching: _Batching) -> None:
+             batch_depth: int, batching: _Batching, op: Any = None) -> None:
     """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
     on `leaves` (NumPy views, and static leaves) and write its results into `out`.
 
     With `batch_depth > 0` every leaf carries that many leading batch axes (JAX's vmap):
     the function runs once under nested `torch.vmap`, or, for one that torch.vmap cannot
     batch (data-dependent control flow, `.item()`, in-place updates), once per element.
+
+    `op`: the torch operator that `call` applies to the leaves as they are (no static
+    arguments), run with ``out=`` where that is known to be exact.
     """
     tensors = _tensors(leaves, batching.copy_inputs)
     cap = thread_cap()
@@ -176,7 +250,12 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
     # `call` do not require grad, so torch records no graph of them.
     try:
         if batch_depth == 0:
-            write_results(name, call(tensors), out)
+            if not (op is not None and _run_op(op, tensors, out, batching)):
+                value = call(tensors)
+                if op is not None:
+                    _learn_op(tensors, value, out, batching)
+                write_results(name, value, out)
+                del value
         else:
             _run_batched(name, call, tensors, out, batch_depth, batching)
         _check_after_call(name, tensors, batching)
@@ -187,10 +266,10 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
 
 def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
             state: _Batching) -> None:
-    """`run_host` for the commonest call, one array argument and no batching, with the
-    per-call work pared down (a host call of a 1-element op costs a few us in all)."""
+    """`run_host` for the commonest call, one array argument and one result, unbatched,
+    with the per-call work pared down (a host call of a 1-element op costs a few us)."""
     if state.copy_inputs:
-        run_host(name, lambda ts: fn(*ts), (a,), out, 0, state)
+        run_host(name, lambda ts: fn(*ts), (a,), out, 0, state, fn if state.op else None)
         return
     x = to_torch(a)
     cap = thread_cap()
@@ -198,16 +277,50 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
     if before > cap:
         torch.set_num_threads(cap)
     try:
-        value = fn(x)
-        if type(out) is np.ndarray:
-            _write_one(name, "output", value, out)
-        else:
-            write_results(name, value, out)
-        del value
+        if not (state.op and _run_op(fn, (x,), out, state)):
+            value = fn(x)
+            if state.op:
+                _learn_op((x,), value, out, state)
+            if type(out) is np.ndarray:
+                _write_one(name, "output", value, out)
+            else:
+                write_results(name, value, out)
+            del value
         if x._version or sys.getrefcount(x) > 2:
             tensors = [x]
             del x
             _check_after_call(name, tensors, state)
+    finally:
+        if before > cap:
+            torch.set_num_threads(before)
+
+
+def _targets(out: Any) -> Any:
+    """XLA's output buffers (NumPy views, or device tensors) as torch tensors."""
+    if type(out) is np.ndarray:
+        return to_torch(out)
+    return jax.tree_util.tree_map(
+        lambda o: to_torch(o) if isinstance(o, np.ndarray) else o, out)
+
+
+def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree: Any,
+                 static: dict, out: Any, state: _Batching) -> None:
+    """Run a function of ``wrap(..., out=True)``: it writes its results into `out`
+    (XLA's output buffers, as tensors in the declared structure) and returns None."""
+    tensors = _tensors(leaves, state.copy_inputs)
+    cap = thread_cap()
+    before = torch.get_num_threads() if cap else 0
+    if before > cap:
+        torch.set_num_threads(cap)
+    try:
+        value = fn(*jax.tree_util.tree_unflatten(tree, tensors), out=_targets(out), **static)
+        if value is not None:
+            raise ResultMismatchError(
+                f"jaxbridge.torch: function {name!r} was wrapped with out=True, so it must "
+                f"write its results into `out` and return None; it returned "
+                f"{type(value).__name__}", function=name, what="output", problem="type",
+                declared="None", received=type(value).__name__)
+        _check_after_call(name, tensors, state)
     finally:
         if before > cap:
             torch.set_num_threads(before)

@@ -27,8 +27,9 @@ import torch
 from .._core.arrays import is_array_leaf
 from .._core.capabilities import Derivatives
 from .._foreign.api import ForeignFunction, callable_name
-from ._convert import struct_of, torch_dtype
-from ._host import _Batching, run_host, run_one
+from ._convert import numpy_dtype, struct_of, torch_dtype
+from ._device import device_filler
+from ._host import _Batching, run_host, run_in_place, run_one
 
 __all__ = ["TorchFunction", "wrap"]
 
@@ -67,13 +68,23 @@ class TorchFunction:
     def __init__(self, fn: Callable[..., Any], result: Any = None, *,
                  vmap: str = "vectorized", batch_dims: int = 0, on_mesh: str = "error",
                  backend: str = "auto", name: str | None = None,
-                 composable: Callable[..., Any] | None = None):
+                 composable: Callable[..., Any] | None = None, out: bool = False):
         where = "jaxbridge.torch.wrap"
         if not callable(fn):
             raise TypeError(f"{where}: expected a torch function to wrap, got {fn!r}")
         if vmap not in VMAP_CHOICES:
             raise ValueError(f"{where}: vmap must be one of {VMAP_CHOICES}, got {vmap!r}")
+        if out is not True and out is not False:
+            raise TypeError(f"{where}: out must be True or False, got {out!r}")
+        if out and result is None:
+            raise TypeError(
+                f"{where}: out=True needs result= (the shapes and dtypes of the buffers "
+                f"{callable_name(fn)!r} writes into: a pytree of jax.ShapeDtypeStruct, or a "
+                f"function of the arguments as ShapeDtypeStructs)")
         self.fn = fn
+        self.in_place = out
+        if out:  # derivatives and torch.vmap need it as a function that returns results
+            composable = composable or _out_functional(fn, result, callable_name(fn))
         # What the derivative rules differentiate with torch.func: `fn` itself, or for a
         # derived function whose host call uses plain autograd (faster), its
         # torch.func twin (autograd.grad does not compose with torch.func transforms).
@@ -83,7 +94,7 @@ class TorchFunction:
         self.__doc__ = getattr(fn, "__doc__", None)
         self._options: dict[str, Any] = dict(vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
                              backend=backend)
-        self._batching = _Batching()
+        self._batching = _Batching(None if out else fn)
         self._derived: dict[Any, TorchFunction] = {}
         forward = self._host_forward()
         self._foreign = ForeignFunction(forward, self._declare, out=True, **self._options)
@@ -141,25 +152,54 @@ class TorchFunction:
         """The forward host call: `fn` on zero-copy tensors, results into `out`."""
         fn, name, state = self.fn, self.__name__, self._batching
         vectorized = self._options["vmap"] == "vectorized"
+        in_place, functional = self.in_place, self._composable
 
         def forward(*args: Any, out: Any, _jaxbridge_ranks: tuple, **static: Any) -> None:
-            if not static and len(args) == 1 and type(args[0]) is np.ndarray \
+            if not in_place and not static and len(args) == 1 \
+                    and type(args[0]) is np.ndarray \
                     and (not vectorized or args[0].ndim == _jaxbridge_ranks[0]):
                 run_one(name, fn, args[0], out, state)  # the hot path: one array, unbatched
                 return
             leaves, tree = jax.tree_util.tree_flatten(args)
 
             def call(tensors: list[Any]) -> Any:
-                return fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
+                f = functional if in_place else fn
+                return f(*jax.tree_util.tree_unflatten(tree, tensors), **static)
 
             depth = 0
             if vectorized and _jaxbridge_ranks:  # under jax.vmap: leading axes on every leaf
-                first = next(x for x in leaves if isinstance(x, np.ndarray))
+                first = next(x for x in leaves if isinstance(x, (np.ndarray, torch.Tensor)))
                 depth = first.ndim - _jaxbridge_ranks[0]
-            run_host(name, call, leaves, out, depth, state)
+            if in_place and depth == 0:
+                run_in_place(name, fn, leaves, tree, static, out, state)
+                return
+            # A torch operator on its arguments as they are may write into `out`.
+            op = fn if state.op and not static and len(leaves) == len(args) else None
+            run_host(name, call, leaves, out, depth, state, op)
 
         forward.__name__ = forward.__qualname__ = name  # named in errors
+        forward.jaxbridge_adapt_fill = self._adapt_fill  # type: ignore[attr-defined]
         return forward
+
+    def _adapt_fill(self, sig: Any, fill: Callable[[tuple, tuple], None]
+                    ) -> tuple[Callable[[tuple, tuple], None], Callable[..., None] | None]:
+        """The host call's fills for one call signature (asked by jaxbridge.foreign):
+        for one unbatched array in and one out, a fill that goes straight to `run_one`
+        (three Python frames fewer per call); and where torch has CUDA, the device fill
+        that runs on XLA's device buffers and stream (jaxbridge/torch/_device.py)."""
+        device_fill = device_filler(fill)
+        one_in_one_out = not self.in_place and sig.plain_args and len(sig.in_avals) == 1 \
+            and not sig.batch_shape and sig.res_tree is None and sig.out_tree.num_nodes == 1 \
+            and sig.out_tree.num_leaves == 1 and set(sig.kwargs) == {RANKS}
+        if not one_in_one_out:
+            return fill, device_fill
+        fn, name, state = self.fn, self.__name__, self._batching
+
+        def fill_one(ins: tuple, outs: tuple) -> None:
+            run_one(name, fn, ins[0], outs[0], state)
+
+        fill_one.__name__ = fill_one.__qualname__ = name  # named in errors
+        return fill_one, device_fill
 
     # ---- derivative rules (JAX side): each calls a derived torch function
     def _derive(self, key: Any, make: Callable[[], TorchFunction]) -> TorchFunction:
@@ -212,6 +252,34 @@ class TorchFunction:
         touts = iter(tangent(p_leaves, [t_leaves[i] for i in live]))
         leaves = [next(touts) if j in diff_out else None for j in range(len(y_leaves))]
         return jax.tree_util.tree_unflatten(out_tree, leaves)
+
+
+def _out_functional(fn: Callable[..., Any], result: Any, name: str) -> Callable[..., Any]:
+    """A function of ``wrap(..., out=True)`` (it writes into ``out=``) as one that
+    returns its results, for its derivatives and for `torch.vmap`: buffers of the
+    declared shapes are allocated, `fn` fills them, and `torch.func.functionalize` turns
+    the writes into functional operations, so that autograd and every torch.func
+    transform see through them."""
+    where = f"jaxbridge.torch: function {name!r}"
+
+    def as_struct(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return jax.ShapeDtypeStruct(tuple(x.shape), numpy_dtype(x.dtype, where))
+        return x
+
+    def returning(*args: Any, **static: Any) -> Any:
+        structs = result
+        if callable(result) and not hasattr(result, "shape"):
+            structs = result(*jax.tree_util.tree_map(as_struct, args), **static)
+        tensors = [x for x in jax.tree_util.tree_leaves(args) if isinstance(x, torch.Tensor)]
+        device = tensors[0].device if tensors else None
+        outs = jax.tree_util.tree_map(
+            lambda s: torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype, where),
+                                  device=device), structs)
+        fn(*args, out=outs, **static)
+        return outs
+
+    return torch.func.functionalize(returning)
 
 
 def _restricted(fn: Callable[..., Any], in_tree: Any, p_leaves: Sequence[Any],
@@ -277,7 +345,8 @@ def _torch_jvp(fn: Callable[..., Any], in_tree: Any, live: tuple, diff_out: tupl
 def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
          vmap: Literal["vectorized", "loop"] = "vectorized", batch_dims: int = 0,
          on_mesh: Literal["error", "replicate"] = "error",
-         backend: Literal["auto", "native", "pure_callback"] = "auto") -> Any:
+         backend: Literal["auto", "native", "pure_callback"] = "auto",
+         out: bool = False) -> Any:
     """Make a PyTorch function a JAX function, with its derivatives from torch.
 
     `fn` takes torch tensors (pytrees of them, as positional arguments; keyword
@@ -299,6 +368,12 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
         ``"loop"``: always one call per element.
       batch_dims, on_mesh, backend: as in :func:`jaxbridge.foreign` (sharded inputs:
         with `batch_dims`, one torch call per shard).
+      out: ``True``: `fn` writes its results into XLA's output buffers itself, passed
+        as ``out=`` (tensors in the structure of `result`, which is then required),
+        and returns None: no result tensor of torch's own and no copy (the fastest
+        path for large arrays: ``torch.add(x, 1, out=out)``). It must write every
+        element. Its derivatives and `vmap` run it through
+        `torch.func.functionalize`, which turns the writes into functional operations.
 
     `fn` gets zero-copy views of XLA's buffers (valid during the call only: keeping one
     raises `KeptViewError`; writing into one is an error) and its results are copied
@@ -315,9 +390,16 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
         True
         >>> bool(jnp.allclose(jax.hessian(f)(x), 2 * jnp.cos(x) - x * jnp.sin(x)))
         True
+        >>> @wrap(result=jax.ShapeDtypeStruct((3,), jnp.float32), out=True)
+        ... def g(x, out):
+        ...     torch.mul(torch.sin(x), x, out=out)  # straight into XLA's buffer
+        >>> v = jnp.ones(3, jnp.float32)
+        >>> bool(jnp.allclose(jax.jit(jax.grad(lambda v: g(v).sum()))(v),
+        ...                   jnp.cos(v) * v + jnp.sin(v)))
+        True
     """
     def make(f: Callable[..., Any]) -> TorchFunction:
         return TorchFunction(f, result, vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
-                             backend=backend)
+                             backend=backend, out=out)
 
     return make if fn is None else make(fn)
