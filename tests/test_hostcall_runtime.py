@@ -556,6 +556,56 @@ def test_direct_call_checks_what_it_does_not_take():
     np.testing.assert_array_equal(np.asarray(kept[0]).shape, (3,))  # still valid
 
 
+@pytest.mark.parametrize("rule, a_has_cotangent", [
+    (lambda p, y, ct: ((np.cos(p[0]) + p[1]) * ct, p[0] * ct), True),             # as is
+    (lambda p, y, ct: [(np.cos(p[0]) + p[1]) * ct, p[0] * ct], True),             # a list
+    (lambda p, y, ct: (((np.cos(p[0]) + p[1]) * ct)[::-1][::-1], p[0] * ct), True),  # a view
+    (lambda p, y, ct: ((np.cos(p[0]) + p[1]) * ct, None), False),                 # None
+])
+def test_direct_adjoint_rule_gives_the_gradient(rule, a_has_cotangent):
+    f = jb.foreign(lambda x, a: x)(lambda x, a: np.sin(x) + x * a)
+    f.defvjp(rule)
+    x, a = jnp.linspace(0, 1, 5, dtype=jnp.float32), jnp.full(5, 0.5, jnp.float32)
+
+    def loss(g):
+        return lambda x, a: jnp.sum(jax.lax.fori_loop(0, 3, lambda i, v: g(v, a), x))
+
+    gx, ga = jax.jit(jax.grad(loss(f), argnums=(0, 1)))(x, a)
+    wx, wa = jax.grad(loss(lambda v, a: jnp.sin(v) + v * a), argnums=(0, 1))(x, a)
+    np.testing.assert_allclose(gx, wx, rtol=1e-5)
+    np.testing.assert_allclose(ga, wa if a_has_cotangent else 0 * wa, rtol=1e-5)
+
+
+def test_direct_adjoint_rule_results_are_checked():
+    f = jb.foreign(lambda x: x)(np.sin)
+    f.defvjp(lambda p, y, ct: (np.cos(p[0]) * ct.astype(np.float64),))
+    with pytest.raises(jb.errors.ResultMismatchError, match="cotangent 0.*float64"):
+        jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(jnp.ones(3, jnp.float32))
+    g = jb.foreign(lambda x: x)(np.sin)
+    g.defvjp(lambda p, y, ct: np.cos(p[0]) * ct)  # not a tuple
+    with pytest.raises(jb.errors.ResultMismatchError, match="must return a tuple"):
+        jax.jit(jax.grad(lambda x: jnp.sum(g(x))))(jnp.ones(3, jnp.float32))
+
+
+def test_direct_in_place_adjoint_rule_gives_the_gradient():
+    f = jb.foreign(lambda x, a: x)(lambda x, a: np.sin(x) + x * a)
+
+    @f.defvjp(out=True)
+    def vjp_into(p, y, ct, *, out):
+        x_bar, a_bar = out
+        np.multiply(np.cos(p[0]) + p[1], ct, out=x_bar)
+        assert a_bar is None                  # a's cotangent is not asked for
+
+    x, a = jnp.linspace(0, 1, 5, dtype=jnp.float32), jnp.full(5, 0.5, jnp.float32)
+    loss = lambda g: lambda x: jnp.sum(jax.lax.fori_loop(0, 3, lambda i, v: g(v, a), x))  # noqa: E731
+    np.testing.assert_allclose(jax.jit(jax.grad(loss(f)))(x),
+                               jax.grad(loss(lambda v, a: jnp.sin(v) + v * a))(x), rtol=1e-5)
+    g = jb.foreign(lambda x: x)(np.sin)
+    g.defvjp(lambda p, y, ct, *, out: ct, out=True)
+    with pytest.raises(jb.errors.ForeignCallError, match="must return None"):
+        jax.jit(jax.grad(lambda x: jnp.sum(g(x))))(jnp.ones(3, jnp.float32))
+
+
 # ----------------------------------------------------------------- threads and exit
 def test_daemon_threads_in_host_calls_at_interpreter_exit(tmp_path):
     code = """

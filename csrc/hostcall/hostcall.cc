@@ -80,6 +80,8 @@ struct Entry {
   PyObject* direct_fun = nullptr;
   int direct_kind = 0;
   PyObject* direct_finish = nullptr;
+  Py_ssize_t direct_n_in = 0;      // kDirectAdjoint: primal inputs,
+  std::vector<int> direct_live;    // and the cotangents that are outputs, in order
   // The views of its last call that kept nothing, for the next call (see CallViews).
   // Released with the GIL held (unregister_callback is called from Python).
   std::unique_ptr<CallViews> spare;
@@ -702,9 +704,32 @@ PyObject* ResolveKept(CallViews& views, Entry& entry, PyObject* exc) {
 //                   and shape is copied into the output here, anything else goes to
 //                   finish(value, outs), which checks it and fills the output or raises;
 //   kDirectOut      value = fun(*ins, out=outs[0]); None is done, anything else goes to
-//                   finish(value, outs), which raises.
+//                   finish(value, outs), which raises;
+//   kDirectAdjoint  a VJP rule: value = fun(ins[:n_in], ins[n_in], ins[n_in + 1]), a
+//                   tuple of n_in cotangents of which those at `live` are the outputs;
+//                   exact ndarrays are copied here, anything else goes to finish;
+//   kDirectAdjointOut  a VJP rule with out=True: fun(ins[:n_in], ins[n_in], ins[n_in + 1],
+//                   out=target), target[live[j]] = outs[j] and None elsewhere; None
+//                   is done, anything else goes to finish (which raises).
 constexpr int kDirectReturns = 1;
 constexpr int kDirectOut = 2;
+constexpr int kDirectAdjoint = 3;
+constexpr int kDirectAdjointOut = 4;
+
+// Whether this call's operands and results fit the direct call of `entry`.
+bool CanCallDirect(const Entry& entry, const Slots& ins, const Slots& outs) {
+  switch (entry.direct_kind) {
+    case kDirectReturns:
+    case kDirectOut:
+      return outs.size() == 1;
+    case kDirectAdjoint:
+    case kDirectAdjointOut:
+      return static_cast<Py_ssize_t>(ins.size()) == entry.direct_n_in + 2 &&
+             outs.size() == entry.direct_live.size();
+    default:
+      return false;
+  }
+}
 
 // ("out",), built once under the GIL, never freed. Interned, like the parameter names
 // of compiled code, so that CPython matches the keyword by identity.
@@ -753,22 +778,61 @@ PyObject* CallDirect(const Entry& entry, const CallViews& views, const Slots& ou
     args = heap.data();
   }
   args[0] = nullptr;  // PY_VECTORCALL_ARGUMENTS_OFFSET: the callee may use this slot
-  for (Py_ssize_t i = 0; i < n; ++i) args[i + 1] = PyTuple_GET_ITEM(ins, i);
   PyObject* keywords = nullptr;
-  if (kind == kDirectOut) {
-    args[n + 1] = PyTuple_GET_ITEM(outs, 0);
-    keywords = OutKeyword();
+  PyObject* primals = nullptr;
+  PyObject* target = nullptr;
+  Py_ssize_t nargs = n;
+  if (kind == kDirectAdjoint || kind == kDirectAdjointOut) {  // (primals, out, cotangent)
+    primals = PyTuple_GetSlice(ins, 0, entry.direct_n_in);
+    if (primals == nullptr) return nullptr;
+    args[1] = primals;
+    args[2] = PyTuple_GET_ITEM(ins, entry.direct_n_in);
+    args[3] = PyTuple_GET_ITEM(ins, entry.direct_n_in + 1);
+    nargs = 3;
+    if (kind == kDirectAdjointOut) {  // out=: one entry per input, None where not needed
+      target = PyTuple_New(entry.direct_n_in);
+      if (target == nullptr) {
+        Py_DECREF(primals);
+        return nullptr;
+      }
+      std::vector<PyObject*> items(static_cast<size_t>(entry.direct_n_in), Py_None);
+      for (size_t j = 0; j < entry.direct_live.size(); ++j) {
+        items[static_cast<size_t>(entry.direct_live[j])] = PyTuple_GET_ITEM(outs, j);
+      }
+      for (Py_ssize_t i = 0; i < entry.direct_n_in; ++i) {
+        Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(target, i, items[i]);
+      }
+      args[4] = target;
+      keywords = OutKeyword();
+    }
+  } else {
+    for (Py_ssize_t i = 0; i < n; ++i) args[i + 1] = PyTuple_GET_ITEM(ins, i);
+    if (kind == kDirectOut) {
+      args[n + 1] = PyTuple_GET_ITEM(outs, 0);
+      keywords = OutKeyword();
+    }
   }
   Py_INCREF(fun);  // the callable may drop its registration while it runs
   Py_INCREF(finish);
-  PyObject* value = PyObject_Vectorcall(fun, args + 1,
-                                        static_cast<size_t>(n) | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                        keywords);
+  PyObject* value = PyObject_Vectorcall(
+      fun, args + 1, static_cast<size_t>(nargs) | PY_VECTORCALL_ARGUMENTS_OFFSET, keywords);
+  Py_XDECREF(primals);  // before the kept-view check, like the value below
+  Py_XDECREF(target);
   PyObject* result = value;
   if (value != nullptr) {
-    bool done = kind == kDirectOut ? value == Py_None
-                                   : TakeResult(value, PyTuple_GET_ITEM(outs, 0),
-                                                out_slots[0].bytes);
+    bool done;
+    if (kind == kDirectOut || kind == kDirectAdjointOut) {
+      done = value == Py_None;
+    } else if (kind == kDirectReturns) {
+      done = TakeResult(value, PyTuple_GET_ITEM(outs, 0), out_slots[0].bytes);
+    } else {
+      done = PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == entry.direct_n_in;
+      for (size_t j = 0; done && j < entry.direct_live.size(); ++j) {
+        done = TakeResult(PyTuple_GET_ITEM(value, entry.direct_live[j]),
+                          PyTuple_GET_ITEM(outs, j), out_slots[j].bytes);
+      }  // a partial copy is harmless: finish writes every output
+    }
     if (done) {
       Py_INCREF(Py_None);
       result = Py_None;
@@ -832,7 +896,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins,
     if (!views->ok()) return ffi::Error::InvalidArgument(views->error());
     PyObject* exc = nullptr;
     PyObject* result;
-    if (entry.direct_kind != 0 && outs.size() == 1) {
+    if (CanCallDirect(entry, ins, outs)) {
       result = CallDirect(entry, *views, outs);
     } else {
       PyObject* args[2] = {views->ins().ptr(), views->outs().ptr()};
@@ -1024,23 +1088,38 @@ PYBIND11_MODULE(_native, m) {
   m.def("register_callback", [](int64_t callback_id, py::handle fill, py::handle handler,
                                 py::object direct) {
     Entry entry{fill.ptr(), handler.ptr(), false};  // borrowed
-    if (!direct.is_none()) {  // (fun, kind, finish): see CallDirect
+    if (!direct.is_none()) {  // (fun, kind, finish[, n_in, live]): see CallDirect
       auto parts = direct.cast<py::tuple>();
-      int kind = parts[1].cast<int>();
-      if (parts.size() != 3 || (kind != kDirectReturns && kind != kDirectOut)) {
-        throw py::value_error("register_callback: direct must be (fun, 1 or 2, finish)");
+      int kind = parts.size() >= 3 ? parts[1].cast<int>() : 0;
+      bool ok = (parts.size() == 3 && (kind == kDirectReturns || kind == kDirectOut)) ||
+                (parts.size() == 5 && (kind == kDirectAdjoint || kind == kDirectAdjointOut));
+      if (!ok) {
+        throw py::value_error(
+            "register_callback: direct must be (fun, 1 or 2, finish) or "
+            "(fun, 3 or 4, finish, n_in, live)");
       }
       entry.direct_fun = parts[0].ptr();
       entry.direct_kind = kind;
       entry.direct_finish = parts[2].ptr();
+      if (kind == kDirectAdjoint || kind == kDirectAdjointOut) {
+        entry.direct_n_in = parts[3].cast<Py_ssize_t>();
+        entry.direct_live = parts[4].cast<std::vector<int>>();
+        for (int i : entry.direct_live) {
+          if (i < 0 || i >= entry.direct_n_in) throw py::value_error("register_callback: live");
+        }
+      }
     }
     Registry()[callback_id] = std::move(entry);
   }, py::arg("callback_id"), py::arg("fill"), py::arg("handler"),
      py::arg("direct") = py::none(),
-     "Register `fill` under `callback_id`; `direct` = (fun, kind, finish) lets the handler "
-     "call `fun` itself (kind 1: fun(*ins) returns the one result; kind 2: "
-     "fun(*ins, out=outs[0]) returns None) and hand anything else to finish(value, outs). "
-     "All are borrowed: `handler` must keep them alive.");
+     "Register `fill` under `callback_id`; `direct` = (fun, kind, finish[, n_in, live]) "
+     "lets the handler call `fun` itself (kind 1: fun(*ins) returns the one result; kind "
+     "2: fun(*ins, out=outs[0]) returns None; kind 3: a VJP rule, fun(ins[:n_in], "
+     "ins[n_in], ins[n_in + 1]) returns n_in cotangents, those at `live` are the outputs; "
+     "kind 4: the same rule called with out=, a tuple of the outputs at `live`, None "
+     "elsewhere, returns None) "
+     "and hand anything else to finish(value, outs). All are borrowed: `handler` must "
+     "keep them alive.");
   m.def("unregister_callback", [](int64_t callback_id) {
     Registry().erase(callback_id);
     ForgetDeviceFill(callback_id);

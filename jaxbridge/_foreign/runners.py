@@ -325,6 +325,8 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
 # (csrc/hostcall/hostcall.cc, CallDirect): fill.direct = (fun, kind, finish).
 DIRECT_RETURNS = 1  # fun(*ins) returns the one result
 DIRECT_OUT = 2      # fun(*ins, out=outs[0]) returns None
+DIRECT_ADJOINT = 3  # a VJP rule: fun(primals, out, ct) returns one cotangent per input
+DIRECT_ADJOINT_OUT = 4  # a VJP rule with out=True: fun(primals, out, ct, out=...) -> None
 
 
 def _direct(fill: Callable[[tuple, tuple], None], fun: Callable, kind: int,
@@ -385,29 +387,35 @@ def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
 def _adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, tuple], None]:
     """The VJP rule, with a fast path for the common case: plain array arguments, one
     array output, and a rule that returns NumPy arrays of the declared shapes and dtypes
-    (anything else is checked)."""
+    (anything else is checked). Without keyword arguments the trampoline calls the rule
+    itself (DIRECT_ADJOINT)."""
     fast = sig.plain_args and sig.res_tree is None and sig.n_out == 1 \
         and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.num_batch_dims
     fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
     live = tuple(i for i, z in enumerate(nz) if z)
 
-    def fill(ins: tuple, outs: tuple) -> None:
-        if fast:
-            value = fun(tuple(ins[:n_in]), ins[n_in], ins[n_in + 1], **kwargs)
-            if type(value) is tuple and len(value) == n_in:
-                picked = [value[i] for i in live]
-                if all(type(v) is np.ndarray and v.dtype == o.dtype and v.shape == o.shape
-                       for v, o in zip(picked, outs)):
-                    for o, v in zip(outs, picked):
-                        o[...] = v
-                    return
-            leaves = cotangent_leaves(sig, value, sig.in_avals, nz, True, WHAT["adjoint"])
-        else:
-            shapes = [o.shape for o in outs] if sig.num_batch_dims else None
-            leaves = run_adjoint(sig, rule, ins, nz, True, shapes)
+    def finish(value: Any, outs: tuple) -> None:  # the fast path's result, checked
+        if type(value) is tuple and len(value) == n_in:
+            picked = [value[i] for i in live]
+            if all(type(v) is np.ndarray and v.dtype == o.dtype and v.shape == o.shape
+                   for v, o in zip(picked, outs)):
+                for o, v in zip(outs, picked):
+                    o[...] = v
+                return
+        leaves = cotangent_leaves(sig, value, sig.in_avals, nz, True, WHAT["adjoint"])
         for o, v in zip(outs, leaves):
             o[...] = v
 
+    def fill(ins: tuple, outs: tuple) -> None:
+        if fast:
+            finish(fun(tuple(ins[:n_in]), ins[n_in], ins[n_in + 1], **kwargs), outs)
+            return
+        shapes = [o.shape for o in outs] if sig.num_batch_dims else None
+        for o, v in zip(outs, run_adjoint(sig, rule, ins, nz, True, shapes)):
+            o[...] = v
+
+    if fast and not kwargs:
+        fill.direct = (fun, DIRECT_ADJOINT, finish, n_in, live)  # type: ignore[attr-defined]
     return fill
 
 
@@ -434,12 +442,15 @@ def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
     fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
     where = tuple(sum(nz[:i]) if z else -1 for i, z in enumerate(nz))  # -> index in outs
 
+    def not_none(value: Any, outs: tuple) -> None:
+        _returned_none(sig, value, _what(sig, "adjoint"))
+
     def fill(ins: tuple, outs: tuple) -> None:
         if fast:
             target = tuple(outs[j] if j >= 0 else None for j in where)
             value = fun(ins[:n_in], ins[n_in], ins[n_in + 1], out=target, **kwargs)
             if value is not None:
-                _returned_none(sig, value, _what(sig, "adjoint"))
+                not_none(value, outs)
             return
         target = _input_trees(sig, outs, nz)
         if sig.defn.linear:
@@ -450,4 +461,7 @@ def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
                           out=target)
         _returned_none(sig, value, _what(sig, "adjoint"))
 
+    if fast and not kwargs:  # the trampoline calls the rule itself (DIRECT_ADJOINT_OUT)
+        live = tuple(i for i, j in enumerate(where) if j >= 0)
+        fill.direct = (fun, DIRECT_ADJOINT_OUT, not_none, n_in, live)  # type: ignore[attr-defined]
     return fill
