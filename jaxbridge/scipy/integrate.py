@@ -69,7 +69,7 @@ import scipy.sparse
 from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
-from . import _rk
+from . import _rk, _stiff
 from ._common import (
     as_float_array,
     check_policy,
@@ -87,7 +87,7 @@ from ._common import (
     tangent_like,
     unsupported,
 )
-from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult
+from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult, ode_functions
 from ._trace import HostFun, array_aval, check_args, convert
 
 __all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES",
@@ -112,19 +112,11 @@ class _Ode:
         self.p_flat = np_ravel(params)
         self.P = self.p_flat.size
         key = (fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
-        shape_, n = self.shape, self.n  # (the compiled functions must not hold `self`)
+        shape_ = self.shape  # (the compiled functions must not hold `self`)
 
         # Every host function takes the fixed operands `fx` first (see __call__).
-        def f(fx: Any, t: Any, y: Any, p: Any) -> Any:
-            out = fun(fun.merge(p, fx), t.astype(tdtype), y.reshape(shape_).astype(ydtype))
-            return jnp.ravel(out).astype(y.dtype)
-
-        def jac_y(fx: Any, jo: Any, t: Any, y: Any, p: Any) -> Any:
-            if isinstance(jac, HostFun):
-                n = y.size
-                out = jac(jo, t.astype(tdtype), y.reshape(shape_).astype(ydtype))
-                return jnp.reshape(out, (n, n)).astype(y.dtype)
-            return jax.jacfwd(f, argnums=2)(fx, t, y, p)
+        roles = ode_functions(fun, jac, shape_, ydtype, tdtype)
+        f = roles["f"]
 
         def adj(fx: Any, t: Any, y: Any, a: Any, p: Any) -> Any:
             _, pullback = jax.vjp(lambda y, p: f(fx, t, y, p), y, p)
@@ -137,21 +129,7 @@ class _Ode:
             jp = jax.jacfwd(lambda q: f(fx, t, y, unravel(q)))(flat).reshape(y.size, -1)
             return -jy.T, -jp.T
 
-        def sens(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
-            # z = [y, vec(S)] with S (n, K); dp (P, K): the parameter directions.
-            y, S = z[:n], z[n:].reshape(n, -1)
-            flat, unravel = ravel_pytree(p)
-
-            def column(s: Any, d: Any) -> Any:
-                return jax.jvp(lambda y, q: f(fx, t, y, unravel(q)), (y, flat), (s, d))[1]
-            dS = jax.vmap(column, in_axes=1, out_axes=1)(S, dp.astype(flat.dtype))
-            return jnp.concatenate([f(fx, t, y, p), jnp.ravel(dS)])
-
-        def sens_jac(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
-            return jax.jacfwd(sens, argnums=2)(fx, t, z, p, dp)
-
-        roles = {"f": f, "jac": jac_y, "adj": adj, "adj_jac": adj_jac, "sens": sens,
-                 "sens_jac": sens_jac}
+        roles.update(adj=adj, adj_jac=adj_jac)
         self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
 
     def __call__(self, role: str, *xs: Any) -> Any:
@@ -268,6 +246,58 @@ def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_op
         stats[0] = -1
         return nan, stats
     return sol.y.T.reshape(T, *y0.shape).astype(y0.dtype), stats
+
+
+def _recorded_result(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+                     jac_ops: Any, *, cfg: IvpConfig, capacity: int) -> Any:
+    f64_ = jnp.result_type(float)
+    return (*_ivp_result(t0, t1, y0, t_eval, params, fixed, jac_ops),
+            jax.ShapeDtypeStruct((capacity + 1,), f64_),
+            jax.ShapeDtypeStruct((capacity + 1, y0.size), f64_))
+
+
+@_foreign.foreign(_recorded_result)
+def _ivp_recorded(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+                  jac_ops: Any, *, cfg: IvpConfig, capacity: int) -> Any:
+    """The forward solve, plus SciPy's accepted steps: `(ys, stats, grid_t (M+1,),
+    grid_y (M+1, n))` with M = capacity (padded with the last step; stats[4] is the
+    number of accepted steps). What `_stiff`'s compiled derivatives run on."""
+    method, on_failure = cfg.method, cfg.on_failure
+    t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
+    T, n = t_eval.shape[0], int(np.size(y0))
+    grid_t, grid_y = np.full(capacity + 1, t0), np.zeros((capacity + 1, n))
+    grid_y[:] = np.ravel(f64(y0))
+    nan = np.full((T, *y0.shape), np.nan, y0.dtype)
+    if T == 0 or np.all(t_eval == t0):
+        ys = np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype) if T else nan
+        return ys, np.zeros(5, np.int32), grid_t, grid_y
+    with on_cpu():
+        ode = _ode((t0, t1, y0, t_eval, params, fixed, jac_ops), cfg.fun, cfg.jac)
+        kw = {"jac": ode.jac} if cfg.jac is not False else {}
+        sol = scipy.integrate.solve_ivp(ode.f, (t0, t1), np.ravel(f64(y0)), method=method,
+                                        dense_output=True, rtol=cfg.rtol, atol=cfg.atol, **kw,
+                                        **dict(cfg.options))
+    steps = len(sol.t) - 1
+    stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, steps], np.int32)
+    if sol.status != 0:
+        _fail("integrate.solve_ivp", method, sol.message, on_failure)
+        return nan, stats, grid_t, grid_y
+    ys = sol.sol(t_eval).T
+    if not np.all(np.isfinite(ys)):
+        _fail("integrate.solve_ivp", method, "the solution is not finite", on_failure)
+        stats[0] = -1
+        return nan, stats, grid_t, grid_y
+    if steps > capacity:
+        if on_failure == "raise":
+            raise ValueError(
+                f"jaxbridge.scipy.integrate.solve_ivp: the checkpoint budget is too small: "
+                f"the {method} solve took {steps} accepted steps, and the compiled adjoint "
+                f"of the implicit methods stores one state per step, {capacity} at most. "
+                f"Pass checkpoints >= {steps}, or sensitivity='forward'.")
+        return nan, stats, grid_t, grid_y
+    grid_t[:steps + 1], grid_t[steps + 1:] = sol.t, sol.t[-1]
+    grid_y[:steps + 1], grid_y[steps + 1:] = sol.y.T, sol.y[:, -1]
+    return ys.reshape(T, *y0.shape).astype(y0.dtype), stats, grid_t, grid_y
 
 
 @_ivp.defvjp
@@ -572,7 +602,9 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
                     adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
                     sensitivity=sensitivity, on_failure=on_failure, options=static,
                     stepping=stepping, checkpoints=_check_checkpoints(checkpoints, name))
-    if stepping == "compiled":
+    if stepping == "compiled" and method in IMPLICIT_METHODS and sensitivity == "adjoint":
+        ys, stats = _stiff_ivp(cfg, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops))
+    elif stepping == "compiled" and method not in IMPLICIT_METHODS:
         ys, stats = _compiled_ivp(cfg, t0, t1, y0, t_eval, params, fixed)
     else:
         ys, stats = _ivp(t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), cfg=cfg)
@@ -612,6 +644,39 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
     return ys, jnp.stack([status, nfev, zero, zero, steps])
 
 
+def _stiff_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: tuple,
+               fixed: tuple, jac_ops: tuple) -> tuple[jax.Array, jax.Array]:
+    """BDF, Radau, LSODA: SciPy's loop forward (on the host), derivatives compiled from
+    its recorded steps (`_stiff`: the Radau IIA discrete adjoint / tangent)."""
+    rhs, shape, ydtype, tdtype = cfg.fun, y0.shape, y0.dtype, t_eval.dtype
+    f64_ = jnp.result_type(float)
+    n = int(np.prod(shape, dtype=int))
+    capacity = _stiff.max_states(cfg.checkpoints, n)
+
+    def fun(t: Any, y: Any, p: Any, fx: Any) -> Any:
+        out = rhs(rhs.merge(p, fx), t.astype(tdtype), y.reshape(shape).astype(ydtype))
+        return jnp.ravel(out).astype(y.dtype)
+
+    def as_host(t0: Any, t1: Any, y0: Any, t_eval: Any) -> tuple:
+        return t0.astype(tdtype), t1.astype(tdtype), y0.reshape(shape).astype(ydtype), \
+            t_eval.astype(tdtype)
+
+    def solve(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any) -> tuple:
+        ys, stats = _ivp(*as_host(t0, t1, y0, t_eval), params, fixed, jac_ops, cfg=cfg)
+        return ys.reshape(-1, n).astype(f64_), stats
+
+    def record(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any) -> tuple:
+        ys, stats, grid_t, grid_y = _ivp_recorded(*as_host(t0, t1, y0, t_eval), params,
+                                                  fixed, jac_ops, cfg=cfg, capacity=capacity)
+        return ys.reshape(-1, n).astype(f64_), stats, grid_t, grid_y
+
+    spec = _stiff.StiffSpec(fun, solve, record, capacity)
+    ys, stats = _stiff.differentiable_solve(spec, t0.astype(f64_), t1.astype(f64_),
+                                            jnp.ravel(y0).astype(f64_), t_eval.astype(f64_),
+                                            params, fixed)
+    return ys.reshape((t_eval.shape[0], *shape)).astype(ydtype), stats
+
+
 @_foreign.foreign(lambda status, finite, steps, **_: jax.ShapeDtypeStruct((), jnp.int32))
 def _check_status(status: Any, finite: Any, steps: Any, *, method: str, budget: int) -> Any:
     """on_failure="raise" for the compiled loop: SciPy's message as a SolverError."""
@@ -645,11 +710,13 @@ def _stepping_choice(stepping: str, method: str, options: tuple, name: str) -> s
     if stepping not in STEPPINGS:
         raise ValueError(f"jaxbridge.scipy.{name}: stepping must be one of {STEPPINGS}, got "
                          f"{stepping!r}")
-    ok = _rk.supported(method, options)
+    x64 = jnp.result_type(float) == jnp.float64
+    ok = _rk.supported(method, options) or (method in IMPLICIT_METHODS and bool(x64))
     if stepping == "compiled" and not ok:
         raise ValueError(
             f"jaxbridge.scipy.{name}: stepping='compiled' runs SciPy's explicit methods "
-            f"{_rk.EXPLICIT} with the options {_rk.OPTIONS} only, with jax_enable_x64 on; "
+            f"{_rk.EXPLICIT} with the options {_rk.OPTIONS} only (and compiles the "
+            f"derivatives of the implicit ones {IMPLICIT_METHODS}), with jax_enable_x64 on; "
             f"got method={method!r}, options={[k for k, _ in options]}")
     if stepping == "auto":
         return "compiled" if ok else "scipy"
