@@ -167,6 +167,9 @@ def test_sensitivity_choice_and_bad_value():
     assert _sensitivity_choice("auto", 3, 3) == "forward"
     assert _sensitivity_choice("auto", 20, 0) == "adjoint"
     assert _sensitivity_choice("adjoint", 1, 0) == "adjoint"
+    # the implicit methods' compiled adjoint is the faster one even for tiny systems
+    assert _sensitivity_choice("auto", 3, 3, compiled_implicit=True) == "adjoint"
+    assert _sensitivity_choice("forward", 3, 3, compiled_implicit=True) == "forward"
     with pytest.raises(ValueError, match=r"solve_ivp: sensitivity must be one of .*'backward'"):
         solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), sensitivity="backward")
 

@@ -13,8 +13,14 @@ The integrands and right-hand sides are written in JAX. Two ways to solve:
   derivative of the discrete solution (to rounding), not within-tolerance
   approximations; the cost of a gradient is about two forward solves whatever the
   number of parameters.
-* **SciPy's own loop, `stepping="scipy"`** (every method; the implicit ones BDF,
-  Radau, LSODA always): SciPy solves on the host and the derivatives come from the
+* **The implicit methods (BDF, Radau, LSODA), `stepping="compiled"`** (the default
+  with jax_enable_x64): SciPy solves on the host and records its accepted steps;
+  reverse and forward mode are one compiled JAX loop over them, the derivative of
+  Radau IIA on those steps (`_stiff`): exact for Radau's discrete solution, within
+  tolerance for BDF and LSODA. Cost per step: a few Newton iterations on 3n unknowns
+  and one VJP of the vector field, whatever the number of parameters.
+* **SciPy's own loop, `stepping="scipy"`** (every method): SciPy solves on the host and
+  the derivatives come from the
   problem's structure (the continuous adjoint or forward sensitivity equations, below;
   quad's Leibniz rule), never from differentiating SciPy's iterations. These are
   accurate to the solver's tolerance.
@@ -443,11 +449,18 @@ SENSITIVITIES = ("auto", "adjoint", "forward")
 _FORWARD_SENSITIVITY_MAX = 64  # augmented size n (1 + n + P) up to which "auto" -> forward
 
 
-def _sensitivity_choice(sensitivity: str, n: int, P: int) -> str:
+def _sensitivity_choice(sensitivity: str, n: int, P: int, compiled_implicit: bool = False
+                        ) -> str:
+    """"auto": forward sensitivities for a small augmented system, else the adjoint; for
+    the implicit methods with compiled derivatives, always the adjoint (measured faster
+    than SciPy solving the augmented sensitivity system even for n = P = 3: Robertson,
+    benchmarks/RESULTS.md)."""
     if sensitivity not in SENSITIVITIES:
         raise ValueError(f"jaxbridge.scipy.integrate.solve_ivp: sensitivity must be one of "
                          f"{SENSITIVITIES}, got {sensitivity!r}")
     if sensitivity == "auto":
+        if compiled_implicit:
+            return "adjoint"
         return "forward" if n * (1 + n + P) <= _FORWARD_SENSITIVITY_MAX else "adjoint"
     return sensitivity
 
@@ -512,24 +525,34 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
       sensitivity: how reverse mode (grad, vjp, jacrev) computes the gradient.
         "adjoint": with the compiled loop, the discrete adjoint (exact for the
         discrete solution; cost ~ two forward solves, independent of the number of
-        parameters P); with SciPy's loop, the continuous adjoint (one backward solve,
-        within tolerance). "forward": forward sensitivities for every input at once
-        (cost grows with `n (1 + n + P)` for `n` states). "auto" (default): "forward"
-        when `n (1 + n + P) <= 64`, else "adjoint". Forward mode (jvp, jacfwd) always
-        uses forward sensitivities.
+        parameters P); for BDF, Radau and LSODA (with jax_enable_x64 and the default
+        stepping) the compiled Radau IIA adjoint over SciPy's recorded steps (exact for
+        Radau's discrete solution, within tolerance for BDF and LSODA; see
+        docs/guides/ode-gradients.md); with `stepping="scipy"`, the continuous adjoint
+        solved by SciPy (within tolerance). "forward": forward sensitivities for
+        every input at once (cost grows with `n (1 + n + P)` for `n` states). "auto"
+        (default): "forward" when `n (1 + n + P) <= 64`, else "adjoint"; always
+        "adjoint" for the implicit methods' compiled derivatives. Forward mode (jvp,
+        jacfwd) uses forward sensitivities (the compiled tangent of the same
+        discretization where reverse mode is compiled).
       stepping: who runs the step loop. "scipy": SciPy's own Python loop (one host
         round trip per right-hand-side evaluation, ~10 us each). "compiled": SciPy's
         algorithm (same tableaus, step control, first step and dense output, so the
         same steps and `nfev`) as a loop inside the caller's JAX program, for RK23,
         RK45 and DOP853 (options limited to first_step, max_step; needs
-        jax_enable_x64): no host round trip at all, and `vmap` batches the loop.
-        "auto" (default): "compiled" where it applies, else "scipy".
+        jax_enable_x64): no host round trip at all, and `vmap` batches the loop. For
+        BDF, Radau and LSODA (x64), "compiled" keeps SciPy's loop for the solve and
+        compiles the derivatives over its recorded steps. "auto" (default):
+        "compiled" where it applies, else "scipy".
       checkpoints: the compiled loop's reverse mode: how many states it may store
         (None: 16 MiB worth, at most 2 x 1024, which covers 1e6 steps). Each
         accepted step's `(t, y, h)` of the current segment and the loop state at
         each segment start are stored, never the stages; `checkpoints=k` covers
         about `(k/2)^2` accepted steps, at the price of one more forward solve per
-        gradient. A solve with more steps raises ValueError naming this argument.
+        gradient. For BDF, Radau and LSODA with compiled derivatives: how many
+        accepted steps the forward solve may record (one state each; None: 16 MiB
+        worth, at most 16384). A solve with more steps raises ValueError naming this
+        argument.
       on_failure: "raise" (default): a failed solve raises
         `jaxbridge.scipy.SolverError` with SciPy's message (eager and under `jit`);
         "nan": the outputs and gradients are NaN and `status` is -1.
@@ -594,9 +617,10 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         jac_hf, jac_ops = convert(jac, name, "jac", (t_aval, y_aval), args,
                                   "jac(t, y, *args)")
         jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
-    sensitivity = _sensitivity_choice(sensitivity, y0.size, sum(p.size for p in params))
     static = static_options(options, name)
     stepping = _stepping_choice(stepping, method, static, name)
+    sensitivity = _sensitivity_choice(sensitivity, y0.size, sum(p.size for p in params),
+                                      stepping == "compiled" and method in IMPLICIT_METHODS)
     cfg = IvpConfig(fun=rhs, jac=jac_hf, method=method, rtol=float(rtol), atol=float(atol),
                     adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
                     adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
