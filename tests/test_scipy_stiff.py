@@ -93,7 +93,8 @@ def test_radau_gradient_is_exact_for_its_discrete_solution():
     np.testing.assert_allclose(ours[1], want[1], rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("method", STIFF)
+@pytest.mark.parametrize("method", [pytest.param("BDF", marks=pytest.mark.slow),
+                                    pytest.param("Radau", marks=pytest.mark.slow), "LSODA"])
 def test_linear_stiff_gradient_matches_the_closed_form(method):
     def exact(y0, k):
         return jnp.sum(jnp.sin(linear_exact(y0, k, TE)) * W)
@@ -151,6 +152,7 @@ def test_vmap_of_the_gradient_is_one_batched_backward_loop():
     assert "f64[3,16385,2]" in text  # (batch, steps + 1, n): the batched record
 
 
+@pytest.mark.slow  # (3-8 s on the shared 2 cores)
 def test_closed_over_parameters_and_pytree_args():
     def L(k):
         sol = solve_ivp(lambda t, y, d: linear(t, y, jnp.stack([d["a"], k[1], k[2]])),

@@ -37,8 +37,9 @@ one loop over the batch (SciPy's host solves run one per batch member).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -75,13 +76,22 @@ def max_states(budget: int | None, n: int) -> int:
     return int(budget)
 
 
-class StiffSpec(NamedTuple):
-    """The static half of one differentiable stiff solve."""
+class StiffSpec(Protocol):
+    """The static half of one differentiable stiff solve (hashable: it keys JAX's
+    caches, so it should compare by value, not by identity)."""
 
-    fun: Callable[[Any, Any, Any, Any], Any]  # fun(t, y (n,), params, fixed) -> (n,)
-    solve: Callable[..., Any]     # (t0, t1, y0, t_eval, params, fixed) -> (ys (T, n), stats)
-    record: Callable[..., Any]    # the same, plus (grid_t (M+1,), grid_y (M+1, n))
-    capacity: int                 # M: accepted steps the record holds
+    capacity: int  # M: accepted steps the record holds
+
+    def fun(self, t: Any, y: Any, params: Any, fixed: Any) -> Any:
+        """The right-hand side on flat states, (n,)."""
+
+    def solve(self, t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+              jac_ops: Any) -> tuple:
+        """The forward solve: (ys (T, n), stats (5,))."""
+
+    def record(self, t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+               jac_ops: Any) -> tuple:
+        """The same, plus SciPy's steps: (ys, stats, grid_t (M+1,), grid_y (M+1, n))."""
 
 
 class _Step:
@@ -206,23 +216,22 @@ def _bound(spec: StiffSpec, fixed: Any) -> Callable[[Any, Any, Any], Any]:
     return lambda t, y, p: spec.fun(t, y, p, fixed)
 
 
-def _primal(spec: StiffSpec, t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any,
-            fixed: Any) -> tuple:
-    return spec.solve(t0, t1, y0, t_eval, params, fixed)
-
-
-differentiable_solve = jax.custom_jvp(_primal, nondiff_argnums=(0,))
-differentiable_solve.__doc__ = """`spec.solve(t0, t1, y0 (n,), t_eval, params, fixed)` ->
-(ys (T, n), stats), with derivatives from the recorded steps (see the module docstring).
-Under differentiation stats[0] is -2 when the solve took more accepted steps than the
-record holds (`spec.capacity`); the outputs are then NaN."""
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def differentiable_solve(spec: StiffSpec, t0: Any, t1: Any, y0: Any, t_eval: Any,
+                         params: Any, fixed: Any, jac_ops: Any) -> tuple:
+    """`spec.solve(t0, t1, y0 (n,), t_eval, params, fixed, jac_ops)` -> (ys (T, n),
+    stats), with derivatives from the recorded steps (see the module docstring) in
+    t0, y0, t_eval and params. Under differentiation stats[0] is -2 when the solve took
+    more accepted steps than the record holds (`spec.capacity`); the outputs are then
+    NaN."""
+    return spec.solve(t0, t1, y0, t_eval, params, fixed, jac_ops)
 
 
 @differentiable_solve.defjvp
 def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) -> tuple:
-    t0, t1, y0, t_eval, params, fixed = primals
-    dt0, _, dy0, dt_eval, dparams, _ = tangents
-    ys, stats, grid_t, grid_y = spec.record(t0, t1, y0, t_eval, params, fixed)
+    t0, t1, y0, t_eval, params, fixed, jac_ops = primals
+    dt0, _, dy0, dt_eval, dparams, _, _ = tangents
+    ys, stats, grid_t, grid_y = spec.record(t0, t1, y0, t_eval, params, fixed, jac_ops)
     n_steps = stats[4]
     bad = (stats[0] != 0) | (n_steps > spec.capacity)
     stats = stats.at[0].set(jnp.where(n_steps > spec.capacity, -2, stats[0]))

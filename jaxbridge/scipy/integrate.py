@@ -668,37 +668,54 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
     return ys, jnp.stack([status, nfev, zero, zero, steps])
 
 
+@dataclasses.dataclass(frozen=True)
+class _StiffProblem:
+    """What `_stiff` needs of one BDF/Radau/LSODA problem (`_stiff.StiffSpec`): frozen
+    and compared by value (IvpConfig compares the user's function structurally), so
+    repeated solves of the same problem share JAX's caches."""
+
+    cfg: IvpConfig
+    shape: tuple
+    ydtype: Any
+    tdtype: Any
+    capacity: int
+
+    def fun(self, t: Any, y: Any, p: Any, fx: Any) -> Any:
+        rhs = self.cfg.fun
+        out = rhs(rhs.merge(p, fx), t.astype(self.tdtype),
+                  y.reshape(self.shape).astype(self.ydtype))
+        return jnp.ravel(out).astype(y.dtype)
+
+    def _host(self, t0: Any, t1: Any, y0: Any, t_eval: Any) -> tuple:
+        return t0.astype(self.tdtype), t1.astype(self.tdtype), \
+            y0.reshape(self.shape).astype(self.ydtype), t_eval.astype(self.tdtype)
+
+    def solve(self, t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+              jac_ops: Any) -> tuple:
+        ys, stats = _ivp(*self._host(t0, t1, y0, t_eval), params, fixed, jac_ops,
+                         cfg=self.cfg)
+        return ys.reshape(t_eval.shape[0], -1).astype(y0.dtype), stats
+
+    def record(self, t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+               jac_ops: Any) -> tuple:
+        ys, stats, grid_t, grid_y = _ivp_recorded(
+            *self._host(t0, t1, y0, t_eval), params, fixed, jac_ops, cfg=self.cfg,
+            capacity=self.capacity)
+        return ys.reshape(t_eval.shape[0], -1).astype(y0.dtype), stats, grid_t, grid_y
+
+
 def _stiff_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: tuple,
                fixed: tuple, jac_ops: tuple) -> tuple[jax.Array, jax.Array]:
     """BDF, Radau, LSODA: SciPy's loop forward (on the host), derivatives compiled from
     its recorded steps (`_stiff`: the Radau IIA discrete adjoint / tangent)."""
-    rhs, shape, ydtype, tdtype = cfg.fun, y0.shape, y0.dtype, t_eval.dtype
     f64_ = jnp.result_type(float)
-    n = int(np.prod(shape, dtype=int))
-    capacity = _stiff.max_states(cfg.checkpoints, n)
-
-    def fun(t: Any, y: Any, p: Any, fx: Any) -> Any:
-        out = rhs(rhs.merge(p, fx), t.astype(tdtype), y.reshape(shape).astype(ydtype))
-        return jnp.ravel(out).astype(y.dtype)
-
-    def as_host(t0: Any, t1: Any, y0: Any, t_eval: Any) -> tuple:
-        return t0.astype(tdtype), t1.astype(tdtype), y0.reshape(shape).astype(ydtype), \
-            t_eval.astype(tdtype)
-
-    def solve(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any) -> tuple:
-        ys, stats = _ivp(*as_host(t0, t1, y0, t_eval), params, fixed, jac_ops, cfg=cfg)
-        return ys.reshape(-1, n).astype(f64_), stats
-
-    def record(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any) -> tuple:
-        ys, stats, grid_t, grid_y = _ivp_recorded(*as_host(t0, t1, y0, t_eval), params,
-                                                  fixed, jac_ops, cfg=cfg, capacity=capacity)
-        return ys.reshape(-1, n).astype(f64_), stats, grid_t, grid_y
-
-    spec = _stiff.StiffSpec(fun, solve, record, capacity)
-    ys, stats = _stiff.differentiable_solve(spec, t0.astype(f64_), t1.astype(f64_),
+    n = int(np.prod(y0.shape, dtype=int))
+    problem = _StiffProblem(cfg, tuple(y0.shape), np.dtype(y0.dtype), np.dtype(t_eval.dtype),
+                            _stiff.max_states(cfg.checkpoints, n))
+    ys, stats = _stiff.differentiable_solve(problem, t0.astype(f64_), t1.astype(f64_),
                                             jnp.ravel(y0).astype(f64_), t_eval.astype(f64_),
-                                            params, fixed)
-    return ys.reshape((t_eval.shape[0], *shape)).astype(ydtype), stats
+                                            params, fixed, jac_ops)
+    return ys.reshape((t_eval.shape[0], *y0.shape)).astype(y0.dtype), stats
 
 
 @_foreign.foreign(lambda status, finite, steps, **_: jax.ShapeDtypeStruct((), jnp.int32))
