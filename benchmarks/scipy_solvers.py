@@ -4,7 +4,8 @@ Three problems, each timed as a jitted value_and_grad (best of a few runs after 
 warm-up) and scored by the gradient's relative error (max-norm) against a reference:
 
 1. Robertson kinetics (stiff), gradient w.r.t. its 3 log rate constants:
-   ours (SciPy BDF + continuous adjoint) vs diffrax Kvaerno5 vs diffrax Tsit5
+   ours (SciPy BDF / LSODA / Radau with SciPy's forward sensitivities, or the compiled
+   Radau IIA adjoint over SciPy's recorded steps) vs diffrax Kvaerno5 vs diffrax Tsit5
    (non-stiff). Reference: central finite differences of SciPy Radau at rtol 1e-12.
 2. Lotka-Volterra (non-stiff), gradient w.r.t. its 4 parameters and y0: ours
    (SciPy RK45 / DOP853 with the step loop compiled, `stepping="compiled"`, the default;
@@ -16,6 +17,8 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
    vs diffrax Tsit5 + RecursiveCheckpointAdjoint, interleaved repeats (median and
    range), gradient error against diffrax Dopri8 at rtol 1e-12, and each compiled
    program's XLA temporary memory (`memory_analysis().temp_size_in_bytes`).
+3b. Stiff neural ODE (`stiff_mlp`): y' = -diag(lam) y + MLP(y), P ~ 300 and 2,500:
+   ours (LSODA / BDF, compiled adjoint) vs diffrax Kvaerno5, interleaved repeats.
 4. Implicit layer (DEQ) z = tanh(W z + U x), value+grad in W and U, at batch 16 x
    width 32 and batch 64 x width 256: ours (`optimize.root`, df-sane and krylov)
    vs optimistix (fixed_point + FixedPointIteration, root_find Newton + GMRES; implicit
@@ -26,7 +29,8 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
    CG) to the same accuracy. Reference: each other / the residual.
 
 diffrax is optional: its rows are skipped with a note if it is not installed.
-Run: python benchmarks/scipy_solvers.py  (about 2-4 minutes on a laptop CPU).
+Run: python benchmarks/scipy_solvers.py [section ...]  (about 2-4 minutes on a laptop
+CPU; sections: robertson lotka neural_ode stiff_mlp deq poisson).
 """
 
 from __future__ import annotations
