@@ -4,7 +4,8 @@ Three problems, each timed as a jitted value_and_grad (best of a few runs after 
 warm-up) and scored by the gradient's relative error (max-norm) against a reference:
 
 1. Robertson kinetics (stiff), gradient w.r.t. its 3 log rate constants:
-   ours (SciPy BDF + continuous adjoint) vs diffrax Kvaerno5 vs diffrax Tsit5
+   ours (SciPy BDF / LSODA / Radau with SciPy's forward sensitivities, or the compiled
+   Radau IIA adjoint over SciPy's recorded steps) vs diffrax Kvaerno5 vs diffrax Tsit5
    (non-stiff). Reference: central finite differences of SciPy Radau at rtol 1e-12.
 2. Lotka-Volterra (non-stiff), gradient w.r.t. its 4 parameters and y0: ours
    (SciPy RK45 / DOP853 with the step loop compiled, `stepping="compiled"`, the default;
@@ -16,6 +17,8 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
    vs diffrax Tsit5 + RecursiveCheckpointAdjoint, interleaved repeats (median and
    range), gradient error against diffrax Dopri8 at rtol 1e-12, and each compiled
    program's XLA temporary memory (`memory_analysis().temp_size_in_bytes`).
+3b. Stiff neural ODE (`stiff_mlp`): y' = -diag(lam) y + MLP(y), P ~ 300 and 2,500:
+   ours (LSODA / BDF, compiled adjoint) vs diffrax Kvaerno5, interleaved repeats.
 4. Implicit layer (DEQ) z = tanh(W z + U x), value+grad in W and U, at batch 16 x
    width 32 and batch 64 x width 256: ours (`optimize.root`: df-sane compiled, the
    default, and SciPy's loop; krylov) vs optimistix (fixed_point + FixedPointIteration,
@@ -28,7 +31,8 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
    CG) to the same accuracy. Reference: each other / the residual.
 
 diffrax is optional: its rows are skipped with a note if it is not installed.
-Run: python benchmarks/scipy_solvers.py  (about 2-4 minutes on a laptop CPU).
+Run: python benchmarks/scipy_solvers.py [section ...]  (about 2-4 minutes on a laptop
+CPU; sections: robertson lotka neural_ode stiff_mlp deq poisson).
 """
 
 from __future__ import annotations
@@ -113,7 +117,8 @@ def robertson_bench():
             ("BDF", "forward", 1e-6, 1e-10), ("BDF", "forward", 1e-8, 1e-12),
             ("BDF", "adjoint", 1e-6, 1e-10), ("BDF", "adjoint", 1e-8, 1e-12),
             ("LSODA", "forward", 1e-6, 1e-10), ("LSODA", "forward", 1e-7, 1e-11),
-            ("LSODA", "forward", 1e-8, 1e-12), ("LSODA", "adjoint", 1e-8, 1e-12)):
+            ("LSODA", "forward", 1e-8, 1e-12), ("LSODA", "adjoint", 1e-6, 1e-10),
+            ("LSODA", "adjoint", 1e-8, 1e-12), ("Radau", "adjoint", 1e-8, 1e-12)):
         f = jax.jit(jax.value_and_grad(lambda lk: loss_of(solve_ivp(
             robertson, (0.0, 100.0), y0, method, te, args=(lk,), rtol=rtol, atol=atol,
             sensitivity=sensitivity).y.T)))
@@ -412,6 +417,51 @@ def poisson_bench(m=316):
             f"adjoint residual {resid(gb, wts):.1e}; vs ours {rel_err(gb, gb_ours):.1e}")
 
 
+# ------------------------------------------------------------------ 3b. stiff, many parameters
+def stiff_mlp_bench(rounds=5):
+    """A stiff neural ODE: y' = -diag(lam) y + MLP(y), lam up to 1e3 (n = 4), P ~ 300 and
+    3,000: ours (LSODA / BDF + the compiled adjoint over SciPy's steps) vs diffrax
+    Kvaerno5 + RecursiveCheckpointAdjoint, rtol 1e-6, 10 outputs over [0, 5]; interleaved
+    repeats (median, range). Gradient error against ours with Radau at rtol 1e-11."""
+    print("Stiff neural ODE, y' = -diag(1e3, 1e2, 1, 1e-1) y + MLP(y), t in [0, 5]",
+          flush=True)
+    lam = jnp.array([1e3, 1e2, 1.0, 0.1])
+    y0 = jnp.array([1.0, 0.5, -0.5, 0.2])
+    te = jnp.linspace(0.5, 5.0, 10)
+
+    def field(t, y, params):
+        return -lam * y + mlp_field(t, y, params)
+
+    for widths in ((4, 32, 4), (4, 64, 32, 4)):
+        params = mlp_params(widths, seed=1)
+        P = sum(W.size + b.size for W, b in params)
+
+        def ours(params, method="LSODA", rtol=1e-6, atol=1e-9):
+            sol = solve_ivp(field, (0.0, 5.0), y0, method, te, args=(params,), rtol=rtol,
+                            atol=atol, sensitivity="adjoint")
+            return jnp.sum(sol.y ** 2)
+
+        fns = [jax.jit(jax.value_and_grad(lambda p, m=m: ours(p, m))) for m in ("LSODA", "BDF")]
+        names = ["jaxbridge LSODA adjoint (compiled)", "jaxbridge BDF adjoint (compiled)"]
+        if diffrax is not None:
+            def dl(params):
+                sol = diffrax.diffeqsolve(
+                    diffrax.ODETerm(field), diffrax.Kvaerno5(), 0.0, 5.0, 1e-3, y0, args=params,
+                    saveat=diffrax.SaveAt(ts=te),
+                    stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-9))
+                return jnp.sum(sol.ys ** 2)
+            fns.append(jax.jit(jax.value_and_grad(dl)))
+            names.append("diffrax Kvaerno5")
+        ref = jax.jit(jax.grad(lambda p: ours(p, "Radau", 1e-11, 1e-13)))(params)
+        stats = interleaved(fns, (params,), rounds=rounds)
+        for name, f, (med, lo, hi) in zip(names, fns, stats):
+            g = f(params)[1]
+            err = rel_err(ravel(g), ravel(ref))
+            print(f"  P={P:6d} {name:40s} {med * 1e3:8.1f} ms ({lo * 1e3:.1f}-{hi * 1e3:.1f})"
+                  f"   grad rel. error {err:.1e}", flush=True)
+            ROWS.append((f"stiff MLP P={P}", name, f"{med * 1e3:9.1f}", f"{err:.1e}"))
+
+
 def main():
     t0 = time.time()
     import platform
@@ -424,7 +474,8 @@ def main():
     import sys
     only = set(sys.argv[1:])  # e.g. "neural_ode" (default: all)
     for name, bench_fn in (("robertson", robertson_bench), ("lotka", lotka_bench),
-                           ("neural_ode", neural_ode_bench), ("deq", deq_bench),
+                           ("neural_ode", neural_ode_bench), ("stiff_mlp", stiff_mlp_bench),
+                           ("deq", deq_bench),
                            ("poisson", poisson_bench)):
         if not only or name in only:
             if name == "neural_ode" and diffrax is None:

@@ -161,6 +161,25 @@ def test_scipy_events_dense_and_bvp_lower_for_cuda(solver, how):
     assert "python_gpu_callback" not in text
 
 
+def _ivp_stiff_adjoint(k):
+    from jaxbridge.scipy.integrate import solve_ivp
+    sol = solve_ivp(lambda t, y, k: jnp.stack([-k * y[0] + y[1], -y[1]]), (0.0, 1.0),
+                    jnp.ones(2), "BDF", jnp.array([0.5, 1.0]), args=(k,),
+                    sensitivity="adjoint", checkpoints=64)
+    return sol.y[0]
+
+
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_stiff_compiled_adjoint_lowers_for_cuda(how):
+    """BDF/Radau/LSODA with sensitivity="adjoint": the recording host call and the
+    compiled Radau IIA derivative loops (issue 22)."""
+    text = cuda_hlo(transforms(_ivp_stiff_adjoint, 1)[how], jnp.float64(3.0))
+    assert "jaxbridge_host_call" in text
+    assert "python_gpu_callback" not in text
+    if how in ("grad", "jvp"):
+        assert "while" in text  # the derivative loop over the recorded steps
+
+
 @pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
 def test_torch_calls_lower_for_cuda_to_the_native_handler(how):
     torch = pytest.importorskip(

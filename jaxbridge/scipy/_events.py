@@ -36,7 +36,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.integrate
-from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
 from . import _dense
@@ -54,7 +53,7 @@ from ._common import (
     static_options,
     unsupported,
 )
-from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult
+from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult, ode_functions
 from ._trace import HostFun, array_aval, check_args, convert
 
 __all__ = ["OdeEventResult", "solve_ivp", "MAX_EVENTS", "MAX_STEPS"]
@@ -97,31 +96,7 @@ class _Host:
         self.params, self.fixed, self.jac_ops, self.ev_ops = params, fixed, jac_ops, ev_ops
         self.P = np_ravel(params).size
         key = ("events", fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
-        n = self.n
-
-        def f(fx: Any, t: Any, y: Any, p: Any) -> Any:
-            out = fun(fun.merge(p, fx), t.astype(tdtype), y.reshape(shape).astype(ydtype))
-            return jnp.ravel(out).astype(y.dtype)
-
-        def jac_y(fx: Any, jo: Any, t: Any, y: Any, p: Any) -> Any:
-            if isinstance(jac, HostFun):
-                out = jac(jo, t.astype(tdtype), y.reshape(shape).astype(ydtype))
-                return jnp.reshape(out, (n, n)).astype(y.dtype)
-            return jax.jacfwd(f, argnums=2)(fx, t, y, p)
-
-        def sens(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
-            y, S = z[:n], z[n:].reshape(n, -1)
-            flat, unravel = ravel_pytree(p)
-
-            def column(s: Any, d: Any) -> Any:
-                return jax.jvp(lambda y, q: f(fx, t, y, unravel(q)), (y, flat), (s, d))[1]
-            dS = jax.vmap(column, in_axes=1, out_axes=1)(S, dp.astype(flat.dtype))
-            return jnp.concatenate([f(fx, t, y, p), jnp.ravel(dS)])
-
-        def sens_jac(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
-            return jax.jacfwd(sens, argnums=2)(fx, t, z, p, dp)
-
-        roles = {"f": f, "jac": jac_y, "sens": sens, "sens_jac": sens_jac}
+        roles = ode_functions(fun, jac, shape, ydtype, tdtype)
         self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
         self._ev = []
         for hf in events:

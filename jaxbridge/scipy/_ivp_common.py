@@ -1,11 +1,18 @@
-"""What `solve_ivp` returns and the method names: shared by `integrate` and `_events`
-(its events / dense-output path), which would otherwise import each other."""
+"""What `solve_ivp` returns, the method names and the JAX functions of one ODE (right-hand
+side, Jacobian, forward-sensitivity system): shared by `integrate` and `_events` (its
+events / dense-output path), which would otherwise import each other."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
 from ._common import Result
+from ._trace import HostFun
 
 METHODS = ("RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA")
 IMPLICIT_METHODS = ("Radau", "BDF", "LSODA")
@@ -25,3 +32,45 @@ class OdeResult(Result):
     _messages: ClassVar[dict[int, str]] = {
         0: "The solver successfully reached the end of the integration interval.",
         -1: "Integration step failed."}
+
+
+def ode_functions(fun: HostFun, jac: HostFun | bool | None, shape: tuple, ydtype: Any,
+                  tdtype: Any) -> dict[str, Callable[..., Any]]:
+    """The JAX functions SciPy's host loop calls for `y' = fun(t, y)`, on flat float64
+    states; each takes the fixed (non-differentiable) operands `fx` first.
+
+    * `f(fx, t, y, p)`: the right-hand side, (n,);
+    * `jac(fx, jo, t, y, p)`: df/dy (n, n): the user's `jac` (operands `jo`) if given,
+      else JAX's;
+    * `sens(fx, t, z, p, dp)`: the forward-sensitivity system of `z = [y, vec(S)]`,
+      `S' = f_y S + f_p dp` with S (n, K) and the parameter directions dp (P, K);
+    * `sens_jac(fx, t, z, p, dp)`: its Jacobian in z (for the implicit methods).
+    """
+    shape = tuple(shape)
+    n = 1
+    for d in shape:
+        n *= int(d)
+
+    def f(fx: Any, t: Any, y: Any, p: Any) -> Any:
+        out = fun(fun.merge(p, fx), t.astype(tdtype), y.reshape(shape).astype(ydtype))
+        return jnp.ravel(out).astype(y.dtype)
+
+    def jac_y(fx: Any, jo: Any, t: Any, y: Any, p: Any) -> Any:
+        if isinstance(jac, HostFun):
+            out = jac(jo, t.astype(tdtype), y.reshape(shape).astype(ydtype))
+            return jnp.reshape(out, (n, n)).astype(y.dtype)
+        return jax.jacfwd(f, argnums=2)(fx, t, y, p)
+
+    def sens(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
+        y, S = z[:n], z[n:].reshape(n, -1)
+        flat, unravel = ravel_pytree(p)
+
+        def column(s: Any, d: Any) -> Any:
+            return jax.jvp(lambda y, q: f(fx, t, y, unravel(q)), (y, flat), (s, d))[1]
+        dS = jax.vmap(column, in_axes=1, out_axes=1)(S, dp.astype(flat.dtype))
+        return jnp.concatenate([f(fx, t, y, p), jnp.ravel(dS)])
+
+    def sens_jac(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
+        return jax.jacfwd(sens, argnums=2)(fx, t, z, p, dp)
+
+    return {"f": f, "jac": jac_y, "sens": sens, "sens_jac": sens_jac}

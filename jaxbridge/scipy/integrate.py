@@ -13,8 +13,14 @@ The integrands and right-hand sides are written in JAX. Two ways to solve:
   derivative of the discrete solution (to rounding), not within-tolerance
   approximations; the cost of a gradient is about two forward solves whatever the
   number of parameters.
-* **SciPy's own loop, `stepping="scipy"`** (every method; the implicit ones BDF,
-  Radau, LSODA always): SciPy solves on the host and the derivatives come from the
+* **The implicit methods (BDF, Radau, LSODA), `stepping="compiled"`** (the default
+  with jax_enable_x64): SciPy solves on the host and records its accepted steps;
+  reverse and forward mode are one compiled JAX loop over them, the derivative of
+  Radau IIA on those steps (`_stiff`): exact for Radau's discrete solution, within
+  tolerance for BDF and LSODA. Cost per step: a few Newton iterations on 3n unknowns
+  and one VJP of the vector field, whatever the number of parameters.
+* **SciPy's own loop, `stepping="scipy"`** (every method): SciPy solves on the host and
+  the derivatives come from the
   problem's structure (the continuous adjoint or forward sensitivity equations, below;
   quad's Leibniz rule), never from differentiating SciPy's iterations. These are
   accurate to the solver's tolerance.
@@ -69,7 +75,7 @@ import scipy.sparse
 from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
-from . import _rk
+from . import _rk, _stiff
 from ._common import (
     as_float_array,
     check_policy,
@@ -87,7 +93,7 @@ from ._common import (
     tangent_like,
     unsupported,
 )
-from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult
+from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult, ode_functions
 from ._trace import HostFun, array_aval, check_args, convert
 
 __all__ = ["solve_ivp", "quad", "OdeResult", "METHODS", "IMPLICIT_METHODS", "SENSITIVITIES",
@@ -112,19 +118,11 @@ class _Ode:
         self.p_flat = np_ravel(params)
         self.P = self.p_flat.size
         key = (fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
-        shape_, n = self.shape, self.n  # (the compiled functions must not hold `self`)
+        shape_ = self.shape  # (the compiled functions must not hold `self`)
 
         # Every host function takes the fixed operands `fx` first (see __call__).
-        def f(fx: Any, t: Any, y: Any, p: Any) -> Any:
-            out = fun(fun.merge(p, fx), t.astype(tdtype), y.reshape(shape_).astype(ydtype))
-            return jnp.ravel(out).astype(y.dtype)
-
-        def jac_y(fx: Any, jo: Any, t: Any, y: Any, p: Any) -> Any:
-            if isinstance(jac, HostFun):
-                n = y.size
-                out = jac(jo, t.astype(tdtype), y.reshape(shape_).astype(ydtype))
-                return jnp.reshape(out, (n, n)).astype(y.dtype)
-            return jax.jacfwd(f, argnums=2)(fx, t, y, p)
+        roles = ode_functions(fun, jac, shape_, ydtype, tdtype)
+        f = roles["f"]
 
         def adj(fx: Any, t: Any, y: Any, a: Any, p: Any) -> Any:
             _, pullback = jax.vjp(lambda y, p: f(fx, t, y, p), y, p)
@@ -137,21 +135,7 @@ class _Ode:
             jp = jax.jacfwd(lambda q: f(fx, t, y, unravel(q)))(flat).reshape(y.size, -1)
             return -jy.T, -jp.T
 
-        def sens(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
-            # z = [y, vec(S)] with S (n, K); dp (P, K): the parameter directions.
-            y, S = z[:n], z[n:].reshape(n, -1)
-            flat, unravel = ravel_pytree(p)
-
-            def column(s: Any, d: Any) -> Any:
-                return jax.jvp(lambda y, q: f(fx, t, y, unravel(q)), (y, flat), (s, d))[1]
-            dS = jax.vmap(column, in_axes=1, out_axes=1)(S, dp.astype(flat.dtype))
-            return jnp.concatenate([f(fx, t, y, p), jnp.ravel(dS)])
-
-        def sens_jac(fx: Any, t: Any, z: Any, p: Any, dp: Any) -> Any:
-            return jax.jacfwd(sens, argnums=2)(fx, t, z, p, dp)
-
-        roles = {"f": f, "jac": jac_y, "adj": adj, "adj_jac": adj_jac, "sens": sens,
-                 "sens_jac": sens_jac}
+        roles.update(adj=adj, adj_jac=adj_jac)
         self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
 
     def __call__(self, role: str, *xs: Any) -> Any:
@@ -268,6 +252,58 @@ def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_op
         stats[0] = -1
         return nan, stats
     return sol.y.T.reshape(T, *y0.shape).astype(y0.dtype), stats
+
+
+def _recorded_result(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+                     jac_ops: Any, *, cfg: IvpConfig, capacity: int) -> Any:
+    f64_ = jnp.result_type(float)
+    return (*_ivp_result(t0, t1, y0, t_eval, params, fixed, jac_ops),
+            jax.ShapeDtypeStruct((capacity + 1,), f64_),
+            jax.ShapeDtypeStruct((capacity + 1, y0.size), f64_))
+
+
+@_foreign.foreign(_recorded_result)
+def _ivp_recorded(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+                  jac_ops: Any, *, cfg: IvpConfig, capacity: int) -> Any:
+    """The forward solve, plus SciPy's accepted steps: `(ys, stats, grid_t (M+1,),
+    grid_y (M+1, n))` with M = capacity (padded with the last step; stats[4] is the
+    number of accepted steps). What `_stiff`'s compiled derivatives run on."""
+    method, on_failure = cfg.method, cfg.on_failure
+    t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
+    T, n = t_eval.shape[0], int(np.size(y0))
+    grid_t, grid_y = np.full(capacity + 1, t0), np.zeros((capacity + 1, n))
+    grid_y[:] = np.ravel(f64(y0))
+    nan = np.full((T, *y0.shape), np.nan, y0.dtype)
+    if T == 0 or np.all(t_eval == t0):
+        ys = np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype) if T else nan
+        return ys, np.zeros(5, np.int32), grid_t, grid_y
+    with on_cpu():
+        ode = _ode((t0, t1, y0, t_eval, params, fixed, jac_ops), cfg.fun, cfg.jac)
+        kw = {"jac": ode.jac} if cfg.jac is not False else {}
+        sol = scipy.integrate.solve_ivp(ode.f, (t0, t1), np.ravel(f64(y0)), method=method,
+                                        dense_output=True, rtol=cfg.rtol, atol=cfg.atol, **kw,
+                                        **dict(cfg.options))
+    steps = len(sol.t) - 1
+    stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, steps], np.int32)
+    if sol.status != 0:
+        _fail("integrate.solve_ivp", method, sol.message, on_failure)
+        return nan, stats, grid_t, grid_y
+    ys = sol.sol(t_eval).T
+    if not np.all(np.isfinite(ys)):
+        _fail("integrate.solve_ivp", method, "the solution is not finite", on_failure)
+        stats[0] = -1
+        return nan, stats, grid_t, grid_y
+    if steps > capacity:
+        if on_failure == "raise":
+            raise ValueError(
+                f"jaxbridge.scipy.integrate.solve_ivp: the checkpoint budget is too small: "
+                f"the {method} solve took {steps} accepted steps, and the compiled adjoint "
+                f"of the implicit methods stores one state per step, {capacity} at most. "
+                f"Pass checkpoints >= {steps}, or sensitivity='forward'.")
+        return nan, stats, grid_t, grid_y
+    grid_t[:steps + 1], grid_t[steps + 1:] = sol.t, sol.t[-1]
+    grid_y[:steps + 1], grid_y[steps + 1:] = sol.y.T, sol.y[:, -1]
+    return ys.reshape(T, *y0.shape).astype(y0.dtype), stats, grid_t, grid_y
 
 
 @_ivp.defvjp
@@ -413,11 +449,18 @@ SENSITIVITIES = ("auto", "adjoint", "forward")
 _FORWARD_SENSITIVITY_MAX = 64  # augmented size n (1 + n + P) up to which "auto" -> forward
 
 
-def _sensitivity_choice(sensitivity: str, n: int, P: int) -> str:
+def _sensitivity_choice(sensitivity: str, n: int, P: int, compiled_implicit: bool = False
+                        ) -> str:
+    """"auto": forward sensitivities for a small augmented system, else the adjoint; for
+    the implicit methods with compiled derivatives, always the adjoint (measured faster
+    than SciPy solving the augmented sensitivity system even for n = P = 3: Robertson,
+    benchmarks/RESULTS.md)."""
     if sensitivity not in SENSITIVITIES:
         raise ValueError(f"jaxbridge.scipy.integrate.solve_ivp: sensitivity must be one of "
                          f"{SENSITIVITIES}, got {sensitivity!r}")
     if sensitivity == "auto":
+        if compiled_implicit:
+            return "adjoint"
         return "forward" if n * (1 + n + P) <= _FORWARD_SENSITIVITY_MAX else "adjoint"
     return sensitivity
 
@@ -482,24 +525,34 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
       sensitivity: how reverse mode (grad, vjp, jacrev) computes the gradient.
         "adjoint": with the compiled loop, the discrete adjoint (exact for the
         discrete solution; cost ~ two forward solves, independent of the number of
-        parameters P); with SciPy's loop, the continuous adjoint (one backward solve,
-        within tolerance). "forward": forward sensitivities for every input at once
-        (cost grows with `n (1 + n + P)` for `n` states). "auto" (default): "forward"
-        when `n (1 + n + P) <= 64`, else "adjoint". Forward mode (jvp, jacfwd) always
-        uses forward sensitivities.
+        parameters P); for BDF, Radau and LSODA (with jax_enable_x64 and the default
+        stepping) the compiled Radau IIA adjoint over SciPy's recorded steps (exact for
+        Radau's discrete solution, within tolerance for BDF and LSODA; see
+        docs/guides/ode-gradients.md); with `stepping="scipy"`, the continuous adjoint
+        solved by SciPy (within tolerance). "forward": forward sensitivities for
+        every input at once (cost grows with `n (1 + n + P)` for `n` states). "auto"
+        (default): "forward" when `n (1 + n + P) <= 64`, else "adjoint"; always
+        "adjoint" for the implicit methods' compiled derivatives. Forward mode (jvp,
+        jacfwd) uses forward sensitivities (the compiled tangent of the same
+        discretization where reverse mode is compiled).
       stepping: who runs the step loop. "scipy": SciPy's own Python loop (one host
         round trip per right-hand-side evaluation, ~10 us each). "compiled": SciPy's
         algorithm (same tableaus, step control, first step and dense output, so the
         same steps and `nfev`) as a loop inside the caller's JAX program, for RK23,
         RK45 and DOP853 (options limited to first_step, max_step; needs
-        jax_enable_x64): no host round trip at all, and `vmap` batches the loop.
-        "auto" (default): "compiled" where it applies, else "scipy".
+        jax_enable_x64): no host round trip at all, and `vmap` batches the loop. For
+        BDF, Radau and LSODA (x64), "compiled" keeps SciPy's loop for the solve and
+        compiles the derivatives over its recorded steps. "auto" (default):
+        "compiled" where it applies, else "scipy".
       checkpoints: the compiled loop's reverse mode: how many states it may store
         (None: 16 MiB worth, at most 2 x 1024, which covers 1e6 steps). Each
         accepted step's `(t, y, h)` of the current segment and the loop state at
         each segment start are stored, never the stages; `checkpoints=k` covers
         about `(k/2)^2` accepted steps, at the price of one more forward solve per
-        gradient. A solve with more steps raises ValueError naming this argument.
+        gradient. For BDF, Radau and LSODA with compiled derivatives: how many
+        accepted steps the forward solve may record (one state each; None: 16 MiB
+        worth, at most 16384). A solve with more steps raises ValueError naming this
+        argument.
       on_failure: "raise" (default): a failed solve raises
         `jaxbridge.scipy.SolverError` with SciPy's message (eager and under `jit`);
         "nan": the outputs and gradients are NaN and `status` is -1.
@@ -564,15 +617,18 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         jac_hf, jac_ops = convert(jac, name, "jac", (t_aval, y_aval), args,
                                   "jac(t, y, *args)")
         jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
-    sensitivity = _sensitivity_choice(sensitivity, y0.size, sum(p.size for p in params))
     static = static_options(options, name)
     stepping = _stepping_choice(stepping, method, static, name)
+    sensitivity = _sensitivity_choice(sensitivity, y0.size, sum(p.size for p in params),
+                                      stepping == "compiled" and method in IMPLICIT_METHODS)
     cfg = IvpConfig(fun=rhs, jac=jac_hf, method=method, rtol=float(rtol), atol=float(atol),
                     adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
                     adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
                     sensitivity=sensitivity, on_failure=on_failure, options=static,
                     stepping=stepping, checkpoints=_check_checkpoints(checkpoints, name))
-    if stepping == "compiled":
+    if stepping == "compiled" and method in IMPLICIT_METHODS and sensitivity == "adjoint":
+        ys, stats = _stiff_ivp_program(cfg, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops))
+    elif stepping == "compiled" and method not in IMPLICIT_METHODS:
         ys, stats = _compiled_ivp_program(cfg, t0, t1, y0, t_eval, params, fixed)
     else:
         ys, stats = _ivp(t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), cfg=cfg)
@@ -620,6 +676,60 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
 _compiled_ivp_program = jax.jit(_compiled_ivp, static_argnums=0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _StiffProblem:
+    """What `_stiff` needs of one BDF/Radau/LSODA problem (`_stiff.StiffSpec`): frozen
+    and compared by value (IvpConfig compares the user's function structurally), so
+    repeated solves of the same problem share JAX's caches."""
+
+    cfg: IvpConfig
+    shape: tuple
+    ydtype: Any
+    tdtype: Any
+    capacity: int
+
+    def fun(self, t: Any, y: Any, p: Any, fx: Any) -> Any:
+        rhs = self.cfg.fun
+        out = rhs(rhs.merge(p, fx), t.astype(self.tdtype),
+                  y.reshape(self.shape).astype(self.ydtype))
+        return jnp.ravel(out).astype(y.dtype)
+
+    def _host(self, t0: Any, t1: Any, y0: Any, t_eval: Any) -> tuple:
+        return t0.astype(self.tdtype), t1.astype(self.tdtype), \
+            y0.reshape(self.shape).astype(self.ydtype), t_eval.astype(self.tdtype)
+
+    def solve(self, t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+              jac_ops: Any) -> tuple:
+        ys, stats = _ivp(*self._host(t0, t1, y0, t_eval), params, fixed, jac_ops,
+                         cfg=self.cfg)
+        return ys.reshape(t_eval.shape[0], -1).astype(y0.dtype), stats
+
+    def record(self, t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
+               jac_ops: Any) -> tuple:
+        ys, stats, grid_t, grid_y = _ivp_recorded(
+            *self._host(t0, t1, y0, t_eval), params, fixed, jac_ops, cfg=self.cfg,
+            capacity=self.capacity)
+        return ys.reshape(t_eval.shape[0], -1).astype(y0.dtype), stats, grid_t, grid_y
+
+
+def _stiff_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: tuple,
+               fixed: tuple, jac_ops: tuple) -> tuple[jax.Array, jax.Array]:
+    """BDF, Radau, LSODA: SciPy's loop forward (on the host), derivatives compiled from
+    its recorded steps (`_stiff`: the Radau IIA discrete adjoint / tangent)."""
+    f64_ = jnp.result_type(float)
+    n = int(np.prod(y0.shape, dtype=int))
+    problem = _StiffProblem(cfg, tuple(y0.shape), np.dtype(y0.dtype), np.dtype(t_eval.dtype),
+                            _stiff.max_states(cfg.checkpoints, n))
+    ys, stats = _stiff.differentiable_solve(problem, t0.astype(f64_), t1.astype(f64_),
+                                            jnp.ravel(y0).astype(f64_), t_eval.astype(f64_),
+                                            params, fixed, jac_ops)
+    return ys.reshape((t_eval.shape[0], *y0.shape)).astype(y0.dtype), stats
+
+
+# Jitted on the structural configuration, as `_compiled_ivp_program` (same reason).
+_stiff_ivp_program = jax.jit(_stiff_ivp, static_argnums=0)
+
+
 @_foreign.foreign(lambda status, finite, steps, **_: jax.ShapeDtypeStruct((), jnp.int32))
 def _check_status(status: Any, finite: Any, steps: Any, *, method: str, budget: int) -> Any:
     """on_failure="raise" for the compiled loop: SciPy's message as a SolverError."""
@@ -653,11 +763,13 @@ def _stepping_choice(stepping: str, method: str, options: tuple, name: str) -> s
     if stepping not in STEPPINGS:
         raise ValueError(f"jaxbridge.scipy.{name}: stepping must be one of {STEPPINGS}, got "
                          f"{stepping!r}")
-    ok = _rk.supported(method, options)
+    x64 = jnp.result_type(float) == jnp.float64
+    ok = _rk.supported(method, options) or (method in IMPLICIT_METHODS and bool(x64))
     if stepping == "compiled" and not ok:
         raise ValueError(
             f"jaxbridge.scipy.{name}: stepping='compiled' runs SciPy's explicit methods "
-            f"{_rk.EXPLICIT} with the options {_rk.OPTIONS} only, with jax_enable_x64 on; "
+            f"{_rk.EXPLICIT} with the options {_rk.OPTIONS} only (and compiles the "
+            f"derivatives of the implicit ones {IMPLICIT_METHODS}), with jax_enable_x64 on; "
             f"got method={method!r}, options={[k for k, _ in options]}")
     if stepping == "auto":
         return "compiled" if ok else "scipy"

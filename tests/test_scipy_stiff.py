@@ -1,0 +1,180 @@
+"""solve_ivp's compiled derivatives for the implicit methods (BDF, Radau, LSODA; `_stiff`).
+
+Which claim each test checks:
+* exact for the discrete solution: with Radau the gradient is the derivative of the
+  converged Radau IIA solution on SciPy's steps -- checked against JAX autodiff of a
+  jnp twin of that chain (a linear problem, where the step map does not depend on the
+  state the derivative is taken at), to ~1e-12;
+* within tolerance: with BDF and LSODA (Radau's derivative on their steps) and for the
+  ODE itself -- checked against closed forms and float64 finite differences.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.integrate
+from conftest import fd
+
+from jaxbridge.scipy._stiff import A_RADAU, C_RADAU, P_RADAU
+from jaxbridge.scipy.integrate import solve_ivp
+
+STIFF = ["BDF", "Radau", "LSODA"]
+
+
+def linear(t, y, k):
+    """A stiff linear system (eigenvalues -1000 k0 and -k2) with a closed form."""
+    M = jnp.array([[-1000.0, 0.0], [0.0, 0.0]]) * k[0] + jnp.array([[0.0, 1.0], [0.0, 0.0]]) \
+        * k[1] - jnp.array([[0.0, 0.0], [0.0, 1.0]]) * k[2]
+    return M @ y
+
+
+def linear_exact(y0, k, ts):
+    M = jnp.array([[-1000.0, 0.0], [0.0, 0.0]]) * k[0] + jnp.array([[0.0, 1.0], [0.0, 0.0]]) \
+        * k[1] - jnp.array([[0.0, 0.0], [0.0, 1.0]]) * k[2]
+    return jnp.stack([jax.scipy.linalg.expm(M * t) @ y0 for t in ts])
+
+
+K = jnp.array([1.0, 2.0, 0.5])
+Y0 = jnp.array([1.0, 1.0])
+TE = jnp.array([0.0, 0.001, 0.3, 1.0, 2.0])
+W = jnp.arange(1.0, 11.0).reshape(5, 2)
+
+
+def lin_loss(y0, k, method, rtol=1e-9, **kw):
+    sol = solve_ivp(linear, (0.0, 2.0), y0, method, TE, args=(k,), rtol=rtol, atol=1e-12,
+                    sensitivity="adjoint", **kw)
+    return jnp.sum(jnp.sin(sol.y.T) * W)
+
+
+def radau_twin(y0, k, ts, te):
+    """Radau IIA on the steps `ts` in plain jnp (one Newton iteration, exact for a
+    linear problem; differentiated by JAX), with Radau's dense output at `te`."""
+    A, C, Pm = (jnp.asarray(x) for x in (A_RADAU, C_RADAU, P_RADAU))
+
+    def step(carry, tt):
+        y, out = carry
+        t, t_next, first = tt
+        h = t_next - t
+
+        def G(v):
+            z = v.reshape(3, 2)
+            return (z - h * A @ jax.vmap(lambda c, u: linear(t + c * h, u, k))(C, y[None, :] + z)
+                    ).ravel()
+        v0 = jnp.zeros(6)
+        z = (v0 - jnp.linalg.solve(jax.jacfwd(G)(v0), G(v0))).reshape(3, 2)
+        covers = ((te > t) | first) & (te <= t_next)
+        x = (te - t) / h
+        dense = y[None, :] + (x[:, None] ** jnp.arange(1.0, 4.0)[None, :]) @ Pm.T @ z
+        out = jnp.where(covers[:, None] & jnp.isnan(out), dense, out)
+        return (y + z[-1], out), None
+
+    first = jnp.arange(len(ts) - 1) == 0
+    out0 = jnp.full((te.shape[0], 2), jnp.nan)
+    return jax.lax.scan(step, (y0, out0), (ts[:-1], ts[1:], first))[0][1]
+
+
+@pytest.mark.slow  # (several JAX compilations: 15-40 s on the shared 2 cores)
+def test_radau_gradient_is_exact_for_its_discrete_solution():
+    ref = scipy.integrate.solve_ivp(lambda t, y: np.asarray(linear(t, jnp.asarray(y), K)),
+                                    (0.0, 2.0), np.asarray(Y0), "Radau", rtol=1e-5, atol=1e-12,
+                                    jac=np.asarray(jax.jacfwd(linear, 1)(0.0, Y0, K)))
+    assert ref.success
+    ts = jnp.asarray(ref.t)
+
+    def twin(y0, k):  # (a loss linear in y: its cotangents do not depend on the values)
+        return jnp.sum(radau_twin(y0, k, ts, TE) * W)
+
+    ours = jax.grad(lambda y0, k: jnp.sum(solve_ivp(
+        linear, (0.0, 2.0), y0, "Radau", TE, args=(k,), rtol=1e-5, atol=1e-12,
+        sensitivity="adjoint").y.T * W), argnums=(0, 1))(Y0, K)
+    want = jax.jit(jax.grad(twin, argnums=(0, 1)))(Y0, K)
+    np.testing.assert_allclose(ours[0], want[0], rtol=1e-12)
+    np.testing.assert_allclose(ours[1], want[1], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("method", [pytest.param("BDF", marks=pytest.mark.slow),
+                                    pytest.param("Radau", marks=pytest.mark.slow), "LSODA"])
+def test_linear_stiff_gradient_matches_the_closed_form(method):
+    def exact(y0, k):
+        return jnp.sum(jnp.sin(linear_exact(y0, k, TE)) * W)
+
+    ours = jax.jit(jax.grad(lin_loss, argnums=(0, 1)), static_argnums=2)(Y0, K, method)
+    want = jax.grad(exact, argnums=(0, 1))(Y0, K)
+    np.testing.assert_allclose(ours[0], want[0], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(ours[1], want[1], rtol=1e-6, atol=1e-8)
+
+
+def van_der_pol(t, y, mu):
+    return jnp.stack([y[1], mu * ((1 - y[0] ** 2) * y[1]) - y[0]])
+
+
+@pytest.mark.slow  # (several JAX compilations: 15-40 s on the shared 2 cores)
+@pytest.mark.parametrize("method", STIFF)
+def test_van_der_pol_mu_100_gradient_vs_finite_differences(method):
+    te = jnp.linspace(10.0, 150.0, 5)
+
+    def L(theta, method=method, rtol=1e-8, sensitivity="adjoint"):
+        y0 = jnp.stack([2.0 + theta[1], 0.0])
+        sol = solve_ivp(van_der_pol, (0.0, 150.0), y0, method, te, args=(theta[0],),
+                        rtol=rtol, atol=1e-10, sensitivity=sensitivity)
+        return jnp.sum(sol.y[0] * jnp.arange(1.0, 6.0))
+
+    theta = jnp.array([100.0, 0.0])
+    g = jax.jit(jax.grad(L))(theta)
+    ref = fd(lambda th: L(th, "Radau", 1e-11, "forward"), theta, 1e-4)
+    np.testing.assert_allclose(g, ref, rtol=2e-4, atol=1e-4)
+
+
+@pytest.mark.slow  # (several JAX compilations: 15-40 s on the shared 2 cores)
+@pytest.mark.parametrize("method", ["BDF", "Radau"])
+def test_forward_and_reverse_mode_are_exact_transposes(method):
+    f = lambda k: solve_ivp(linear, (0.0, 2.0), Y0, method, TE, args=(k,),  # noqa: E731
+                            rtol=1e-6, atol=1e-10, sensitivity="adjoint").y
+    np.testing.assert_allclose(jax.jacfwd(f)(K), jax.jacrev(f)(K), rtol=1e-11, atol=1e-14)
+    # t0 and t_eval as well
+    g = lambda t0, te: solve_ivp(linear, (t0, 2.0), Y0, method, te, args=(K,),  # noqa: E731
+                                 rtol=1e-6, atol=1e-10, sensitivity="adjoint").y
+    for argnum in (0, 1):
+        np.testing.assert_allclose(jax.jacfwd(g, argnum)(0.0, TE[1:]),
+                                   jax.jacrev(g, argnum)(0.0, TE[1:]), rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.slow  # (several JAX compilations: 15-40 s on the shared 2 cores)
+def test_vmap_of_the_gradient_is_one_batched_backward_loop():
+    ks = jnp.stack([K, K * 1.1, K * 0.9])
+    grad = jax.grad(lambda k: lin_loss(Y0, k, "LSODA"))
+    batched = jax.jit(jax.vmap(grad))(ks)
+    for i in range(3):
+        np.testing.assert_allclose(batched[i], grad(ks[i]), rtol=1e-12)
+    # the compiled backward loop runs on the whole batch's recorded steps at once
+    text = str(jax.make_jaxpr(jax.vmap(grad))(ks))
+    assert "f64[3,16385,2]" in text  # (batch, steps + 1, n): the batched record
+
+
+@pytest.mark.slow  # (3-8 s on the shared 2 cores)
+def test_closed_over_parameters_and_pytree_args():
+    def L(k):
+        sol = solve_ivp(lambda t, y, d: linear(t, y, jnp.stack([d["a"], k[1], k[2]])),
+                        (0.0, 2.0), Y0, "BDF", TE, args=({"a": k[0]},), rtol=1e-9, atol=1e-12,
+                        sensitivity="adjoint")
+        return jnp.sum(jnp.sin(sol.y.T) * W)
+
+    np.testing.assert_allclose(jax.jit(jax.grad(L))(K), jax.grad(
+        lambda k: lin_loss(Y0, k, "BDF"))(K), rtol=1e-12)
+
+
+def test_too_small_checkpoint_budget_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"checkpoints >= \d+"):
+        jax.grad(lambda k: lin_loss(Y0, k, "BDF", checkpoints=3))(K)
+    # the value alone records nothing, so any budget is fine
+    assert np.isfinite(float(lin_loss(Y0, K, "BDF", checkpoints=3)))
+
+
+def test_failed_solve_gives_nan_gradients_with_the_nan_policy():
+    def L(k):
+        sol = solve_ivp(lambda t, y: k * y ** 2, (0.0, 2.0), jnp.ones(1), "BDF", [2.0],
+                        sensitivity="adjoint", on_failure="nan")
+        return jnp.sum(sol.y)
+
+    assert np.isnan(float(jax.grad(L)(1.0)))
