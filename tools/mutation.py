@@ -79,7 +79,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     ),
     "jaxbridge/_testing/_fd.py": (
         "tests/test_testing.py",
-        "complex_step or (caught and not writes_into) or steps_are_relative or erfcx "
+        "complex or (caught and not writes_into) or steps_are_relative or erfcx "
         "or trusts or correct_special",
     ),
     "jaxbridge/_testing/_checker.py": ("tests/test_testing.py", None),
