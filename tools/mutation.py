@@ -65,7 +65,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "tests/test_inplace_and_linear.py tests/test_foreign.py",
         "dropped or in_place_function_and or under_vmap or jointly or jacobians_equal "
         "or (grid and float64) or second_order or transposed_by_jax or vectorized_vmap "
-        "or grad_inside_vmap or jvp_only or vjp_only",
+        "or grad_inside_vmap or jvp_only or vjp_only or inlined",
     ),
     "jaxbridge/_foreign/runners.py": (
         "tests/test_inplace_and_linear.py tests/test_foreign.py tests/test_hostcall.py",
