@@ -211,6 +211,27 @@ def test_jax_jvp_rule_alone_is_transposed_by_jax_and_gives_hessians():
     close(jax.hessian(loss(f))(x), jax.hessian(loss(jnp.sin))(x), np.float64)
 
 
+def test_jacobian_of_the_tangent_map_needs_no_second_order_rule():
+    # jvp is linear in the tangents: differentiating it in the tangents only (both
+    # arguments' at once) uses the tangent rule itself, even for NumPy rules.
+    f = make_sin_mul(kind="numpy")
+    x, y = jnp.linspace(0.1, 1.0, 3), jnp.arange(1.0, 4.0)
+    J = jax.jacfwd(lambda tx, ty: jax.jvp(f, (x, y), (tx, ty))[1], argnums=(0, 1))(
+        jnp.ones(3), jnp.ones(3))
+    np.testing.assert_allclose(J[0], jnp.diag(jnp.cos(x) * y), rtol=1e-15)
+    np.testing.assert_allclose(J[1], jnp.diag(jnp.sin(x)), rtol=1e-15)
+
+
+def test_jax_rules_are_inlined_not_host_calls():
+    # A rule written in JAX is traced into the caller's program: under jit, the jvp of
+    # f makes one host call (f itself), not a second one for the tangent.
+    f = make_sin_mul(kind="jax")
+    x, y = jnp.linspace(0.1, 1.0, 3), jnp.ones(3)
+    jvp = jax.jit(lambda x, t: jax.jvp(lambda x: f(x, y), (x,), (t,)))
+    assert jvp.lower(x, x).as_text().count("custom_call") == 1
+    np.testing.assert_allclose(jvp(x, x)[1], jnp.cos(x) * x, rtol=1e-15)
+
+
 def test_jax_rules_give_second_order_in_both_orders():
     f = make_sin_mul("jax")
     x, y = inputs(np.float64)

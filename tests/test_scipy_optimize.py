@@ -290,6 +290,30 @@ def test_least_squares_vmap_bounds_and_check_rules():
         least_squares(decay_residual, jnp.ones(3), loss=lambda z: z, args=(T_LS, DATA))
 
 
+@pytest.mark.slow  # ~8 s here under load (the first compile of the least_squares path)
+def test_least_squares_float32_active_bound_moves_the_solution():
+    # Linear residuals A x - d with x_0 >= lb held: x* = (lb, (c_1 - Q_10 lb) / Q_11),
+    # Q = A^T A, c = A^T d. In float32, trf stops up to ~1e-8 inside the bound and
+    # SciPy's active_mask (relative tolerance xtol) calls it inactive: the derivative
+    # with respect to the bound must still be (1, -Q_10 / Q_11), not zero.
+    A = np.array([[1.0, 0.5], [0.2, 1.0], [1.0, -1.0], [0.3, 0.4]])
+    d = np.linalg.lstsq(A.T, np.array([-3.0, 0.5]), rcond=None)[0]
+    Q = A.T @ A
+    want = np.array([1.0, -Q[1, 0] / Q[1, 1]])
+
+    def x_of(lb0):
+        lb = jnp.stack([lb0, jnp.asarray(-jnp.inf, lb0.dtype)])
+        ub = jnp.asarray([2.0, jnp.inf], lb0.dtype)
+        A32, d32 = jnp.asarray(A, lb0.dtype), jnp.asarray(d, lb0.dtype)
+        return least_squares(lambda x: A32 @ x - d32, jnp.zeros(2, lb0.dtype),
+                             bounds=(lb, ub), method="trf", ftol=1e-15, xtol=1e-15,
+                             gtol=1e-15).x
+
+    p = jnp.float32(-0.8)  # trf stops 6e-9 (relative) inside the bound here
+    np.testing.assert_allclose(jax.jacfwd(x_of)(p), want, rtol=1e-4)
+    np.testing.assert_allclose(jax.jacrev(x_of)(p), want, rtol=1e-4)
+
+
 # ------------------------------------------------------------------ SciPy's `args` conventions
 def test_root_and_minimize_wrap_a_non_tuple_args_as_scipy_does():
     """SciPy 1.17 root/minimize: `if not isinstance(args, tuple): args = (args,)`."""

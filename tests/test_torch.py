@@ -200,6 +200,17 @@ def test_dtypes_pass_through(dtype):
     assert str(seen[-1]) == f"torch.{dtype}"
 
 
+def test_integer_only_output_has_zero_derivatives_in_both_modes():
+    # round-to-int: no differentiable output, so forward mode gives a float0 tangent (as
+    # for the jnp twin), and reverse mode a zero gradient.
+    f = jt.wrap(lambda x: torch.round(x * 3).to(torch.int64))
+    x = jnp.linspace(0.0, 1.0, 4)
+    y, tan = jax.jvp(f, (x,), (jnp.ones(4),))
+    np.testing.assert_array_equal(y, jnp.round(x * 3).astype(jnp.int64))
+    assert tan.dtype == jax.dtypes.float0 and tan.shape == (4,)
+    np.testing.assert_array_equal(jax.grad(lambda x: f(x).astype(float).sum())(x), 0.0)
+
+
 def test_bfloat16_gradient():
     g = jax.grad(lambda x: jt.wrap(torch.sin)(x).astype(jnp.float32).sum())(
         jnp.linspace(0, 1, 4, dtype=jnp.bfloat16))
