@@ -1164,6 +1164,7 @@ NOT_DIFFERENTIABLE: dict[str, dict[str, str]] = {
         "options": "static",
         "linear_solver": "static",
         "on_failure": "static policy",
+        "stepping": "static choice of loop (SciPy's or compiled)",
     },
     "scipy.optimize.minimize": {
         "method": "static",
