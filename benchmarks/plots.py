@@ -7,7 +7,8 @@ measured (`columns`, `rows`, `unit`), and where and when (`script`, `command`, `
 * one Markdown table per file into docs/performance.md, between the markers
   ``<!-- results: NAME -->`` and ``<!-- end results: NAME -->`` (so the page never holds
   a number typed by hand), and
-* the PNG plots in docs/assets/performance/ (needs matplotlib: ``pip install ".[docs]"``).
+* the PNG plots in docs/assets/performance/ for the files that `PLOTTERS` names (the
+  others are shown as tables only; needs matplotlib: ``pip install ".[docs]"``).
 
     python benchmarks/plots.py            # rewrite the tables and the plots
     python benchmarks/plots.py --check    # exit 1 if the page's tables are out of date
