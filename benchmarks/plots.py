@@ -7,7 +7,8 @@ measured (`columns`, `rows`, `unit`), and where and when (`script`, `command`, `
 * one Markdown table per file into docs/performance.md, between the markers
   ``<!-- results: NAME -->`` and ``<!-- end results: NAME -->`` (so the page never holds
   a number typed by hand), and
-* the PNG plots in docs/assets/performance/ (needs matplotlib: ``pip install ".[docs]"``).
+* the PNG plots in docs/assets/performance/ for the files that `PLOTTERS` names (the
+  others are shown as tables only; needs matplotlib: ``pip install ".[docs]"``).
 
     python benchmarks/plots.py            # rewrite the tables and the plots
     python benchmarks/plots.py --check    # exit 1 if the page's tables are out of date
@@ -77,40 +78,63 @@ def _save(fig: Any, out: Path, plt: Any) -> None:
     plt.close(fig)
 
 
+def _best(cell: str) -> float | None:
+    """The best of a "best / median" cell; None for "-" (no such mode)."""
+    return None if cell == "-" else float(cell.split(" / ")[0])
+
+
 def plot_hostcall(result: dict[str, Any], plt: Any, out: Path) -> None:
-    cols, rows = result["columns"], result["rows"]
-    sizes = [r[0] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for j, name in enumerate(cols[1:], start=1):
-        values = [max(r[j], 0.01) for r in rows]  # jnp at 1 element rounds to 0.00
-        ax.plot(sizes, values, marker="o", lw=2.5 if name == "jaxbridge" else 1.5, label=name)
-    ax.set(xscale="log", yscale="log", xlabel="elements (float32)",
-           ylabel="µs per call (jitted fori_loop)",
-           title=f"Host call cost against size ({result['date']})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    cols = result["columns"]
+    mechanisms = ["ours", "buffer_cb", "JAXbind", "pure_cb"]
+    dtypes = sorted({r[0] for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(10, 4.2), sharey=True)
+    for ax, dtype in zip(axes, dtypes):
+        rows = [r for r in result["rows"] if r[0] == dtype and r[2] == "returns"]
+        for name in mechanisms:
+            j = cols.index(name)
+            points = [(int(r[1]), _best(r[j])) for r in rows if _best(r[j]) is not None]
+            ax.plot(*zip(*points), marker="o", lw=2.5 if name == "ours" else 1.5,
+                    label="jaxbridge" if name == "ours" else name)
+        ax.set(xscale="log", yscale="log", xlabel=f"elements ({dtype})", title=dtype)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("µs per call, best of 7 rounds")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Host call returning a new array, cost against size ({result['date']}, "
+                 "shared cores)")
     fig.tight_layout()
     _save(fig, out, plt)
+
+
+def _whole_decades(ax: Any) -> None:
+    """Log axes from a power of ten to a power of ten: labelled ticks on narrow ranges."""
+    import math
+    for get, put in ((ax.get_xlim, ax.set_xlim), (ax.get_ylim, ax.set_ylim)):
+        low, high = get()
+        put(10 ** math.floor(math.log10(low)), 10 ** math.ceil(math.log10(high)))
+    ax.xaxis.set_minor_formatter("")
+    ax.yaxis.set_minor_formatter("")
 
 
 def plot_ode(result: dict[str, Any], plt: Any, out: Path) -> None:
     problems = ["Lotka-Volterra", "Robertson"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, problem in zip(axes, problems):
-        for problem_, solver, ms, err in result["rows"]:
+        for problem_, solver, cell, err, *_ in result["rows"]:
             try:
-                error = float(err)
-            except ValueError:  # "wrong (...)": no accuracy to plot
+                ms, error = float(cell), float(err)
+            except ValueError:  # "-" or "wrong (...)": nothing to plot
                 continue
             if problem_ != problem:
                 continue
             ours = solver.startswith("jaxbridge")
             ax.scatter(ms, error, marker="o" if ours else "s",
                        color="tab:blue" if ours else "tab:orange", s=30)
-            ax.annotate(solver.replace("jaxbridge solve_ivp ", "").replace("stepping=", ""),
+            ax.annotate(solver.replace("jaxbridge solve_ivp ", "").replace("stepping=", "")
+                        .replace("diffrax ", "").replace(" rtol=1e-8", ""),
                         (ms, error), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.set(xscale="log", yscale="log", xlabel="value + gradient (ms)",
                ylabel="gradient relative error", title=problem)
+        _whole_decades(ax)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].scatter([], [], marker="o", color="tab:blue", label="jaxbridge solve_ivp")
     axes[0].scatter([], [], marker="s", color="tab:orange", label="diffrax")
