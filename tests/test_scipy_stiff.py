@@ -105,6 +105,31 @@ def test_linear_stiff_gradient_matches_the_closed_form(method):
     np.testing.assert_allclose(ours[1], want[1], rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("method", STIFF)
+def test_float32_state_gets_finite_derivatives_in_both_modes(method):
+    # A float32 state computes its right-hand side in float32: the stages' Newton must
+    # converge to float32's precision, not float64's (it once gave NaN in both modes).
+    def ys(k, y0):
+        sol = solve_ivp(lambda t, y, k: -k * y + 0.5, (0.0, 2.0), y0, method=method,
+                        t_eval=jnp.array([0.5, 1.0, 2.0], y0.dtype), args=(k,), rtol=1e-6,
+                        atol=1e-9)
+        return sol.y
+
+    def exact(k, y0):  # y' = -k y + c
+        t = jnp.array([[0.5, 1.0, 2.0]])
+        return (y0[:, None] - 0.5 / k[:, None]) * jnp.exp(-k[:, None] * t) + 0.5 / k[:, None]
+
+    k, y0 = jnp.array([0.4, 2.0], jnp.float32), jnp.array([1.0, 2.0], jnp.float32)
+    dk = jnp.ones(2, jnp.float32)
+    tangent = jax.jvp(lambda k: ys(k, y0), (k,), (dk,))[1]
+    want = jax.jvp(lambda k: exact(k, y0.astype(float)), (k.astype(float),),
+                   (dk.astype(float),))[1]
+    np.testing.assert_allclose(tangent, want, rtol=1e-4, atol=1e-5)
+    grad = jax.grad(lambda k: jnp.sum(ys(k, y0) ** 2))(k)
+    want = jax.grad(lambda k: jnp.sum(exact(k, y0.astype(float)) ** 2))(k.astype(float))
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-5)
+
+
 def van_der_pol(t, y, mu):
     return jnp.stack([y[1], mu * ((1 - y[0] ** 2) * y[1]) - y[0]])
 

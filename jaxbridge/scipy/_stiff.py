@@ -81,6 +81,9 @@ class StiffSpec(Protocol):
     caches, so it should compare by value, not by identity)."""
 
     capacity: int  # M: accepted steps the record holds
+    # machine epsilon of the user's state dtype: the right-hand side computes in it, so
+    # Newton on the stages converges to it (float32 states cannot reach float64's eps)
+    eps: float
 
     def fun(self, t: Any, y: Any, params: Any, fixed: Any) -> Any:
         """The right-hand side on flat states, (n,)."""
@@ -98,7 +101,7 @@ class _Step:
     """One Radau IIA step of `fun` from (t, y) with step h, at the converged stages."""
 
     def __init__(self, fun: Callable[[Any, Any, Any], Any], t: Any, h: Any, y: Any,
-                 guess: Any, p: Any) -> None:
+                 guess: Any, p: Any, eps: float) -> None:
         self.fun, self.t, self.h, self.y, self.p = fun, t, h, y, p
         self.A = jnp.asarray(A_RADAU, y.dtype)
         self.ts = t + jnp.asarray(C_RADAU, y.dtype) * h
@@ -115,14 +118,14 @@ class _Step:
         def more(c: Any) -> Any:
             z, it, err = c
             size = jnp.max(jnp.abs(z)) + jnp.max(jnp.abs(y))
-            return (it < NEWTON_MAX_ITER) & (err > 16 * jnp.finfo(y.dtype).eps * size)
+            return (it < NEWTON_MAX_ITER) & (err > 16 * eps * size)
 
         z, it, err = jax.lax.while_loop(more, body, (z0, jnp.asarray(0), jnp.asarray(jnp.inf,
                                                                                        y.dtype)))
         self.z = z
         size = jnp.max(jnp.abs(z)) + jnp.max(jnp.abs(y))
         # not converged: the derivative is NaN (never a silent wrong value)
-        self.ok = err <= 1e3 * jnp.finfo(y.dtype).eps * size
+        self.ok = err <= 1e3 * eps * size
         self.M = self.matrix(z)
 
     def forcing(self, z: Any, y: Any, p: Any) -> Any:
@@ -164,7 +167,7 @@ def _dense_weights(t_eval: Any, t: Any, t_next: Any, h: Any, first: Any, directi
 
 
 def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
-                     params: Any, dy0: Any, dp: Any) -> Any:
+                     params: Any, dy0: Any, dp: Any, eps: float) -> Any:
     """Forward mode: d y(t_eval) (T, n) for tangents (dy0, dp), step by step from t0."""
     T, n = t_eval.shape[0], dy0.shape[0]
     direction = jnp.where(grid_t[-1] >= grid_t[0], 1.0, -1.0).astype(t_eval.dtype)
@@ -174,7 +177,7 @@ def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_ev
         k, dy, outs = c
         t, t_next = grid_t[k], grid_t[k + 1]
         h = t_next - t
-        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params)
+        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params, eps)
         dz = step.tangent(dy, dp)
         dz = jnp.where(step.ok, dz, jnp.nan)
         covers, D = _dense_weights(t_eval, t, t_next, h, k == 0, direction)
@@ -185,7 +188,7 @@ def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_ev
 
 
 def _adjoint(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
-             params: Any, ct: Any) -> tuple[Any, Any]:
+             params: Any, ct: Any, eps: float) -> tuple[Any, Any]:
     """Reverse mode (the discrete adjoint): (dL/dy0, dL/dparams) for output cotangents
     ct (T, n), sweeping the accepted steps backward."""
     direction = jnp.where(grid_t[-1] >= grid_t[0], 1.0, -1.0).astype(t_eval.dtype)
@@ -195,7 +198,7 @@ def _adjoint(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
         k, a, mu = c
         t, t_next = grid_t[k], grid_t[k + 1]
         h = t_next - t
-        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params)
+        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params, eps)
         covers, D = _dense_weights(t_eval, t, t_next, h, k == 0, direction)
         g = jnp.where(covers[:, None], ct, 0.0)
         zbar = D.T @ g
@@ -258,11 +261,11 @@ def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) 
     def forward(v: Any) -> Any:
         d0, dy, dp, dte = split(v)
         core = _tangent_outputs(fun, grid_t, grid_y, n_steps, t_eval, params,
-                                dy - f0 * d0, unravel(dp.astype(flat_p.dtype)))
+                                dy - f0 * d0, unravel(dp.astype(flat_p.dtype)), spec.eps)
         return jnp.where(bad, jnp.nan, core + f_out * dte[:, None])
 
     def transpose(c: Any) -> Any:
-        a, mu_tree = _adjoint(fun, grid_t, grid_y, n_steps, t_eval, params, c)
+        a, mu_tree = _adjoint(fun, grid_t, grid_y, n_steps, t_eval, params, c, spec.eps)
         a = jnp.where(bad, jnp.nan, a)
         mu = jnp.where(bad, jnp.nan, ravel_pytree(mu_tree)[0].astype(dtype))
         return jnp.concatenate([-(a @ f0)[None], a, mu, jnp.sum(c * f_out, axis=1)])

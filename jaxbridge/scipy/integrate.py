@@ -688,6 +688,10 @@ class _StiffProblem:
     tdtype: Any
     capacity: int
 
+    @property
+    def eps(self) -> float:
+        return float(np.finfo(self.ydtype).eps)
+
     def fun(self, t: Any, y: Any, p: Any, fx: Any) -> Any:
         rhs = self.cfg.fun
         out = rhs(rhs.merge(p, fx), t.astype(self.tdtype),
