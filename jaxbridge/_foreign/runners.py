@@ -322,7 +322,8 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
 
 
 # How the native trampoline may call a host function without its `fill` wrapper
-# (csrc/hostcall/hostcall.cc, CallDirect): fill.direct = (fun, kind, finish).
+# (csrc/hostcall/hostcall.cc, CallDirect): fill.direct = (fun, kind, finish), plus
+# (n_in, live) for the adjoint kinds.
 DIRECT_RETURNS = 1  # fun(*ins) returns the one result
 DIRECT_OUT = 2      # fun(*ins, out=outs[0]) returns None
 DIRECT_ADJOINT = 3  # a VJP rule: fun(primals, out, ct) returns one cotangent per input
@@ -330,11 +331,12 @@ DIRECT_ADJOINT_OUT = 4  # a VJP rule with out=True: fun(primals, out, ct, out=..
 
 
 def _direct(fill: Callable[[tuple, tuple], None], fun: Callable, kind: int,
-            finish: Callable[[Any, tuple], None]) -> Callable[[tuple, tuple], None]:
+            finish: Callable[[Any, tuple], None], *adjoint: Any
+            ) -> Callable[[tuple, tuple], None]:
     """`fill`, marked as callable directly: the trampoline calls `fun` on the inputs itself
     and hands any result it does not take to `finish(value, outputs)` (which checks and
     fills, or raises), exactly what `fill` would have done."""
-    fill.direct = (fun, kind, finish)  # type: ignore[attr-defined]
+    fill.direct = (fun, kind, finish, *adjoint)  # type: ignore[attr-defined]
     return fill
 
 
@@ -414,9 +416,8 @@ def _adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, 
         for o, v in zip(outs, run_adjoint(sig, rule, ins, nz, True, shapes)):
             o[...] = v
 
-    if fast and not kwargs:
-        fill.direct = (fun, DIRECT_ADJOINT, finish, n_in, live)  # type: ignore[attr-defined]
-    return fill
+    return _direct(fill, fun, DIRECT_ADJOINT, finish, n_in, live) if fast and not kwargs \
+        else fill
 
 
 def _inplace_tangent_filler(sig: CallLayout, rule: Rule, nz: tuple
@@ -463,5 +464,5 @@ def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
 
     if fast and not kwargs:  # the trampoline calls the rule itself (DIRECT_ADJOINT_OUT)
         live = tuple(i for i, j in enumerate(where) if j >= 0)
-        fill.direct = (fun, DIRECT_ADJOINT_OUT, not_none, n_in, live)  # type: ignore[attr-defined]
+        return _direct(fill, fun, DIRECT_ADJOINT_OUT, not_none, n_in, live)
     return fill

@@ -229,6 +229,22 @@ def _mismatch(name: str, what: str, value: torch.Tensor, out: Any) -> None:
         problem="shape", declared=str(list(out.shape)), received=str(list(value.shape)))
 
 
+def _cap_threads() -> int:
+    """Cap torch's intra-op threads as the host call caps BLAS (`thread_cap`) for one
+    call; returns the count to restore afterwards, 0 where nothing was changed."""
+    cap = thread_cap()
+    before = torch.get_num_threads() if cap else 0
+    if before > cap:
+        torch.set_num_threads(cap)
+        return before
+    return 0
+
+
+def _restore_threads(before: int) -> None:
+    if before:
+        torch.set_num_threads(before)
+
+
 def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
              batch_depth: int, batching: _Batching, op: Any = None) -> None:
     """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
@@ -242,10 +258,7 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
     arguments), run with ``out=`` where that is known to be exact.
     """
     tensors = _tensors(leaves, batching.copy_inputs)
-    cap = thread_cap()
-    before = torch.get_num_threads() if cap else 0
-    if before > cap:
-        torch.set_num_threads(cap)
+    before = _cap_threads()
     # Grad mode is left as it is (switching it costs ~2 us a call): the tensors lent to
     # `call` do not require grad, so torch records no graph of them.
     try:
@@ -260,8 +273,7 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
             _run_batched(name, call, tensors, out, batch_depth, batching)
         _check_after_call(name, tensors, batching)
     finally:
-        if before > cap:
-            torch.set_num_threads(before)
+        _restore_threads(before)
 
 
 def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
@@ -272,10 +284,7 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
         run_host(name, lambda ts: fn(*ts), (a,), out, 0, state, fn if state.op else None)
         return
     x = to_torch(a)
-    cap = thread_cap()
-    before = torch.get_num_threads() if cap else 0
-    if before > cap:
-        torch.set_num_threads(cap)
+    before = _cap_threads()
     try:
         if not (state.op and _run_op(fn, (x,), out, state)):
             value = fn(x)
@@ -291,8 +300,7 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
             del x
             _check_after_call(name, tensors, state)
     finally:
-        if before > cap:
-            torch.set_num_threads(before)
+        _restore_threads(before)
 
 
 def _targets(out: Any) -> Any:
@@ -308,10 +316,7 @@ def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree:
     """Run a function of ``wrap(..., out=True)``: it writes its results into `out`
     (XLA's output buffers, as tensors in the declared structure) and returns None."""
     tensors = _tensors(leaves, state.copy_inputs)
-    cap = thread_cap()
-    before = torch.get_num_threads() if cap else 0
-    if before > cap:
-        torch.set_num_threads(cap)
+    before = _cap_threads()
     try:
         value = fn(*jax.tree_util.tree_unflatten(tree, tensors), out=_targets(out), **static)
         if value is not None:
@@ -322,8 +327,7 @@ def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree:
                 declared="None", received=type(value).__name__)
         _check_after_call(name, tensors, state)
     finally:
-        if before > cap:
-            torch.set_num_threads(before)
+        _restore_threads(before)
 
 
 def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
