@@ -2,6 +2,7 @@
 
 import functools
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -548,6 +549,19 @@ def test_discrete_adjoint_matches_diffrax_on_a_neural_ode():
     g, ref = jax.jit(jax.grad(ours))(params), jax.jit(jax.grad(theirs))(params)
     for k in params:
         np.testing.assert_allclose(g[k], ref[k], rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("extra", [{}, {"t_eval": None}, {"dense_output": True},
+                                   {"events": lambda t, y: y[0] - 0.5}],
+                         ids=["t_eval", "steps", "dense_output", "events"])
+@pytest.mark.parametrize("bad", [0, 1, 2.5, True, "8"])
+def test_bad_checkpoint_budget_is_refused_on_every_path(extra, bad):
+    # The events / dense-output / step-times path never uses the budget, but a bad one
+    # is still the user's mistake, named the same way.
+    kw = {"t_eval": jnp.array([0.5, 1.0]), **extra}
+    with pytest.raises(ValueError, match=r"solve_ivp: checkpoints must be None or an int "
+                                         r">= 2 .* got " + re.escape(repr(bad))):
+        solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(2), checkpoints=bad, **kw)
 
 
 @pytest.mark.slow

@@ -575,24 +575,13 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     name = "integrate.solve_ivp"
     check_policy(on_failure, name)
     _check_method(method, name)
+    budget = _check_checkpoints(checkpoints, name)  # before the events path, which ignores it
     if events is not None or dense_output or t_eval is None:
         from . import _events  # SciPy's events, dense output and step times (issue 26)
         return _events.solve_ivp(
             fun, t_span, y0, method, t_eval, dense_output, events, args, rtol=rtol, atol=atol,
             jac=jac, adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol,
             sensitivity=sensitivity, stepping=stepping, on_failure=on_failure, **options)
-    if t_eval is None:
-        raise ValueError(
-            f"jaxbridge.scipy.{name}: t_eval is required (SciPy's default, None, returns the "
-            f"solver's own step times, whose number is only known after the solve; JAX needs "
-            f"the output shape first). Pass the times you need, e.g. "
-            f"t_eval=jnp.linspace(t0, tf, 50).")
-    if dense_output:
-        raise unsupported(name, "dense_output", "the continuous solution is a host-side "
-                          "object, not a JAX value; pass the times you need as t_eval")
-    if events is not None:
-        raise unsupported(name, "events", "the number of events is only known after the "
-                          "solve, and JAX needs output shapes first")
     del vectorized  # Jacobians come from JAX
     call = "fun(t, y, *args)"
     args = check_args(args, name, call, "unpack_checked")
@@ -625,7 +614,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
                     adjoint_rtol=float(rtol if adjoint_rtol is None else adjoint_rtol),
                     adjoint_atol=float(atol if adjoint_atol is None else adjoint_atol),
                     sensitivity=sensitivity, on_failure=on_failure, options=static,
-                    stepping=stepping, checkpoints=_check_checkpoints(checkpoints, name))
+                    stepping=stepping, checkpoints=budget)
     if stepping == "compiled" and method in IMPLICIT_METHODS and sensitivity == "adjoint":
         ys, stats = _stiff_ivp_program(cfg, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops))
     elif stepping == "compiled" and method not in IMPLICIT_METHODS:
