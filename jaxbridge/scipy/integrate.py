@@ -219,6 +219,29 @@ def _fail(name: str, method: str, message: str, on_failure: str) -> Any:
         raise failure(name, f"solve_ivp(method={method!r}): {message}")
 
 
+def _at_t0(y0: Any, t_eval: np.ndarray, t0: float) -> Any:
+    """y(t_eval) when there is nothing to integrate (no times, or all of them t0), else
+    None."""
+    if t_eval.shape[0] and not np.all(t_eval == t0):
+        return None
+    return np.broadcast_to(y0, (t_eval.shape[0], *y0.shape)).astype(y0.dtype)
+
+
+def _solve_failed(sol: Any, ys: Any, stats: np.ndarray, method: str,
+                  on_failure: str) -> bool:
+    """Whether SciPy's solve failed (its status, or a non-finite solution `ys`, None
+    when the status says it failed): raises the SolverError under on_failure="raise";
+    else marks `stats` and returns True."""
+    if sol.status != 0:
+        _fail("integrate.solve_ivp", method, sol.message, on_failure)
+        return True
+    if not np.all(np.isfinite(ys)):
+        _fail("integrate.solve_ivp", method, "the solution is not finite", on_failure)
+        stats[0] = -1
+        return True
+    return False
+
+
 def _ode(primals: tuple, fun: Any, jac: Any) -> Any:
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     return _Ode(fun, jac, y0.shape, y0.dtype, np.asarray(t_eval).dtype, params, fixed,
@@ -233,10 +256,8 @@ def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_op
     t_eval_in = t_eval
     t0, t1, t_eval = float(t0), float(t1), f64(t_eval)
     T = t_eval.shape[0]
-    nan = np.full((T, *y0.shape), np.nan, y0.dtype)
-    if T == 0 or np.all(t_eval == t0):
-        ys = np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype) if T else nan
-        return ys, np.zeros(5, np.int32)
+    if (still := _at_t0(y0, t_eval, t0)) is not None:
+        return still, np.zeros(5, np.int32)
     with on_cpu():
         ode = _ode((t0, t1, y0, t_eval_in, params, fixed, jac_ops), fun, jac)
         sol = ode.solve("f", t0, np.ravel(f64(y0)), t1, t_eval, method=method, rtol=cfg.rtol,
@@ -244,13 +265,8 @@ def _ivp(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_op
                         jac=ode.jac if jac is not False else None)
     stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, getattr(sol, "steps", -1)],
                      np.int32)
-    if sol.status != 0:
-        _fail("integrate.solve_ivp", method, sol.message, on_failure)
-        return nan, stats
-    if not np.all(np.isfinite(sol.y)):
-        _fail("integrate.solve_ivp", method, "the solution is not finite", on_failure)
-        stats[0] = -1
-        return nan, stats
+    if _solve_failed(sol, sol.y, stats, method, on_failure):
+        return np.full((T, *y0.shape), np.nan, y0.dtype), stats
     return sol.y.T.reshape(T, *y0.shape).astype(y0.dtype), stats
 
 
@@ -274,9 +290,8 @@ def _ivp_recorded(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: An
     grid_t, grid_y = np.full(capacity + 1, t0), np.zeros((capacity + 1, n))
     grid_y[:] = np.ravel(f64(y0))
     nan = np.full((T, *y0.shape), np.nan, y0.dtype)
-    if T == 0 or np.all(t_eval == t0):
-        ys = np.broadcast_to(y0, (T, *y0.shape)).astype(y0.dtype) if T else nan
-        return ys, np.zeros(5, np.int32), grid_t, grid_y
+    if (still := _at_t0(y0, t_eval, t0)) is not None:
+        return still, np.zeros(5, np.int32), grid_t, grid_y
     with on_cpu():
         ode = _ode((t0, t1, y0, t_eval, params, fixed, jac_ops), cfg.fun, cfg.jac)
         kw = {"jac": ode.jac} if cfg.jac is not False else {}
@@ -285,13 +300,8 @@ def _ivp_recorded(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: An
                                         **dict(cfg.options))
     steps = len(sol.t) - 1
     stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, steps], np.int32)
-    if sol.status != 0:
-        _fail("integrate.solve_ivp", method, sol.message, on_failure)
-        return nan, stats, grid_t, grid_y
-    ys = sol.sol(t_eval).T
-    if not np.all(np.isfinite(ys)):
-        _fail("integrate.solve_ivp", method, "the solution is not finite", on_failure)
-        stats[0] = -1
+    ys: Any = sol.sol(t_eval).T if sol.status == 0 else None
+    if _solve_failed(sol, ys, stats, method, on_failure):
         return nan, stats, grid_t, grid_y
     if steps > capacity:
         if on_failure == "raise":
