@@ -608,21 +608,31 @@ def test_direct_in_place_adjoint_rule_gives_the_gradient():
 
 # ----------------------------------------------------------------- threads and exit
 def test_daemon_threads_in_host_calls_at_interpreter_exit(tmp_path):
+    """Daemon threads looping over host calls do not crash the process at exit. The
+    threads are past their first call before the exit: one still compiling `step` when
+    the interpreter finalizes is ended inside jaxlib and aborts the process, with plain
+    JAX code too (59 of 60 runs of the same loop over `jnp.sin` here), which is not
+    jaxbridge's to fix. Under load, compiling took longer than the old fixed 0.5 s wait:
+    the flaky aborts were all runs with no host call made yet."""
     code = """
         import threading, time, jax, jax.numpy as jnp, numpy as np
         import jaxbridge as jb
+        started = threading.Semaphore(0)
         @jb.foreign(lambda x: x)
         def slow(x):
             time.sleep(0.002)
             return np.asarray(x) + 1
         step = jax.jit(lambda x: slow(x) * 1.0)
         def loop():
-            x = jnp.ones(8)
+            x = step(jnp.ones(8))
+            started.release()
             while True:
                 x = step(x)
         for _ in range(4):
             threading.Thread(target=loop, daemon=True).start()
-        time.sleep(0.5)
+        for _ in range(4):  # every thread past its first host call (compiling `step`
+            assert started.acquire(timeout=50)  # can take seconds on a loaded machine)
+        time.sleep(0.2)
         print("exiting", flush=True)
     """
     for _ in range(3):
