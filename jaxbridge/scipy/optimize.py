@@ -542,6 +542,9 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape,
                                                                                x0.dtype),),
                           args, "fun(x, *args)")
+        if options and isinstance(options.get("jac_options"), dict):  # static: hashable
+            options = {**options, "jac_options": static_options(options["jac_options"],
+                                                                "optimize.root")}
         x, stats = _compiled_root.root(
             x0, ops, fun=hf, method=method, tol=None if tol is None else float(tol),
             options=static_options(options, "optimize.root"), linear_solver=linear_solver,
@@ -560,13 +563,13 @@ def _root_stepping(stepping: str, method: str, options: dict | None, callback: A
                          f"{STEPPINGS}, got {stepping!r}")
     if not isinstance(method, str):
         return "scipy"  # SciPy's own error for a callable/odd method
-    ok = _compiled_root.supported(method, dict(options or {}), callback)
+    why = _compiled_root.unsupported(method, dict(options or {}), callback)
+    ok = why is None
     if stepping == "compiled" and not ok:
         raise ValueError(
             f"jaxbridge.scipy.optimize.root: stepping='compiled' runs the methods "
-            f"{_compiled_root.METHODS} without callback, with the options "
-            f"{_compiled_root.OPTIONS} (line_search='cruz'), and needs jax_enable_x64; got "
-            f"method={method!r}, options={sorted(options or {})}, callback={callback!r}")
+            f"{_compiled_root.METHODS} without callback and needs jax_enable_x64; it cannot "
+            f"run {why}. stepping='scipy' runs SciPy's own loop")
     if stepping == "auto":
         return "compiled" if ok else "scipy"
     return stepping
