@@ -39,7 +39,7 @@ _C1, _AMIN = 1e-4, 1e-2
 # the options (of SciPy's root(method="krylov")) and jac_options the loop reproduces
 OPTIONS = ("nit", "disp", "maxiter", "ftol", "fatol", "xtol", "xatol", "tol_norm",
            "line_search", "jac_options")
-JAC_OPTIONS = ("method", "inner_maxiter", "inner_m", "inner_rtol", "inner_atol")
+JAC_OPTIONS = ("method", "inner_maxiter", "inner_inner_m", "inner_rtol", "inner_atol")
 _INNER = ("lgmres", "gmres")
 
 # status, as nonlin_solve reports it, and ours for a Newton step that is zero or not finite
@@ -78,13 +78,13 @@ def unsupported(options: dict) -> str | None:
                     f"the inner solver is GMRES: no LGMRES 'outer_k', no preconditioner)")
     if jac.get("method", "lgmres") not in _INNER:
         return f"jac_options method={jac['method']!r} (supported: {_INNER})"
-    for key in ("inner_maxiter", "inner_m"):
+    for key in ("inner_maxiter", "inner_inner_m"):
         value = jac.get(key)
         if value is not None and not (isinstance(value, (int, np.integer))
                                       and not isinstance(value, bool) and value >= 1):
             return f"jac_options {key}={value!r} (a positive int)"
-    if "inner_m" in jac and jac.get("method", "lgmres") != "lgmres":
-        return "jac_options inner_m (an option of method 'lgmres')"
+    if "inner_inner_m" in jac and jac.get("method", "lgmres") != "lgmres":
+        return "jac_options inner_inner_m (an option of method 'lgmres')"
     return None
 
 
@@ -155,8 +155,9 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
     jac = dict(jac_options or {})
     inner = jac.get("method", "lgmres")
     # the Krylov subspace SciPy's inner solver builds in its one outer cycle
-    # (KrylovJacobian: maxiter=1; LGMRES's inner_m, GMRES's restart = inner_maxiter)
-    m = int(jac.get("inner_m", 30) if inner == "lgmres" else jac.get("inner_maxiter", 20))
+    # (KrylovJacobian: maxiter=1; LGMRES's inner_m, jac_options' "inner_inner_m";
+    # GMRES's restart = inner_maxiter)
+    m = int(jac.get("inner_inner_m", 30) if inner == "lgmres" else jac.get("inner_maxiter", 20))
     restart = max(1, min(m, x0.size))
     inner_rtol, inner_atol = jac.get("inner_rtol"), float(jac.get("inner_atol", 0.0))
 
