@@ -226,3 +226,22 @@ def test_failures():
                               method="krylov", options=opts)
     assert not ref.success and not bool(sol.success)
     assert (int(sol.status), int(sol.nit)) == (ref.status, ref.nit) == (2, 4)
+
+
+@pytest.mark.parametrize("n", [40, 5000])  # full-basis Gram-Schmidt; row by row (MGS)
+def test_lean_gmres_equals_jax_gmres(n):
+    """_gmres (the compiled root's inner and tangent solver) has the iterates of JAX's
+    incremental GMRES, one cycle, and restarted it meets its tolerance."""
+    from jaxbridge.scipy import _gmres
+    d = 1 + jax.random.uniform(jax.random.PRNGKey(0), (n,))
+
+    def A(v):
+        return d * v + 0.3 * jnp.roll(v, 1) - 0.2 * jnp.roll(v, -3)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n,))
+    for tol, m in ((1e-3, 30), (1e-12, 5)):
+        x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(A, b, tol, 0.0, m)
+        ref = jax.scipy.sparse.linalg.gmres(A, b, tol=tol, restart=m, maxiter=1,
+                                            solve_method="incremental")[0]
+        np.testing.assert_allclose(x, ref, rtol=1e-10, atol=1e-13)
+    x = jax.jit(_gmres.solve, static_argnums=(0, 3, 4))(A, b, 1e-12, 10, 100)
+    assert jnp.linalg.norm(A(x) - b) <= 1e-12 * jnp.linalg.norm(b)

@@ -5,13 +5,14 @@
 What is SciPy's: the termination test (`TerminationCondition`: `f_tol` default
 `eps**(1/3)`, `f_rtol`, `x_tol`, `x_rtol` in the max-norm, `nit`, `maxiter`), the
 forcing terms of the inexact Newton steps (`eta` from 1e-3, gamma 0.9, eta_max 0.9999,
-inner tolerance `min(eta, eta ||F||)`), and the line search (`scalar_search_armijo` on
+inner tolerance `min(eta, eta ||F||)`, here floored at sqrt(eps), the accuracy of
+SciPy's own finite-difference products), and the line search (`scalar_search_armijo` on
 `phi(s) = ||F(x + s dx)||^2`, `amin = 1e-2`, the full step when it finds none; or
 none). What differs, on purpose: SciPy approximates each product `J v` by a finite
 difference (one residual evaluation each, relative step `rdiff`) and solves with LGMRES;
 here `jax.linearize` gives `J` exactly once per Newton step, and the inner solve is
-one cycle of GMRES (JAX's, `restart` = the Krylov subspace SciPy's inner solver builds)
-on those exact products. So the iterates differ from SciPy's in the last digits (or
+one cycle of GMRES (`_gmres.cycle`; as many Arnoldi steps at most as SciPy's inner
+solver builds) on those exact products. So the iterates differ from SciPy's in the last digits (or
 more on hard problems), while the test that accepts a root is SciPy's.
 
 `nfev` counts the residual's evaluations: the start, the line-search trials, the full
@@ -32,8 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _gmres
+
 # nonlin_solve's constants
 _GAMMA, _ETA_MAX, _ETA_THRESHOLD, _ETA0 = 0.9, 0.9999, 0.1, 1e-3
+_INNER_RTOL_MIN = float(np.sqrt(np.finfo(np.float64).eps))
 # _nonlin_line_search's scalar_search_armijo(..., amin=smin) and its c1
 _C1, _AMIN = 1e-4, 1e-2
 # the options (of SciPy's root(method="krylov")) and jac_options the loop reproduces
@@ -223,12 +227,13 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
         # one Newton step: exact products at x (linearize evaluates F there once)
         _, jvp = jax.linearize(F, s.x)
         tol = jnp.minimum(s.eta, s.eta * s.F_norm) if inner_rtol is None else inner_rtol
-        # on F / ||F||: JAX's GMRES treats a right-hand side of norm below eps as zero
-        # (it would stop Newton a few ulps short); the solve is linear, tol relative
-        scale = jnp.where(s.F_norm > 0, s.F_norm, 1.0)
-        dx = -scale * jax.scipy.sparse.linalg.gmres(
-            jvp, s.F / scale, tol=tol, atol=inner_atol / scale, restart=restart, maxiter=1,
-            solve_method="incremental")[0]
+        # floored at sqrt(eps): SciPy's finite-difference products (rdiff = sqrt(eps))
+        # are no more accurate than that, and below it GMRES only burns its whole
+        # subspace (float64 rounding) in the last Newton steps, where F is ~1e-16
+        tol = jnp.maximum(tol, _INNER_RTOL_MIN)
+        # (JAX's own GMRES would treat an F of norm below eps as zero and stop Newton a
+        # few ulps short; _gmres.cycle normalizes it without a threshold)
+        dx = -_gmres.cycle(jvp, s.F, tol, inner_atol, restart)
         bad = ~jnp.all(jnp.isfinite(dx)) | (jnp.max(jnp.abs(dx)) == 0)
         nfev = s.nfev + 1
         if line_search == "armijo":
