@@ -258,14 +258,13 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
                       jnp.where(bad, s.F_norm, F_norm), jnp.where(bad, s.dx, dx),
                       jnp.where(bad, s.eta, eta), checks, nfev, status.astype(jnp.int32))
 
-    def body(s: _State) -> _State:
-        # the termination test first: a converged state takes no Newton step (cond)
-        status = check(s)
-        return jax.lax.cond(status == 0, step, lambda s: s._replace(
-            checks=s.checks + 1, status=status), s)
-
     s0 = _State(x0, F0, jnp.linalg.norm(F0), jnp.full_like(x0, jnp.inf),
                 jnp.asarray(_ETA0, real), jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32),
                 jnp.zeros((), jnp.int32))
-    s = jax.lax.while_loop(lambda s: s.status == 0, body, s0)
-    return s.x, Stats(s.nfev, s.checks, s.status, s.status == CONVERGED)
+    # the termination test is the loop's condition (no cond around the step); the test
+    # that stopped it is made once more after the loop, to report it and count it
+    s = jax.lax.while_loop(lambda s: (s.status == 0) & (check(s) == 0), step, s0)
+    tested = s.status == 0
+    status = jnp.where(tested, check(s), s.status)
+    checks = s.checks + tested.astype(jnp.int32)
+    return s.x, Stats(s.nfev, checks, status, status == CONVERGED)
