@@ -20,8 +20,8 @@ warm-up) and scored by the gradient's relative error (max-norm) against a refere
 3b. Stiff neural ODE (`stiff_mlp`): y' = -diag(lam) y + MLP(y), P ~ 300 and 2,500:
    ours (LSODA / BDF, compiled adjoint) vs diffrax Kvaerno5, interleaved repeats.
 4. Implicit layer (DEQ) z = tanh(W z + U x), value+grad in W and U, at batch 16 x
-   width 32 and batch 64 x width 256: ours (`optimize.root`: df-sane compiled, the
-   default, and SciPy's loop; krylov) vs optimistix (fixed_point + FixedPointIteration,
+   width 32 and batch 64 x width 256: ours (`optimize.root`: df-sane and krylov
+   compiled, the default, and SciPy's loops) vs optimistix (fixed_point + FixedPointIteration,
    root_find Newton + GMRES; ImplicitAdjoint with lineax.GMRES, and with its default
    dense solver at the small size), interleaved repeats (median, range), ratios to the
    faster optimistix row. Gradient error against a tight jnp fixed-point iteration.
@@ -307,15 +307,15 @@ def deq_bench(rounds=15):
         for method, tol, stepping, on_failure in (
                 ("df-sane", 1e-10, "auto", "raise"), ("df-sane", 1e-12, "auto", "raise"),
                 ("df-sane", 1e-12, "auto", "nan"), ("df-sane", 1e-10, "scipy", "raise"),
-                ("krylov", 1e-10, "auto", "raise")):
+                ("krylov", 1e-10, "auto", "raise"), ("krylov", None, "auto", "raise"),
+                ("krylov", 1e-10, "scipy", "raise")):
             def ours(W, U, method=method, tol=tol, stepping=stepping, on_failure=on_failure):
                 return jnp.sum(jnp.sin(root(lambda z, W, U: z - jnp.tanh(z @ W.T + x @ U.T),
                                             z0, (W, U), method=method, tol=tol,
                                             stepping=stepping, on_failure=on_failure).x))
             fns.append(jax.jit(jax.value_and_grad(ours, argnums=(0, 1))))
-            how = {"auto": "compiled (default)" if method == "df-sane" else "SciPy's loop",
-                   "scipy": "SciPy's loop"}[stepping]
-            names.append(f"jaxbridge root {method} {how} tol={tol:g}"
+            how = {"auto": "compiled (default)", "scipy": "SciPy's loop"}[stepping]
+            names.append(f"jaxbridge root {method} {how} tol={tol}"
                          + (" on_failure='nan' (no host call)" if on_failure == "nan" else ""))
         n_ours = len(fns)
         if optimistix is not None:

@@ -117,15 +117,16 @@ def test_scipy_solver_lowers_for_cuda():
     assert "jaxbridge_host_call" in text
 
 
+@pytest.mark.parametrize("method", ["df-sane", "krylov"])
 @pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
-def test_compiled_root_lowers_for_cuda(how):
-    """root(method="df-sane") runs compiled in the program; its only host calls are the
-    on_failure="raise" status checks, through the native handler."""
+def test_compiled_root_lowers_for_cuda(how, method):
+    """root(method="df-sane" / "krylov") runs compiled in the program; its only host
+    calls are the on_failure="raise" status checks, through the native handler."""
     from jaxbridge.scipy.optimize import root
 
     def solve(a):
         return root(lambda x, a: x - 0.5 * jnp.tanh(a * x + 1.0), jnp.zeros(3), args=(a,),
-                    method="df-sane", stepping="compiled").x
+                    method=method, stepping="compiled").x
 
     text = cuda_hlo(transforms(solve, 1)[how], jnp.ones(3))
     assert "jaxbridge_host_call" in text

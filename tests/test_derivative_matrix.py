@@ -530,7 +530,8 @@ def _root_residual(x: jax.Array, a: jax.Array) -> jax.Array:
 
 def _root_rows() -> list[Row]:
     rows = []
-    # df-sane: the compiled loop (custom_root), the others SciPy's loop (a host call)
+    # df-sane and krylov (float64): the compiled loop (custom_root), the others SciPy's
+    # loop (a host call)
     for method in ("hybr", "lm", "krylov", "df-sane"):
 
         def ours(a: jax.Array, method: str = method) -> jax.Array:
@@ -557,7 +558,8 @@ def _root_rows() -> list[Row]:
                 rtol=1e-6,
                 atol=1e-8,
                 rtol32=5e-3,
-                default={"hybr": ("vmap.jacrev",), "df-sane": ("vmap.jacfwd",)}.get(method, ()),
+                default={"hybr": ("vmap.jacrev",), "df-sane": ("vmap.jacfwd",),
+                         "krylov": ("vmap.jacrev",)}.get(method, ()),
                 # SciPy's newton_krylov fails in float32 ("Jacobian inversion yielded
                 # zero vector"): a float64-only row.
                 dtypes=("float64",) if method == "krylov" else DTYPES,

@@ -1,7 +1,8 @@
 """`root(..., stepping="compiled")`: SciPy's root loop inside the caller's JAX program.
 
 The residual is JAX code, so the solver loop itself can be compiled with it: no host
-round trip per residual evaluation (`_dfsane` reproduces SciPy's DF-SANE). Derivatives
+round trip per residual evaluation (`_dfsane` reproduces SciPy's DF-SANE,
+`_newton_krylov` SciPy's Newton-Krylov on exact Jacobian-vector products). Derivatives
 come from the implicit function theorem through `jax.lax.custom_root`: the tangent
 solve is matrix-free (JAX's GMRES on exact JVPs of the residual; its transpose,
 used by `grad`, runs on exact VJPs) or dense for small systems. Both forward and
@@ -19,22 +20,37 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _foreign
-from . import _dfsane
+from . import _dfsane, _gmres, _newton_krylov
 from ._common import failure
 from ._trace import HostFun
 
-METHODS = ("df-sane",)
-OPTIONS = _dfsane.OPTIONS
+METHODS = ("df-sane", "krylov")
+OPTIONS = {"df-sane": _dfsane.OPTIONS, "krylov": _newton_krylov.OPTIONS}
 _DENSE_MAX = 64          # as the host path: dense IFT solves only for small systems
 _LINEAR_RTOL = 1e-12     # the Krylov tangent solve's relative tolerance
 _LINEAR_ACCEPT = 1e-6    # ... and the relative residual above which it has failed
 
 
+def unsupported(method: str, options: dict, callback: Any) -> str | None:
+    """Why the compiled loop cannot run SciPy's `root` for these arguments (None: it can)."""
+    method = method.lower()
+    if method not in METHODS:
+        return f"method={method!r} (supported: {METHODS})"
+    if callback is not None:
+        return f"callback={callback!r} (the loop runs compiled: pass None)"
+    if jnp.result_type(float) != jnp.float64:  # SciPy's loop runs in float64
+        return "jax_enable_x64 off (SciPy's loop runs in float64)"
+    if method == "krylov":
+        return _newton_krylov.unsupported(options)
+    if not _dfsane.supported(options):
+        return (f"options {sorted(options)} (supported: {_dfsane.OPTIONS}, "
+                f"line_search='cruz', disp=False, an int M >= 1)")
+    return None
+
+
 def supported(method: str, options: dict, callback: Any) -> bool:
     """Whether the compiled loop reproduces SciPy's `root` for these arguments."""
-    x64 = jnp.result_type(float) == jnp.float64  # SciPy's loop runs in float64
-    return (method.lower() in METHODS and callback is None and bool(x64)
-            and _dfsane.supported(options))
+    return unsupported(method, options, callback) is None
 
 
 @functools.partial(jax.jit, static_argnames=("fun", "method", "tol", "options",
@@ -54,11 +70,17 @@ def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options
           linear_solver: str, on_failure: str) -> tuple[jax.Array, jax.Array]:
     shape, dtype = x0.shape, x0.dtype
     real = jnp.result_type(float)  # float64: supported() needs jax_enable_x64
+    method = method.lower()
     opts = dict(options)
-    if tol is not None:
-        opts.setdefault("ftol", float(tol))  # SciPy's root: tol -> df-sane's ftol
-    opts.pop("line_search", None)
-    opts.pop("disp", None)
+    if method == "krylov":
+        opts = _newton_krylov.with_tol(opts, tol)
+        if isinstance(opts.get("jac_options"), tuple):  # made hashable by root()
+            opts["jac_options"] = dict(opts["jac_options"])
+    else:
+        if tol is not None:
+            opts.setdefault("ftol", float(tol))  # SciPy's root: tol -> df-sane's ftol
+        opts.pop("line_search", None)
+        opts.pop("disp", None)
 
     def F(z: jax.Array) -> jax.Array:
         out = jnp.asarray(fun(z.reshape(shape).astype(dtype)))
@@ -68,23 +90,31 @@ def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options
         return jnp.ravel(out).astype(real)
 
     def solve(F: Callable, z0: jax.Array) -> tuple[jax.Array, jax.Array]:
-        z, st = _dfsane.solve(F, z0, **opts)
+        if method == "krylov":
+            z, nk = _newton_krylov.solve(F, z0, **opts)
+            stats = [nk.nfev, nk.nit, nk.converged, nk.status]
+        else:
+            z, st = _dfsane.solve(F, z0, **opts)
+            stats = [st.nfev, st.nit, st.converged, jnp.where(st.converged, 1, 2)]
         # custom_root gives aux outputs tangents like their primals': floats, not ints
-        return z, jnp.stack([st.nfev, st.nit, st.converged]).astype(real)
+        return z, jnp.stack([jnp.asarray(v).astype(real) for v in stats])
 
     n = int(np.prod(shape, dtype=int))
     x, aux = jax.lax.custom_root(F, jnp.ravel(x0).astype(real), solve,
                                  _tangent_solve(linear_solver, n, on_failure), has_aux=True)
-    nfev, nit, converged = jax.lax.stop_gradient(aux).astype(jnp.int32)
+    nfev, nit, converged, status = jax.lax.stop_gradient(aux).astype(jnp.int32)
     finite = jnp.all(jnp.isfinite(x))
     ok = (converged == 1) & finite
     if on_failure == "raise":  # the host call (it raises) runs only on failure
         ok = jax.lax.cond(ok, lambda: ok, lambda: _check_root(
-            converged == 1, finite, method=method) == 1)
+            status, finite, method=method) == 1)
     # a failed solve poisons the gradients too (NaN, never a silent zero)
     x = (x * jnp.where(ok, 1.0, jnp.nan)).reshape(shape).astype(dtype)
     i32 = jnp.int32
-    return x, jnp.stack([jnp.zeros((), i32), nfev, jnp.full((), -1, i32), nit, ok.astype(i32)])
+    # SciPy's status: nonlin_solve's for krylov (1 converged, 2 maxiter; ours: 3 a bad
+    # step); DF-SANE's result has none (0, as the host path reports it)
+    reported = status if method == "krylov" else jnp.zeros((), i32)
+    return x, jnp.stack([reported, nfev, jnp.full((), -1, i32), nit, ok.astype(i32)])
 
 
 def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
@@ -107,10 +137,10 @@ def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
         if method == "cg":
             z = jax.scipy.sparse.linalg.cg(mv, b, tol=_LINEAR_RTOL, maxiter=10 * n)[0]
         else:
-            # restarts of 20 (batched Arnoldi): the fastest of 10-50 / incremental on
-            # DEQs of 512 and 16,384 unknowns (benchmarks/RESULTS.md)
-            z = jax.scipy.sparse.linalg.gmres(mv, b, tol=_LINEAR_RTOL, restart=min(n, 20),
-                                              maxiter=10 * n, solve_method="batched")[0]
+            # restarts of 20; _gmres's lean loop, with early exit in a cycle: on the DEQs
+            # of 512 and 16,384 unknowns faster than JAX's batched GMRES, which was the
+            # fastest of JAX's (restarts of 10-50, incremental; benchmarks/RESULTS.md)
+            z = _gmres.solve(mv, b, _LINEAR_RTOL, 20, 10 * n)
         return checked(mv, b, z)
 
     def direct(mv: Callable, b: jax.Array) -> jax.Array:
@@ -124,12 +154,21 @@ def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
     return tangent_solve
 
 
-@_foreign.foreign(lambda converged, finite, **_: jax.ShapeDtypeStruct((), jnp.int32))
-def _check_root(converged: Any, finite: Any, *, method: str) -> Any:
+# SciPy's messages (df-sane stops unconverged only at maxfev)
+_MESSAGES = {
+    "df-sane": {2: "too many function evaluations required"},
+    "krylov": {2: "The maximum number of iterations allowed has been reached.",
+               3: "Jacobian inversion yielded a zero or non-finite Newton step."},
+}
+
+
+@_foreign.foreign(lambda status, finite, **_: jax.ShapeDtypeStruct((), jnp.int32))
+def _check_root(status: Any, finite: Any, *, method: str) -> Any:
     """on_failure="raise": SciPy's message as a SolverError (eager and under jit)."""
-    if not bool(converged):  # DF-SANE stops unconverged only at maxfev
-        raise failure("optimize.root", f"root(method={method!r}): too many function "
-                      f"evaluations required")
+    status = int(status)
+    if status != 1:
+        raise failure("optimize.root", f"root(method={method!r}): " + _MESSAGES[method][
+            status if method == "krylov" else 2])
     if not bool(finite):
         raise failure("optimize.root", f"root(method={method!r}): the solution is not finite")
     return np.asarray(1, np.int32)

@@ -27,10 +27,12 @@ solution does not depend on it (it is correct, not a silent zero).
 The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX at
 `x*`, so they are differentiable by the chain rule.
 
-`root(method="df-sane")` runs, where it applies (`stepping="auto"`), not on the host
-but as SciPy's algorithm compiled into the caller's program (`_compiled_root`,
-`_dfsane`): same iterates, no host round trip per residual evaluation, gradients by
-`jax.lax.custom_root` with the same linear solvers on JAX's exact products.
+`root(method="df-sane")` and `root(method="krylov")` run, where they apply
+(`stepping="auto"`), not on the host but as SciPy's algorithms compiled into the
+caller's program (`_compiled_root`, `_dfsane`, `_newton_krylov`): no host round trip
+per residual evaluation, Newton-Krylov on exact Jacobian-vector products instead of
+finite differences, gradients by `jax.lax.custom_root` with the same linear solvers
+on JAX's exact products.
 """
 
 from __future__ import annotations
@@ -510,13 +512,21 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         and under `jit`) or "nan" (NaN outputs, `success=False`).
       stepping: who runs the solver loop. "scipy": SciPy's own loop on the host (one
         host round trip per residual evaluation, tens of microseconds each).
-        "compiled": SciPy's algorithm as a loop inside the caller's JAX program (same
-        iterates, `nfev` and `nit` up to rounding; no host round trip; `vmap` batches
-        the loop), for method "df-sane" without `callback`, with the options ftol,
-        fatol, maxfev, M, sigma_eps, sigma_0 (line_search "cruz"), and
-        jax_enable_x64 on. Its gradients: `jax.lax.custom_root` with the same
-        `linear_solver` choices, matrix-free GMRES on JAX's exact products above 64
-        unknowns. "auto" (default): "compiled" where it applies, else "scipy".
+        "compiled": SciPy's algorithm as a loop inside the caller's JAX program (no
+        host round trip; `vmap` batches the loop), without `callback` and with
+        jax_enable_x64 on, for method "df-sane" (same iterates, `nfev` and `nit` up to
+        rounding; options ftol, fatol, maxfev, M, sigma_eps, sigma_0, line_search
+        "cruz") and method "krylov" (SciPy's Newton-Krylov: its termination test,
+        forcing terms and Armijo line search, but exact Jacobian-vector products
+        from `jax.linearize` and GMRES instead of finite differences and LGMRES, so
+        the iterates differ slightly while the accepted root passes SciPy's test;
+        options nit, maxiter, ftol, fatol, xtol, xatol, line_search "armijo" or None,
+        jac_options method "lgmres"/"gmres", inner_maxiter, inner_inner_m,
+        inner_rtol, inner_atol; `nfev` counts residual evaluations, none for the
+        products). An option it cannot honour is named in a ValueError. Its
+        gradients: `jax.lax.custom_root` with the same `linear_solver` choices,
+        matrix-free GMRES on JAX's exact products above 64 unknowns. "auto"
+        (default): "compiled" where it applies, else "scipy".
 
     Returns:
       :class:`OptimizeResult` with `x`, `fun`, `success`, `status`, `nfev`, `njev`,
@@ -542,6 +552,9 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape,
                                                                                x0.dtype),),
                           args, "fun(x, *args)")
+        if options and isinstance(options.get("jac_options"), dict):  # static: hashable
+            options = {**options, "jac_options": static_options(options["jac_options"],
+                                                                "optimize.root")}
         x, stats = _compiled_root.root(
             x0, ops, fun=hf, method=method, tol=None if tol is None else float(tol),
             options=static_options(options, "optimize.root"), linear_solver=linear_solver,
@@ -560,13 +573,13 @@ def _root_stepping(stepping: str, method: str, options: dict | None, callback: A
                          f"{STEPPINGS}, got {stepping!r}")
     if not isinstance(method, str):
         return "scipy"  # SciPy's own error for a callable/odd method
-    ok = _compiled_root.supported(method, dict(options or {}), callback)
+    why = _compiled_root.unsupported(method, dict(options or {}), callback)
+    ok = why is None
     if stepping == "compiled" and not ok:
         raise ValueError(
             f"jaxbridge.scipy.optimize.root: stepping='compiled' runs the methods "
-            f"{_compiled_root.METHODS} without callback, with the options "
-            f"{_compiled_root.OPTIONS} (line_search='cruz'), and needs jax_enable_x64; got "
-            f"method={method!r}, options={sorted(options or {})}, callback={callback!r}")
+            f"{_compiled_root.METHODS} without callback and needs jax_enable_x64; it cannot "
+            f"run {why}. stepping='scipy' runs SciPy's own loop")
     if stepping == "auto":
         return "compiled" if ok else "scipy"
     return stepping

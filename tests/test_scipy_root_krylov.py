@@ -1,0 +1,247 @@
+"""root(method="krylov", stepping="compiled"): SciPy's Newton-Krylov loop in JAX on exact
+Jacobian-vector products, against SciPy, a jnp twin, the implicit function theorem
+computed densely, and central differences in float64."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+from conftest import fd
+
+from jaxbridge.scipy import SolverError
+from jaxbridge.scipy.optimize import root
+
+
+def _deq(batch, width, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    W = jax.random.normal(k1, (width, width)) * 0.5 / np.sqrt(width)
+    U = jax.random.normal(k2, (width, width)) / np.sqrt(width)
+    x = jax.random.normal(k3, (batch, width))
+    return W, U, x
+
+
+def _deq_residual(x):
+    def F(z, W, U):
+        return z - jnp.tanh(z @ W.T + x @ U.T)
+    return F
+
+
+def _scipy(F, shape, *args, **kw):
+    """scipy.optimize.root on the same residual, in NumPy, from zeros."""
+    def F_np(z):
+        return np.asarray(F(jnp.asarray(z).reshape(shape), *args)).ravel()
+    ref = scipy.optimize.root(F_np, np.zeros(int(np.prod(shape))), method="krylov", **kw)
+    assert ref.success, ref.message  # the reference's own success (DESIGN.md)
+    return ref
+
+
+@pytest.mark.parametrize("kw", [{}, pytest.param({"tol": 1e-10}, marks=pytest.mark.slow)])
+def test_deq_16x32_matches_scipy(kw):
+    """The DEQ of issue 22 (512 unknowns): the root SciPy's own loop accepts, by SciPy's
+    termination test (the default |F|_max <= eps^(1/3); with tol, SciPy's relative step
+    test), and the same number of Newton steps, with ~1/10 of SciPy's evaluations
+    (SciPy's count includes one per finite-difference product)."""
+    W, U, x = _deq(16, 32)
+    F = _deq_residual(x)
+    ref = _scipy(F, (16, 32), W, U, **kw)
+    sol = root(F, jnp.zeros((16, 32)), (W, U), method="krylov", stepping="compiled", **kw)
+    assert bool(sol.success) and int(sol.status) == 1 == ref.status
+    assert int(sol.nit) == ref.nit
+    assert 0 < int(sol.nfev) < ref.nfev / 3
+    atol = 1e-7 if not kw else 1e-13  # default f_tol = 6e-6: both stop near the root
+    np.testing.assert_allclose(np.ravel(sol.x), ref.x, atol=atol)
+    if not kw:
+        assert np.abs(sol.fun).max() <= np.finfo(float).eps ** (1 / 3)
+    np.testing.assert_allclose(sol.fun, F(sol.x, W, U), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.slow  # one compile per option set
+@pytest.mark.parametrize("options", [
+    {"line_search": None}, {"line_search": "armijo", "fatol": 1e-12, "maxiter": 50},
+    {"jac_options": {"method": "gmres", "inner_maxiter": 5}},
+    {"jac_options": {"inner_inner_m": 4, "inner_rtol": 1e-6}, "xtol": 1e-9},
+])
+def test_bratu_matches_scipy_with_options(options):
+    """A 1-D Bratu problem (u'' + 2 exp(u) = 0 on 40 points, nonlinear, not a
+    contraction) with SciPy's options: the same root and termination status."""
+    n = 40
+    h = 1.0 / (n + 1)
+
+    def F(u, lam):
+        up = jnp.concatenate([u[1:], jnp.zeros(1)])
+        um = jnp.concatenate([jnp.zeros(1), u[:-1]])
+        return (up - 2 * u + um) / h ** 2 + lam * jnp.exp(u)
+
+    ref = _scipy(F, (n,), 2.0, options=options)
+    sol = root(F, jnp.zeros(n), (2.0,), method="krylov", stepping="compiled",
+               options=options)
+    assert bool(sol.success) and int(sol.status) == ref.status == 1
+    fatol = options.get("fatol", np.finfo(float).eps ** (1 / 3))
+    assert np.abs(sol.fun).max() <= fatol
+    np.testing.assert_allclose(sol.x, ref.x, rtol=1e-5, atol=1e-6)
+
+
+def test_no_finite_differences():
+    """Every residual evaluation is counted on the host: there are exactly `nfev` of
+    them (the start, one linearization per Newton step, the line-search trials) however
+    many Jacobian-vector products GMRES makes, i.e. the products come from JAX, not
+    from evaluating the residual at x + h v. SciPy's loop needs far more evaluations,
+    and its root is as exact only to its finite differences' accuracy."""
+    calls = []
+    b = jnp.linspace(-1.0, 2.0, 30)
+
+    def F(x, a):
+        jax.debug.callback(lambda: calls.append(1))
+        return x ** 3 + a * x - b + 0.5 * jnp.roll(x, 1) - 0.3 * jnp.sin(jnp.roll(x, -2))
+
+    sol = root(F, jnp.zeros(30), (1.5,), method="krylov", stepping="compiled", tol=1e-12)
+    jax.effects_barrier()
+    evaluations = len(calls) - 1  # the last: sol.fun, recomputed in JAX at x*
+    assert bool(sol.success) and evaluations == int(sol.nfev)
+    ref = _scipy(F, (30,), 1.5, tol=1e-12)
+    assert ref.nfev > 3 * evaluations
+    # Newton on exact products: quadratic convergence to rounding
+    np.testing.assert_allclose(F(sol.x, 1.5), 0.0, atol=1e-14)
+    np.testing.assert_allclose(sol.x, ref.x, rtol=1e-9, atol=1e-12)
+
+
+def _dense_ift(F, z, W, U):
+    """dz*/dW by the implicit function theorem, densely: -(dF/dz)^-1 dF/dW."""
+    n = z.size
+    Jz = jax.jacfwd(F)(z, W, U).reshape(n, n)
+    JW = jax.jacfwd(F, argnums=1)(z, W, U).reshape(n, W.size)
+    return -jnp.linalg.solve(Jz, JW).reshape(z.shape + W.shape)
+
+
+@pytest.mark.slow  # 20 s on the loaded 2-core machine (compiles); by default, the closed
+# form below and the derivative matrix's krylov row cover the derivatives
+@pytest.mark.parametrize("batch,width", [(2, 4), (6, 16)])  # 8 unknowns: dense; 96: GMRES
+def test_deq_derivatives(batch, width):
+    """grad, jvp, jacfwd, vmap (every element), jit and closures through the compiled
+    Newton-Krylov, against JAX autodiff of a fixed-point iteration, the dense implicit
+    function theorem, and central differences in float64."""
+    W, U, x = _deq(batch, width, seed=1)
+    F = _deq_residual(x)
+    dW = jax.random.normal(jax.random.PRNGKey(5), W.shape)
+    z0 = jnp.zeros((batch, width))
+
+    def ours(W, U):
+        return root(F, z0, (W, U), method="krylov", tol=1e-13).x
+
+    def closure(W, U):
+        return root(lambda z: F(z, W, U), z0, method="krylov", tol=1e-13).x
+
+    def twin(W, U):
+        return jax.lax.fori_loop(0, 200, lambda i, z: jnp.tanh(z @ W.T + x @ U.T), z0)
+
+    def loss(layer, W, U):
+        return jnp.sum(jnp.sin(layer(W, U)))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def derivatives(layer, W, U):  # one program per layer: one compile
+        Ws = jnp.stack([W, 0.5 * W, -0.8 * W])
+        return (jax.grad(functools.partial(loss, layer), argnums=(0, 1))(W, U),
+                jax.jvp(layer, (W, U), (dW, jnp.zeros_like(U)))[1],
+                jax.jacfwd(layer)(W, U),
+                jax.vmap(lambda W: layer(W, U))(Ws),
+                jax.vmap(jax.grad(lambda W: loss(layer, W, U)))(Ws))
+    g, t, jac, batched, batched_g = derivatives(ours, W, U)
+    g_twin, t_twin, _, batched_twin, batched_g_twin = derivatives(twin, W, U)
+    for a, b in zip(g, g_twin):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(t, t_twin, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(jac, _dense_ift(F, ours(W, U), W, U), rtol=1e-9, atol=1e-11)
+    for i in range(3):  # every batch element, against its own solve
+        np.testing.assert_allclose(batched[i], batched_twin[i], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(batched_g[i], batched_g_twin[i], rtol=1e-9, atol=1e-11)
+    g_closure = jax.jit(jax.grad(functools.partial(loss, closure)))(W, U)
+    np.testing.assert_allclose(g_closure, g[0], rtol=1e-10, atol=1e-12)
+    diff = fd(lambda e: loss(ours, W + e * dW, U), 0.0)
+    np.testing.assert_allclose(jnp.vdot(g[0], dW), diff, rtol=1e-6)
+
+
+def test_closed_form_gradient_under_jit():
+    """x^3 + a x = b elementwise: dx/db = 1/(3x^2 + a), dx/da = -x/(3x^2 + a)."""
+    b = jnp.array([1.0, 2.0, 3.0])
+
+    @jax.jit
+    def solve(a, b):
+        return root(lambda x: x ** 3 + a * x - b, jnp.ones(3), method="krylov",
+                    tol=1e-13).x
+    x = solve(2.0, b)
+    np.testing.assert_allclose(x ** 3 + 2.0 * x, b, rtol=1e-14)
+    d = 3 * x ** 2 + 2.0
+    ga, gb = jax.grad(lambda a, b: jnp.sum(solve(a, b)), argnums=(0, 1))(2.0, b)
+    np.testing.assert_allclose(gb, 1 / d, rtol=1e-12)
+    np.testing.assert_allclose(ga, jnp.sum(-x / d), rtol=1e-12)
+
+
+def test_bad_input():
+    """Options the compiled loop cannot honour are named (and run SciPy's loop under
+    "auto"); a residual of the wrong size is named."""
+    F = lambda x, p: x - jnp.cos(p * x)  # noqa: E731
+    for options, what in (
+            ({"line_search": "wolfe"}, "line_search='wolfe'"),
+            ({"tol_norm": np.linalg.norm}, "option tol_norm"),
+            ({"disp": True}, "disp=True"),
+            ({"maxiter": 2.5}, "maxiter=2.5"),
+            ({"jac_options": {"rdiff": 1e-6}}, "jac_options key 'rdiff'"),
+            ({"jac_options": {"outer_k": 3}}, "jac_options key 'outer_k'"),
+            ({"jac_options": {"method": "bicgstab"}}, "method='bicgstab'"),
+            ({"jac_options": {"inner_maxiter": 0}}, "inner_maxiter=0"),
+            ({"foo": 1}, "option 'foo'")):
+        with pytest.raises(ValueError, match="stepping='compiled'.*" + what.replace(
+                "(", r"\(").replace(".", r"\.")):
+            root(F, jnp.ones(3), (2.0,), method="krylov", stepping="compiled",
+                 options=options)
+    with pytest.raises(ValueError, match=r"root: fun\(x, \*args\) must return 3 values"):
+        root(lambda x: x[:2], jnp.ones(3), method="krylov")
+    sol = root(F, jnp.ones(3), (2.0,), method="krylov", options={"line_search": "wolfe"})
+    np.testing.assert_allclose(sol.fun, 0.0, atol=1e-5)  # SciPy's own loop
+
+
+@pytest.mark.slow  # several programs compiled
+def test_failures():
+    """SciPy's failure (maxiter reached, or `nit` iterations: SciPy then reports
+    status 2 and no success) as a SolverError, or NaN values and gradients."""
+    F = lambda x, p: x - jnp.cos(p * x)  # noqa: E731
+    opts = {"maxiter": 1}
+    with pytest.raises(SolverError, match=r"root\(method='krylov'\): The maximum number"):
+        jax.block_until_ready(root(F, jnp.ones(3), (2.0,), method="krylov", options=opts).x)
+    sol = root(F, jnp.ones(3), (2.0,), method="krylov", options=opts, on_failure="nan")
+    ref = scipy.optimize.root(lambda x: np.asarray(F(jnp.asarray(x), 2.0)), np.ones(3),
+                              method="krylov", options=opts)
+    assert not ref.success and ref.status == 2 and ref.nit == 1
+    assert not bool(sol.success) and int(sol.status) == 2 and int(sol.nit) == 1
+    assert np.isnan(sol.x).all()
+    g = jax.grad(lambda p: root(F, jnp.ones(3), (p,), method="krylov", options=opts,
+                                on_failure="nan").x.sum())(2.0)
+    assert np.isnan(g)
+    opts = {"nit": 3}
+    sol = root(F, jnp.ones(3), (2.0,), method="krylov", options=opts, on_failure="nan")
+    ref = scipy.optimize.root(lambda x: np.asarray(F(jnp.asarray(x), 2.0)), np.ones(3),
+                              method="krylov", options=opts)
+    assert not ref.success and not bool(sol.success)
+    assert (int(sol.status), int(sol.nit)) == (ref.status, ref.nit) == (2, 4)
+
+
+@pytest.mark.parametrize("n", [40, 5000])  # full-basis Gram-Schmidt; row by row (MGS)
+def test_lean_gmres_equals_jax_gmres(n):
+    """_gmres (the compiled root's inner and tangent solver) has the iterates of JAX's
+    incremental GMRES, one cycle, and restarted it meets its tolerance."""
+    from jaxbridge.scipy import _gmres
+    d = 1 + jax.random.uniform(jax.random.PRNGKey(0), (n,))
+
+    def A(v):
+        return d * v + 0.3 * jnp.roll(v, 1) - 0.2 * jnp.roll(v, -3)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n,))
+    for tol, m in ((1e-3, 30), (1e-12, 5)):
+        x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(A, b, tol, 0.0, m)
+        ref = jax.scipy.sparse.linalg.gmres(A, b, tol=tol, restart=m, maxiter=1,
+                                            solve_method="incremental")[0]
+        np.testing.assert_allclose(x, ref, rtol=1e-10, atol=1e-13)
+    x = jax.jit(_gmres.solve, static_argnums=(0, 3, 4))(A, b, 1e-12, 10, 100)
+    assert jnp.linalg.norm(A(x) - b) <= 1e-12 * jnp.linalg.norm(b)
