@@ -355,6 +355,25 @@ def test_exception_on_an_xla_worker_thread_is_raised_as_itself_under_jit_grad():
     assert _hostcall._native.take_pending() is None
 
 
+def test_runtime_errors_carrying_no_kept_exception_stay_runtime_errors():
+    # Only a runtime error whose message names a kept Exception becomes that exception:
+    # JAX's own errors, stale tokens and KeyboardInterrupt / SystemExit stay as they are.
+    from jaxbridge import errors
+    from jaxbridge._core import jaxapi
+
+    assert jaxapi.raise_carried_exceptions(errors.carried_failure)
+    runtime_error = jax.errors.JaxRuntimeError
+    kept = MyError("kept")
+    token = errors.remember_failure(kept)
+    assert runtime_error(f"UNKNOWN: ... [jaxbridge failure #{token}: ...]", 2) is kept
+    assert runtime_error(kept) is kept  # what Python passes when normalizing
+    interrupt = errors.remember_failure(KeyboardInterrupt())
+    for message in ("INTERNAL: an error of JAX's own", "[jaxbridge failure #0: gone]",
+                    f"[jaxbridge failure #{interrupt}: ...]"):
+        err = runtime_error(message)
+        assert type(err) is runtime_error and message in str(err)
+
+
 def test_keyboard_interrupt_and_system_exit_surface_as_themselves():
     for exc_type in (KeyboardInterrupt, SystemExit):
         @jb.foreign(lambda x: x)
