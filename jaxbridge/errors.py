@@ -168,9 +168,12 @@ def describe(aval: Any) -> str:
 
 
 # ---- failures that crossed XLA as a status (see jaxbridge/_foreign/hostcall.py) ----
-# An exception raised on one of XLA's worker threads cannot be re-raised as itself; it
-# reaches the caller inside JAX's runtime error, whose message names a token. The last
-# few such exceptions are kept here so that `original_exception` can hand them back.
+# An exception raised on one of XLA's worker threads crosses XLA as a status whose
+# message names a token; the last few such exceptions are kept here. Where JAX raises
+# its runtime error for that status on the launching thread, the runtime error becomes
+# the kept exception itself (`carried_failure`, installed by the host-call path through
+# `_core.jaxapi.raise_carried_exceptions`); `original_exception` hands it back from a
+# runtime error that still carries it.
 _RECENT_FAILURES_KEPT = 32
 _recent_failures: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
 _failure_ids = itertools.count(1)
@@ -188,13 +191,36 @@ def remember_failure(exc: BaseException) -> int:
     return token
 
 
+def carried_failure(args: tuple) -> BaseException | None:
+    """The kept host-function exception that a JAX runtime error is being built from:
+    its message's token, or the exception object itself (what Python passes when it
+    normalizes an error set as that object). Only `Exception`s: KeyboardInterrupt and
+    SystemExit from a worker thread are raised in the main thread as well
+    (csrc/hostcall/hostcall.cc), and the caller keeps JAX's error for them."""
+    for arg in args:
+        if isinstance(arg, str):
+            match = _TOKEN.search(arg)
+            if match:
+                with _failures_lock:
+                    found = _recent_failures.get(int(match.group(1)))
+                return found if isinstance(found, Exception) else None
+        elif isinstance(arg, Exception):
+            with _failures_lock:
+                if any(arg is kept for kept in _recent_failures.values()):
+                    return arg
+    return None
+
+
 def original_exception(err: BaseException) -> BaseException | None:
     """The exception a host function raised, from the JAX runtime error that carried it.
 
-    Exceptions raised on the thread that called JAX reach you as themselves. Only a
-    failure on one of XLA's own worker threads (e.g. one host call per shard of a
-    sharded input) arrives inside JAX's runtime error; this returns the original object
-    (or None if `err` carries none, or it is no longer kept).
+    Exceptions raised by host functions reach you as themselves, wherever XLA ran the
+    call: on the thread that called JAX, on one of XLA's worker threads (a call per
+    shard of a sharded input, a call XLA scheduled in parallel), or through the
+    `pure_callback` backend. A JAX runtime error carries one only where JAX's error
+    class cannot be adapted (a JAX release that made it immutable) or for
+    KeyboardInterrupt / SystemExit; this returns the original object (or None if `err`
+    carries none, or it is no longer kept), and `err` itself when it is one.
 
     Args:
       err: the exception JAX raised (its ``__cause__`` and ``__context__`` chain is
@@ -208,6 +234,8 @@ def original_exception(err: BaseException) -> BaseException | None:
         >>> original_exception(ValueError("unrelated")) is None
         True
     """
+    if carried_failure((err,)) is not None:
+        return err
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))

@@ -35,23 +35,23 @@ def test_exception_reaches_caller_as_itself_naming_the_function(jit):
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_pure_callback_backend_reports_type_message_function_and_original(jit):
-    # jax.pure_callback turns exceptions into runtime errors; ours says what happened
-    # and eager calls (where jaxbridge owns the call site) re-raise the original.
+def test_pure_callback_backend_raises_the_exception_itself_naming_the_function(jit):
+    # jax.pure_callback turns exceptions into runtime errors; ours carries a token, and
+    # the runtime error JAX raises for it is the user's exception object.
+    log = []
+
     @jb.foreign(identity_spec, backend="pure_callback")
     def exploding(x):
-        raise KeyError("the key that was missing")
+        log.append(KeyError("the key that was missing"))
+        raise log[-1]
 
     call = jax.jit(exploding) if jit else exploding
-    with pytest.raises(Exception) as info:
+    with pytest.raises(KeyError, match="the key that was missing") as info:
         jax.block_until_ready(call(jnp.ones(3)))
-    if jit:
-        text = str(info.value)
-        assert "KeyError" in text and "the key that was missing" in text
-        assert "'exploding'" in text
-        assert isinstance(jb.errors.original_exception(info.value), KeyError)
-    else:
-        assert type(info.value) is KeyError
+    assert info.value is log[-1]
+    assert any("'exploding'" in note for note in info.value.__notes__)
+    if jit:  # it crossed XLA as a status: the object kept for it is the one raised
+        assert jb.errors.original_exception(info.value) is info.value
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -64,14 +64,9 @@ def test_exception_in_a_rule_names_the_rule(backend):
     def _vjp(primals, out, ct):
         raise ZeroDivisionError("adjoint failed")
 
-    with pytest.raises(Exception) as info:
+    with pytest.raises(ZeroDivisionError, match="adjoint failed") as info:
         jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(jnp.ones(2)))
-    if backend == "native":
-        assert type(info.value) is ZeroDivisionError
-        assert any("adjoint rule (defvjp)" in n and "'f'" in n for n in info.value.__notes__)
-    else:
-        assert re.search(r"(?s)ZeroDivisionError: adjoint failed.*adjoint rule.*'f'",
-                         str(info.value))
+    assert any("adjoint rule (defvjp)" in n and "'f'" in n for n in info.value.__notes__)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -407,11 +402,9 @@ def test_gpu_host_call_exception_keeps_its_identity(gpu):
     def exploding_on_gpu(x):
         raise KeyError("missing on the GPU path")
 
-    with pytest.raises(Exception) as info:
+    with pytest.raises(KeyError, match="missing on the GPU path") as info:
         jax.block_until_ready(jax.jit(exploding_on_gpu)(jax.device_put(np.ones(3), gpu)))
-    text = str(info.value)
-    assert "KeyError" in text and "missing on the GPU path" in text
-    assert "'exploding_on_gpu'" in text
+    assert any("'exploding_on_gpu'" in note for note in info.value.__notes__)
     x = jax.device_put(np.ones(3), gpu)
     np.testing.assert_allclose(jax.jit(lambda x: x + 1)(x), 2.0)  # the device still works
 

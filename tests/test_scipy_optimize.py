@@ -495,6 +495,16 @@ def test_compiled_root_failures():
     with pytest.raises(SolverError, match="too many function evaluations"):
         jax.block_until_ready(jax.jit(lambda p: root(F, jnp.ones(3), (p,), method="df-sane",
                                                      options={"maxfev": 3}).x)(2.0))
+    # in a jitted gradient (batched too) the status check may run on an XLA worker
+    # thread: still the SolverError itself, on every fresh draw of XLA's placement
+    def loss(p):
+        return root(F, jnp.ones(3), (p,), method="df-sane", options={"maxfev": 3}).x.sum()
+    grad, batched = jax.jit(jax.grad(loss)), jax.jit(jax.vmap(jax.grad(loss)))
+    for _ in range(4):
+        with pytest.raises(SolverError, match="too many function evaluations"):
+            jax.block_until_ready(grad(2.0))
+        with pytest.raises(SolverError, match="too many function evaluations"):
+            jax.block_until_ready(batched(jnp.array([2.0, 2.5])))
     sol = root(F, jnp.ones(3), (2.0,), method="df-sane", options={"maxfev": 3},
                on_failure="nan")
     assert not bool(sol.success) and np.isnan(sol.x).all() and int(sol.nfev) == 3

@@ -19,8 +19,12 @@
 //   computation are skipped until the exception is delivered. Where this cannot work --
 //   an XLA worker thread, or a computation still making host calls kMaxSkipSeconds
 //   after the failure -- the failure becomes an XLA error whose message describes the
-//   exception and carries a token that jaxbridge.errors.original_exception() maps back
-//   to the exception object.
+//   exception and carries a token. JAX raises that error on the launching thread as
+//   its JaxRuntimeError, which jaxbridge has built as the exception object the token
+//   names (jaxbridge/_foreign/hostcall.py; jaxbridge.errors.original_exception() maps
+//   a token back where that is not possible). A worker cannot deliver it itself: no
+//   FFI context names the Python thread waiting for the run (RunId is JAX's
+//   per-executable launch counter), and that thread need not run any host call.
 // * Views never dangle silently. Zero-copy views are valid only during the call.
 //   Afterwards, reference counts tell whether the callable kept a view or a view
 //   derived from one. Reference cycles are collected first; what is still kept gets

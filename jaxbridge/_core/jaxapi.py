@@ -9,7 +9,7 @@ newer (tested on 0.10 and 0.12).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -36,6 +36,7 @@ __all__ = [
     "varying_axes",
     "cast_to_varying",
     "result_avals",
+    "raise_carried_exceptions",
 ]
 
 
@@ -68,6 +69,46 @@ def mark_host_callback(ctx: Any, callback: Any) -> None:
         return
     add(callback)
     ctx.module_context.add_keepalive(callback)
+
+
+_carried_hook: Callable[[tuple], BaseException | None] | None = None
+
+
+def raise_carried_exceptions(carried: Callable[[tuple], BaseException | None]) -> bool:
+    """Make JAX's runtime error, raised where a compiled program failed, be the
+    exception `carried(args)` finds in its constructor arguments (None: stay itself).
+
+    A host call on one of XLA's worker threads fails through XLA: the launching thread
+    is blocked in XLA (no Python frame of ours is there to re-raise anything), and jaxlib
+    raises `jax.errors.JaxRuntimeError(message, ...)` there. Python builds an exception
+    by calling its class, and a class whose `__new__` returns an exception of another
+    type raises that one (type_call skips `__init__`; `PyErr_SetObject` normalizes to
+    it): so the user's own exception object is raised, on the launching thread, at the
+    call site. Checked on JAX 0.10 (Python 3.11) and 0.12 (3.12), on the C++ fast path
+    and the first call's Python path. Installed once (later calls just return True);
+    False where the class is missing or immutable, and the runtime error stays as it is.
+    """
+    global _carried_hook
+    if _carried_hook is not None:
+        return True
+    cls = getattr(jax.errors, "JaxRuntimeError", None)
+    if not isinstance(cls, type):  # pragma: no cover - depends on the JAX release
+        return False
+    base_new = cls.__new__
+
+    def __new__(kind: type, *args: Any, **kwargs: Any) -> Any:
+        if kind is cls:
+            found = carried(args)
+            if found is not None:
+                return found
+        return base_new(kind, *args, **kwargs)
+
+    try:
+        cls.__new__ = staticmethod(__new__)  # type: ignore[method-assign,assignment]
+    except (TypeError, AttributeError):  # pragma: no cover - an immutable type
+        return False
+    _carried_hook = carried
+    return True
 
 
 def is_exporting(ctx: Any) -> bool:

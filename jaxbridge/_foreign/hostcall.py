@@ -21,6 +21,24 @@ the same treatment. It also makes the executable own the callable.
 
 Running on the calling thread is also what lets an exception keep its identity: the
 trampoline re-raises it on that thread when the JAX call returns (see hostcall.cc).
+
+Not every host call of such a program runs on the calling thread, though. XLA CPU's
+thunk executor runs independent parts of a program in parallel: the calling thread
+runs the first ready thunk and hands half of any other ready ones to the intra-op
+thread pool, and a thunk runs on whichever thread finished its last input. A
+`jit(grad(...))` of a compiled solve, for instance, has a forward loop and a backward
+loop that XLA starts side by side; the status check after the forward loop runs on a
+worker whenever the forward loop was handed off (about one call in three on 2 cores).
+Per-shard calls run on workers as well. A worker's exception cannot be scheduled on
+the launching thread -- nothing tells the worker which Python thread is blocked in XLA
+for this run (XLA's RunId is JAX's per-executable launch counter, and the launching
+thread need not run any host call of the run) -- so it crosses XLA as an error status
+whose message carries a token (`HostCallable.failure_message`). JAX raises that status
+on the launching thread as `jax.errors.JaxRuntimeError`, and the first such failure
+installs `_core.jaxapi.raise_carried_exceptions`: a runtime error that carries a kept
+exception is built as that exception. So `except SolverError` and `except MyError`
+catch the user's object under jit, grad and vmap wherever XLA ran the call, and the
+`pure_callback` backend's failures too.
 """
 
 from __future__ import annotations
@@ -47,6 +65,7 @@ from ..errors import (
     ForeignCallError,
     JaxbridgeError,
     KeptViewError,
+    carried_failure,
     remember_failure,
 )
 
@@ -272,8 +291,11 @@ class HostCallable:
             pass
 
     def failure_message(self, exc: BaseException) -> str:
-        """The XLA error text for a failure that cannot be re-raised as itself (it ran on
-        an XLA worker thread): the exception's type, message and origin, and a token."""
+        """The XLA error text for a failure that crosses XLA as a status (it ran on an
+        XLA worker thread, or through pure_callback): the exception's type, message and
+        origin, and a token. JAX's runtime error raised for it on the launching thread
+        becomes `exc` itself (see the module docstring)."""
+        jaxapi.raise_carried_exceptions(carried_failure)
         token = remember_failure(exc)
         kind = type(exc)
         name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else \
@@ -318,11 +340,13 @@ class HostCallable:
     # -- jax.pure_callback protocol
     def call_pure(self, *arrays: Any) -> tuple[np.ndarray, ...]:
         """`jax.pure_callback` turns any exception into a runtime error string, so the
-        error says what happened and carries a token for `original_exception`."""
+        error says what happened and carries a token: JAX's runtime error for it is
+        raised as `exc` itself (see the module docstring)."""
         outs = tuple(np.empty(a.shape, a.dtype) for a in self.out_avals)
         try:
             self.fill(tuple(np.asarray(a) for a in arrays), outs)
         except BaseException as exc:  # noqa: BLE001 - re-raised, described
+            self.annotate(exc)
             raise ForeignCallError(self.failure_message(exc)) from exc
         return outs
 

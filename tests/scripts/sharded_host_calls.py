@@ -7,6 +7,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8")
 
 import re  # noqa: E402
+import threading  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -134,30 +135,53 @@ def main() -> None:
     np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
     explicit_axes(sin_mul)
 
-    # A per-shard call runs on an XLA worker thread: its exception cannot be re-raised
-    # as itself there, so it crosses XLA as a status that says what happened, and
-    # jaxbridge.errors.original_exception hands back the object.
+    # Per-shard calls run on XLA's worker threads, where the calling Python thread cannot
+    # be reached: the exception crosses XLA as a status, and JAX's runtime error for it
+    # is raised as the exception object itself, under jit and in a jitted gradient.
     class ShardFailure(Exception):
         pass
 
+    raised, workers = [], []
+
+    def fail(what):
+        workers.append(isinstance(threading.current_thread(), threading._DummyThread))
+        raised.append(ShardFailure(f"shard went wrong in the {what}"))
+        raise raised[-1]
+
+    failing = {"forward": True}
+
     @jb.foreign(lambda x: x, batch_dims=1)
     def fails_per_shard(x):
-        raise ShardFailure("shard went wrong")
+        if failing["forward"]:
+            fail("forward")
+        return np.sin(x)
 
+    @fails_per_shard.defvjp
+    def _fails(primals, out, ct):
+        fail("adjoint")
+
+    loss = jax.jit(jax.grad(lambda x: jnp.sum(fails_per_shard(x))))
+    for program, what in ((jax.jit(fails_per_shard), "forward"), (loss, "forward"),
+                          (loss, "adjoint")):
+        failing["forward"] = what == "forward"
+        raised.clear()
+        workers.clear()
+        try:
+            jax.block_until_ready(program(x))
+        except ShardFailure as exc:
+            assert any(exc is r for r in raised) and what in str(exc), (exc, what)
+            assert any("'fails_per_shard'" in n for n in exc.__notes__), exc.__notes__
+        else:
+            raise AssertionError("expected the shard's exception")
+        assert any(workers), "expected per-shard calls on XLA's worker threads"
+    # ... and eager calls, where jaxbridge owns the call site, raise the object itself.
+    failing["forward"] = True
     try:
-        jax.jit(fails_per_shard)(x).block_until_ready()
-    except ShardFailure:
-        pass  # delivered as itself (the shard ran on the calling thread)
-    except Exception as exc:  # noqa: BLE001
-        assert "ShardFailure: shard went wrong" in str(exc) and "fails_per_shard" in str(exc)
-        assert isinstance(jb.errors.original_exception(exc), ShardFailure)
+        jax.block_until_ready(fails_per_shard(x))
+    except ShardFailure as exc:
+        assert any(exc is r for r in raised)
     else:
         raise AssertionError("expected the shard's exception")
-    # ... and eager calls, where jaxbridge owns the call site, raise the object itself.
-    try:
-        fails_per_shard(x)
-    except ShardFailure:
-        pass
     print("sharded host calls OK")
 
 
