@@ -228,6 +228,8 @@ def test_failures():
     assert (int(sol.status), int(sol.nit)) == (ref.status, ref.nit) == (2, 4)
 
 
+@pytest.mark.slow  # ~15 s of compiles per size on the loaded machine; by default every
+# compiled krylov test runs _gmres (Newton steps and tangent solves)
 @pytest.mark.parametrize("n", [40, 5000])  # full-basis Gram-Schmidt; row by row (MGS)
 def test_lean_gmres_equals_jax_gmres(n):
     """_gmres (the compiled root's inner and tangent solver) has the iterates of JAX's
@@ -245,3 +247,24 @@ def test_lean_gmres_equals_jax_gmres(n):
         np.testing.assert_allclose(x, ref, rtol=1e-10, atol=1e-13)
     x = jax.jit(_gmres.solve, static_argnums=(0, 3, 4))(A, b, 1e-12, 10, 100)
     assert jnp.linalg.norm(A(x) - b) <= 1e-12 * jnp.linalg.norm(b)
+
+
+def test_armijo_backtracking_as_scipy():
+    """arctan(x) + 0.1 x from |x0| >= 2.5: the full Newton step overshoots, so SciPy's
+    Armijo search must backtrack (its quadratic and cubic trials) to converge, in
+    SciPy's number of iterations; without a line search both loops run to maxiter =
+    100 (n + 1) and fail."""
+    def F(x):
+        return jnp.arctan(x) + 0.1 * x
+    x0 = np.array([3.0, -2.5, 4.0])
+    for ls in ("armijo", None):
+        ref = scipy.optimize.root(lambda x: np.arctan(x) + 0.1 * x, x0,  # F in NumPy
+                                  method="krylov", options={"line_search": ls})
+        sol = root(F, jnp.asarray(x0), method="krylov", options={"line_search": ls},
+                   on_failure="nan")
+        assert (bool(sol.success), int(sol.status), int(sol.nit)) == \
+            (ref.success, ref.status, ref.nit), ls
+        if ls:
+            np.testing.assert_allclose(sol.x, 0.0, atol=1e-14)
+        else:
+            assert ref.nit == 400 and np.isnan(sol.x).all()
