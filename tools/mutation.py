@@ -58,7 +58,16 @@ TESTS: dict[str, tuple[str, str | None]] = {
                                      "(test_cell and integrate) or test_scipy_integrate"),
     "jaxbridge/scipy/_common.py": ("tests/test_scipy_closures.py tests/test_scipy_optimize.py",
                                    None),
-    "jaxbridge/scipy/_rk.py": ("tests/test_scipy_integrate.py", None),
+    # The compiled RK loop (RK45 here) in both modes: the matrix's jvp cells (JAX's
+    # tangent of the loop) and vjp cells (the discrete adjoint, and reverse mode by
+    # forward sensitivities), then SciPy's values and the two-level checkpointing (slow
+    # stage: the only test with more than one segment). 58 s here, load 5-6.
+    "jaxbridge/scipy/_rk.py": (
+        f"{_M} tests/test_scipy_integrate.py -m 'not docs'",
+        "(test_cell and solve_ivp and float64 and not implicit and ((adjoint and vjp) "
+        "or (RK45 and jvp) or (t_span and vjp) or (evaluation and jvp))) "
+        "or (values_match_scipy and RK45) or compiled_path_bad_input or two_level",
+    ),
     "jaxbridge/scipy/sparse/linalg.py": (f"{_M} tests/test_scipy_sparse.py",
                                          "(test_cell and sparse) or test_scipy_sparse"),
     "jaxbridge/_core/pair.py": (
@@ -112,6 +121,15 @@ RULES = {
     "jaxbridge/scipy/integrate.py": r"_jvp$|_vjp|_cotangents$|^_Integrand",
     "jaxbridge/scipy/sparse/linalg.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
     r"|^_degenerate|^_sym_",
+    # _rk: the discrete adjoint (_sweep and its nested rerun/step_vjp/segment/back), the
+    # custom JVP and its transpose, the recording loop and tape; not the forward
+    # stepping (_Rk: values, checked by every solve) nor checkpoint_sizes (memory).
+    # Mutants carry their innermost function's name only: `body` and `solve` also match
+    # the forward loop's, a few forward mutants in the population.
+    "jaxbridge/scipy/_rk.py": r"^(_sweep|rerun|body|step_vjp|phi|with_output|plain|output"
+    r"|segment|back|_bind_fixed|_linear_with_transpose|solve|transpose_solve|_plain"
+    r"|differentiable_solve|_differentiable_solve_jvp|flat|split|core|forward|transpose"
+    r"|_forward_recording|_record|_tape0|_core)$",
     "jaxbridge/_core/pair.py": r".",
     "jaxbridge/_foreign/runners.py": r"^run_|^filler",
     "jaxbridge/ops.py": r".",
