@@ -68,6 +68,18 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or (RK45 and jvp) or (t_span and vjp) or (evaluation and jvp))) "
         "or (values_match_scipy and RK45) or compiled_path_bad_input or two_level",
     ),
+    # The Radau IIA adjoint/tangent over SciPy's recorded steps (BDF, Radau, LSODA under
+    # x64): the matrix's implicit rows in jvp/vjp, test_scipy_stiff.py's default tests and
+    # its exactness test for Radau's discrete solution (slow stage), the finite-difference
+    # gradients of test_scipy_integrate.py. 70 s here without the slow test, load 9.
+    "jaxbridge/scipy/_stiff.py": (
+        f"{_M} tests/test_scipy_stiff.py tests/test_scipy_integrate.py -m 'not docs'",
+        "(test_cell and solve_ivp and float64 and implicit and (jvp or vjp)) "
+        "or (test_scipy_stiff and not vmap_of and not van_der_pol and not "
+        "forward_and_reverse and not closed_over) "
+        "or (gradients_vs_finite and (Radau-adjoint or LSODA-adjoint)) "
+        "or (robertson and BDF-adjoint)",
+    ),
     "jaxbridge/scipy/sparse/linalg.py": (f"{_M} tests/test_scipy_sparse.py",
                                          "(test_cell and sparse) or test_scipy_sparse"),
     "jaxbridge/_core/pair.py": (
@@ -130,6 +142,9 @@ RULES = {
     r"|segment|back|_bind_fixed|_linear_with_transpose|solve|transpose_solve|_plain"
     r"|differentiable_solve|_differentiable_solve_jvp|flat|split|core|forward|transpose"
     r"|_forward_recording|_record|_tape0|_core)$",
+    # _stiff: the whole module is derivative code (SciPy runs the solve), but for
+    # max_states (how many steps the recording may hold: memory).
+    "jaxbridge/scipy/_stiff.py": r"^(?!max_states$).",
     "jaxbridge/_core/pair.py": r".",
     "jaxbridge/_foreign/runners.py": r"^run_|^filler",
     "jaxbridge/ops.py": r".",
