@@ -155,6 +155,28 @@ def test_time_dependent_jacobian_derivatives_match_the_closed_form_in_both_modes
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9)
 
 
+def test_small_nonlinear_state_gets_exact_derivatives_in_both_modes():
+    # Newton's stopping rule on the stages scales with the state's size: a state of
+    # size 1e-3 (a nonlinear one: Newton takes more than one iteration) must still get
+    # converged stages, not NaN. y' = -k y^2: y(t) = y0 / (1 + k y0 t).
+    te = jnp.array([0.5, 2.0])
+
+    def ys(k, y0):
+        return solve_ivp(lambda t, y, k: -k * y ** 2, (0.0, 2.0), y0, "Radau", te,
+                         args=(k,), rtol=1e-8, atol=1e-15).y
+
+    def exact(k, y0):
+        return y0[:, None] / (1.0 + (k * y0)[:, None] * te[None, :])
+
+    k, y0, dk = jnp.array([100.0, 300.0]), jnp.array([1e-3, 2e-3]), jnp.array([1.0, -2.0])
+    np.testing.assert_allclose(jax.jvp(lambda k: ys(k, y0), (k,), (dk,))[1],
+                               jax.jvp(lambda k: exact(k, y0), (k,), (dk,))[1],
+                               rtol=1e-6, atol=1e-15)
+    np.testing.assert_allclose(jax.grad(lambda y0: jnp.sum(ys(k, y0)))(y0),
+                               jax.grad(lambda y0: jnp.sum(exact(k, y0)))(y0),
+                               rtol=1e-6, atol=1e-12)
+
+
 def test_an_output_at_a_step_time_is_counted_once():
     # first_step=2**-10 makes SciPy's first accepted step end exactly at the output time
     # 2**-10 (the step is accepted: its error estimate is far below rtol). That
