@@ -628,6 +628,25 @@ def test_compiled_forward_mode_with_an_odd_state_size():
         np.testing.assert_allclose(o, w, rtol=1e-7, atol=1e-9)
 
 
+def test_compiled_adjoint_with_steps_longer_than_one_time_unit():
+    """A slow decay at a loose tolerance: RK45 takes steps of several time units, so an
+    output lies more than one unit after the start of the step that holds it. The
+    discrete adjoint equals reverse mode by forward sensitivities (both exact for the
+    same discrete solution) and the closed form within the tolerance."""
+    def L(k, sensitivity):
+        sol = solve_ivp(lambda t, y, k: -k * y, (0.0, 100.0), jnp.array([1.0, 2.0]),
+                        t_eval=[30.0, 100.0], args=(k,), rtol=1e-5, atol=1e-9,
+                        sensitivity=sensitivity)
+        return jnp.sum(sol.y * jnp.array([[1.0, 2.0], [-1.0, 3.0]]))
+
+    k = jnp.array([0.05, 0.02])
+    adjoint = jax.grad(L)(k, "adjoint")
+    np.testing.assert_allclose(adjoint, jax.grad(L)(k, "forward"), rtol=1e-9)
+    exact = lambda k: jnp.sum(jnp.array([1.0, 2.0])[:, None] * jnp.exp(  # noqa: E731
+        -k[:, None] * jnp.array([30.0, 100.0])[None, :]) * jnp.array([[1.0, 2.0], [-1.0, 3.0]]))
+    np.testing.assert_allclose(adjoint, jax.grad(exact)(k), rtol=1e-3)
+
+
 def test_compiled_failed_solve_gives_nan_gradients_with_the_nan_policy():
     """The compiled loop's discrete adjoint under on_failure="nan": a solve that blows up
     has NaN outputs and a NaN gradient (never a silent zero from the masked outputs)."""
