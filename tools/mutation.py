@@ -61,13 +61,14 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # The compiled RK loop (RK45 here) in both modes: the matrix's jvp cells (JAX's
     # tangent of the loop) and vjp cells (the discrete adjoint, and reverse mode by
     # forward sensitivities), then SciPy's values and the two-level checkpointing (slow
-    # stage: the only test with more than one segment). 58 s here, load 5-6.
+    # stage: the only test with more than one segment; it must ask for the discrete
+    # adjoint). 58 s here at load 5-6 before this session's four tests were added.
     "jaxbridge/scipy/_rk.py": (
         f"{_M} tests/test_scipy_integrate.py -m 'not docs'",
         "(test_cell and solve_ivp and float64 and not implicit and ((adjoint and vjp) "
         "or (RK45 and jvp) or (t_span and vjp) or (evaluation and jvp))) "
         "or (values_match_scipy and RK45) or compiled_path_bad_input or odd_state "
-        "or compiled_failed or two_level",
+        "or longer_than_one or compiled_failed or two_level",
     ),
     # The Radau IIA adjoint/tangent over SciPy's recorded steps (BDF, Radau, LSODA under
     # x64): the matrix's implicit rows in jvp/vjp, test_scipy_stiff.py's default tests and
