@@ -192,8 +192,8 @@ def test_an_output_at_a_step_time_is_counted_once():
     w = jnp.array([[1.0, 2.0], [-1.0, 0.5], [3.0, 1.0]])
     grads = jax.grad(lambda k, y0: jnp.sum(ys(k, y0, te) * w), argnums=(0, 1))(k, y0)
     want = jax.grad(lambda k, y0: jnp.sum(exact(k, y0) * w), argnums=(0, 1))(k, y0)
-    for g, w in zip(grads, want):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+    for g, ref in zip(grads, want):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
     at_t0 = jnp.array([0.0, 0.0])
     g_k, g_y0 = jax.grad(lambda k, y0: jnp.sum(ys(k, y0, at_t0) * w), argnums=(0, 1))(k, y0)
     np.testing.assert_allclose(g_y0, jnp.sum(w, axis=1), rtol=1e-14)
