@@ -130,6 +130,76 @@ def test_float32_state_gets_finite_derivatives_in_both_modes(method):
     np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-5)
 
 
+def test_time_dependent_jacobian_derivatives_match_the_closed_form_in_both_modes():
+    # The stages sit at t + c h: only a right-hand side whose Jacobian depends on t tells
+    # the stage times apart (the other default problems are autonomous, or t enters
+    # additively). y' = -k (1 + t) y: y(t) = y0 exp(-k ((t + t^2/2) - (t0 + t0^2/2))).
+    # Three states: an off-by-one in the tangent's layout can hide behind an even n.
+    te = jnp.array([0.5, 1.0, 2.0])
+
+    def ys(k, y0, t0):
+        return solve_ivp(lambda t, y, k: -k * (1.0 + t) * y, (t0, 2.0), y0, "Radau", te,
+                         args=(k,), rtol=1e-10, atol=1e-12).y
+
+    def exact(k, y0, t0):
+        s = te + te ** 2 / 2 - (t0 + t0 ** 2 / 2)
+        return y0[:, None] * jnp.exp(-k[:, None] * s[None, :])
+
+    primals = (jnp.array([0.4, 2.0, 1.0]), jnp.array([1.0, 2.0, -1.0]), jnp.array(0.1))
+    tangents = (jnp.array([1.0, -0.5, 2.0]), jnp.array([0.3, 1.0, -2.0]), jnp.array(0.7))
+    np.testing.assert_allclose(jax.jvp(ys, primals, tangents)[1],
+                               jax.jvp(exact, primals, tangents)[1], rtol=1e-6, atol=1e-9)
+    grads = jax.grad(lambda *a: jnp.sum(jnp.sin(ys(*a))), argnums=(0, 1, 2))(*primals)
+    want = jax.grad(lambda *a: jnp.sum(jnp.sin(exact(*a))), argnums=(0, 1, 2))(*primals)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9)
+
+
+def test_small_nonlinear_state_gets_exact_derivatives_in_both_modes():
+    # Newton's stopping rule on the stages scales with the state's size: a state of
+    # size 1e-3 (a nonlinear one: Newton takes more than one iteration) must still get
+    # converged stages, not NaN. y' = -k y^2: y(t) = y0 / (1 + k y0 t).
+    te = jnp.array([0.5, 2.0])
+
+    def ys(k, y0):
+        return solve_ivp(lambda t, y, k: -k * y ** 2, (0.0, 2.0), y0, "Radau", te,
+                         args=(k,), rtol=1e-8, atol=1e-15).y
+
+    def exact(k, y0):
+        return y0[:, None] / (1.0 + (k * y0)[:, None] * te[None, :])
+
+    k, y0, dk = jnp.array([100.0, 300.0]), jnp.array([1e-3, 2e-3]), jnp.array([1.0, -2.0])
+    np.testing.assert_allclose(jax.jvp(lambda k: ys(k, y0), (k,), (dk,))[1],
+                               jax.jvp(lambda k: exact(k, y0), (k,), (dk,))[1],
+                               rtol=1e-6, atol=1e-15)
+    np.testing.assert_allclose(jax.grad(lambda y0: jnp.sum(ys(k, y0)))(y0),
+                               jax.grad(lambda y0: jnp.sum(exact(k, y0)))(y0),
+                               rtol=1e-6, atol=1e-12)
+
+
+def test_an_output_at_a_step_time_is_counted_once():
+    # first_step=2**-10 makes SciPy's first accepted step end exactly at the output time
+    # 2**-10 (the step is accepted: its error estimate is far below rtol). That
+    # output belongs to the step that ends there, not also to the one that starts there.
+    # And outputs at t0 only (no step at all): y = y0, dy/dy0 = I, dy/dk = 0.
+    def ys(k, y0, te):
+        return solve_ivp(lambda t, y, k: -k * y, (0.0, 1.0), y0, "Radau", te, args=(k,),
+                         rtol=1e-6, atol=1e-9, first_step=2.0 ** -10).y
+
+    k, y0 = jnp.array([0.5, 2.0, 1.0]), jnp.array([1.0, -2.0, 0.5])
+    te = jnp.array([2.0 ** -10, 1.0])
+    exact = lambda k, y0: y0[:, None] * jnp.exp(-k[:, None] * te[None, :])  # noqa: E731
+    w = jnp.array([[1.0, 2.0], [-1.0, 0.5], [3.0, 1.0]])
+    grads = jax.grad(lambda k, y0: jnp.sum(ys(k, y0, te) * w), argnums=(0, 1))(k, y0)
+    want = jax.grad(lambda k, y0: jnp.sum(exact(k, y0) * w), argnums=(0, 1))(k, y0)
+    for g, ref in zip(grads, want):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
+    at_t0 = jnp.array([0.0, 0.0])
+    g_k, g_y0 = jax.grad(lambda k, y0: jnp.sum(ys(k, y0, at_t0) * w), argnums=(0, 1))(k, y0)
+    np.testing.assert_allclose(g_y0, jnp.sum(w, axis=1), rtol=1e-14)
+    np.testing.assert_allclose(g_k, 0.0, atol=0)
+
+
 def van_der_pol(t, y, mu):
     return jnp.stack([y[1], mu * ((1 - y[0] ** 2) * y[1]) - y[0]])
 
@@ -194,6 +264,21 @@ def test_too_small_checkpoint_budget_is_a_clear_error():
         jax.grad(lambda k: lin_loss(Y0, k, "BDF", checkpoints=3))(K)
     # the value alone records nothing, so any budget is fine
     assert np.isfinite(float(lin_loss(Y0, K, "BDF", checkpoints=3)))
+
+
+def test_status_and_counts_under_differentiation():
+    # Under jvp the solve's own outputs come from the derivative rule: the same nfev as
+    # the plain solve; status -2 (and NaN states) when the steps overflow the record.
+    def out(k, **kw):
+        sol = solve_ivp(linear, (0.0, 2.0), Y0, "BDF", TE, args=(k,), rtol=1e-9, atol=1e-12,
+                        sensitivity="adjoint", **kw)
+        return sol.y, sol.status, sol.nfev
+
+    plain = out(K)
+    (y, status, nfev), _ = jax.jvp(out, (K,), (K,))
+    assert int(status) == 0 and int(nfev) == int(plain[2]) > 0
+    (y, status, _), _ = jax.jvp(lambda k: out(k, checkpoints=3, on_failure="nan"), (K,), (K,))
+    assert int(status) == -2 and np.isnan(y).all()
 
 
 def test_failed_solve_gives_nan_gradients_with_the_nan_policy():

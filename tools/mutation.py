@@ -58,7 +58,30 @@ TESTS: dict[str, tuple[str, str | None]] = {
                                      "(test_cell and integrate) or test_scipy_integrate"),
     "jaxbridge/scipy/_common.py": ("tests/test_scipy_closures.py tests/test_scipy_optimize.py",
                                    None),
-    "jaxbridge/scipy/_rk.py": ("tests/test_scipy_integrate.py", None),
+    # The compiled RK loop (RK45 here) in both modes: the matrix's jvp cells (JAX's
+    # tangent of the loop) and vjp cells (the discrete adjoint, and reverse mode by
+    # forward sensitivities), then SciPy's values and the two-level checkpointing (slow
+    # stage: the only test with more than one segment; it must ask for the discrete
+    # adjoint). 58 s here at load 5-6 before this session's four tests were added.
+    "jaxbridge/scipy/_rk.py": (
+        f"{_M} tests/test_scipy_integrate.py -m 'not docs'",
+        "(test_cell and solve_ivp and float64 and not implicit and ((adjoint and vjp) "
+        "or (RK45 and jvp) or (t_span and vjp) or (evaluation and jvp))) "
+        "or (values_match_scipy and RK45) or compiled_path_bad_input or odd_state "
+        "or longer_than_one or compiled_failed or two_level",
+    ),
+    # The Radau IIA adjoint/tangent over SciPy's recorded steps (BDF, Radau, LSODA under
+    # x64): the matrix's implicit rows in jvp/vjp, test_scipy_stiff.py's default tests and
+    # its exactness test for Radau's discrete solution (slow stage), the finite-difference
+    # gradients of test_scipy_integrate.py. 70 s here without the slow test, load 9.
+    "jaxbridge/scipy/_stiff.py": (
+        f"{_M} tests/test_scipy_stiff.py tests/test_scipy_integrate.py -m 'not docs'",
+        "(test_cell and solve_ivp and float64 and implicit and (jvp or vjp)) "
+        "or (test_scipy_stiff and not vmap_of and not van_der_pol and not "
+        "forward_and_reverse and not closed_over) "
+        "or (gradients_vs_finite and (Radau-adjoint or LSODA-adjoint)) "
+        "or (robertson and BDF-adjoint)",
+    ),
     "jaxbridge/scipy/sparse/linalg.py": (f"{_M} tests/test_scipy_sparse.py",
                                          "(test_cell and sparse) or test_scipy_sparse"),
     "jaxbridge/_core/pair.py": (
@@ -112,6 +135,18 @@ RULES = {
     "jaxbridge/scipy/integrate.py": r"_jvp$|_vjp|_cotangents$|^_Integrand",
     "jaxbridge/scipy/sparse/linalg.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
     r"|^_degenerate|^_sym_",
+    # _rk: the discrete adjoint (_sweep and its nested rerun/step_vjp/segment/back), the
+    # custom JVP and its transpose, the recording loop and tape; not the forward
+    # stepping (_Rk: values, checked by every solve) nor checkpoint_sizes (memory).
+    # Mutants carry their innermost function's name only: `body` and `solve` also match
+    # the forward loop's, a few forward mutants in the population.
+    "jaxbridge/scipy/_rk.py": r"^(_sweep|rerun|body|step_vjp|phi|with_output|plain|output"
+    r"|segment|back|_bind_fixed|_linear_with_transpose|solve|transpose_solve|_plain"
+    r"|differentiable_solve|_differentiable_solve_jvp|flat|split|core|forward|transpose"
+    r"|_forward_recording|_record|_tape0|_core)$",
+    # _stiff: the whole module is derivative code (SciPy runs the solve), but for
+    # max_states (how many steps the recording may hold: memory).
+    "jaxbridge/scipy/_stiff.py": r"^(?!max_states$).",
     "jaxbridge/_core/pair.py": r".",
     "jaxbridge/_foreign/runners.py": r"^run_|^filler",
     "jaxbridge/ops.py": r".",
