@@ -91,9 +91,11 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "derivatives or hessian or check_rules or scan or one_torch_vmap or static_leaves "
         "or loop_for_data or dtypes_pass or integer_only or bfloat16 or module_gradients",
     ),
+    # torch's host side and conversions: every call (primal and derivative) goes
+    # through them, and the whole default file takes 13 s here (load 1-2).
     "jaxbridge/torch/_host.py": ("tests/test_torch.py", None),
     "jaxbridge/torch/_convert.py": ("tests/test_torch.py", None),
-    "jaxbridge/torch/_module.py": ("tests/test_torch.py", None),
+    "jaxbridge/torch/_module.py": ("tests/test_torch.py", "module or optax"),
 }
 
 
@@ -118,6 +120,16 @@ RULES = {
     "jaxbridge/_testing/_fd.py": r".",
     "jaxbridge/torch/_wrap.py": r"_rule$|^_autograd_vjp|^_torch_vjp|^_torch_jvp|^_restricted"
     r"|^_conj",
+    # What a derivative's host call runs (the derived torch functions go through
+    # run_host with two or more arguments; run_one, run_in_place and the torch-operator
+    # `out=` path serve primal calls only).
+    "jaxbridge/torch/_host.py": r"^run_host$|^_tensors$|^_cap_threads$|^_restore_threads$"
+    r"|^_run_batched$|^_run_loop$|^write_results$|^_write_one$|^_check_after_call$",
+    # Every conversion, module level included (`.*` also matches its empty name).
+    "jaxbridge/torch/_convert.py": r".*",
+    # The function `jax.grad` differentiates with torch autograd, its entry, and the
+    # parameters' and buffers' conversion.
+    "jaxbridge/torch/_module.py": r"^_functional$|^_call_|^__call__$|^_to_jax$",
 }
 
 
