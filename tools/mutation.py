@@ -82,6 +82,16 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "complex or (caught and not writes_into) or steps_are_relative or erfcx "
         "or trusts or correct_special",
     ),
+    # The checks that compare rules with references: every check_rules test but the
+    # strategies, kernel, export, finite-difference and options-only ones (65 s here, at
+    # load 9; the whole default file takes 92 s).
+    "jaxbridge/_testing/_derivative_checks.py": (
+        "tests/test_testing.py",
+        "not strategies and not writes_into and not round_trip and not compiles_on_every "
+        "and not finite_difference_error and not complex_step_is_refused and not "
+        "options_reject and not classified and not what_each_object and not "
+        "steps_are_relative and not correct_special and not erfcx",
+    ),
     "jaxbridge/_testing/_checker.py": ("tests/test_testing.py", None),
     "jaxbridge/_testing/_transforms.py": ("tests/test_testing.py", None),
     "jaxbridge/_testing/_report.py": ("tests/test_testing.py", None),
@@ -92,8 +102,9 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or loop_for_data or dtypes_pass or integer_only or bfloat16 or module_gradients",
     ),
     # torch's host side and conversions: every call (primal and derivative) goes
-    # through them, and the whole default file takes 13 s here (load 1-2).
-    "jaxbridge/torch/_host.py": ("tests/test_torch.py", None),
+    # through them, and the whole default file takes 13 s here (load 1-2). The device
+    # protocol's tests (10 s) drive _host's device-tensor branches on CPU capsules.
+    "jaxbridge/torch/_host.py": ("tests/test_torch.py tests/test_torch_device.py", None),
     "jaxbridge/torch/_convert.py": ("tests/test_torch.py", None),
     "jaxbridge/torch/_module.py": ("tests/test_torch.py", "module or optax"),
 }
@@ -118,6 +129,7 @@ RULES = {
     "jaxbridge/_foreign/runners.py": r"^run_|^filler",
     "jaxbridge/ops.py": r".",
     "jaxbridge/_testing/_fd.py": r".",
+    "jaxbridge/_testing/_derivative_checks.py": r".",
     "jaxbridge/torch/_wrap.py": r"_rule$|^_autograd_vjp|^_torch_vjp|^_torch_jvp|^_restricted"
     r"|^_conj",
     # What a derivative's host call runs (the derived torch functions go through
