@@ -252,6 +252,29 @@ def test_full_jacobians_of_more_than_256_elements(rng):
     assert report.summary()["vjp_jacobian"] == "pass", str(report)
 
 
+def test_a_tangent_rule_that_is_not_zero_for_zero_tangents_is_caught(rng):
+    @jb.foreign(lambda x: x)
+    def f(x):
+        return np.sin(x)
+
+    f.defvjp(lambda p, out, ct: (np.cos(p[0]) * ct,))
+    f.defjvp(lambda p, out, t: np.cos(p[0]) * t[0] + 0.5)  # an offset: wrong at t = 0
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 3), check_options=CheckOptions(checks=("symbolic_zeros",)))
+    (row,) = _failed(info.value)["symbolic_zeros"]
+    assert row.note == "jvp with all-zero tangents must be zero", row
+
+
+def test_symbolic_zeros_says_which_side_has_no_floating_point_values(rng):
+    rows = {}
+    for what, f, arg in (("inputs", lambda n: n * 2, np.arange(3)),
+                         ("outputs", lambda x: jnp.round(x).astype(jnp.int32), _x(rng, 3))):
+        report = check_rules(f, arg, check_options=CheckOptions(checks=("symbolic_zeros",)))
+        (rows[what],) = report.by_name("symbolic_zeros")
+        assert rows[what].status == "skip", rows[what]
+        assert rows[what].note == f"no floating-point {what}", rows[what]
+
+
 @pytest.mark.parametrize("broken", ["jvp", "vjp"])
 def test_a_rule_that_raises_is_reported_as_an_error_of_its_checks(broken, rng):
     """The error is reported where it happened: the tangent rule fails only for a
@@ -364,7 +387,9 @@ def test_complex_holomorphic_rules_pass(rng):
     z = rng.standard_normal(3) + 1j * rng.standard_normal(3)
     report = check_rules(square, z, check_options=FAST)
     assert report.summary()["vjp_fd"] == "pass"
-    assert report.by_name("vjp_jacobian")[0].status == "skip"
+    for name in ("vjp_jacobian", "jvp_jacobian"):  # skipped, and not run after all
+        (row,) = report.by_name(name)
+        assert row.status == "skip" and row.note.startswith("complex values"), row
 
 
 def test_plain_custom_vjp_and_custom_jvp_pass(rng):
