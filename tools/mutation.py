@@ -101,7 +101,14 @@ TESTS: dict[str, tuple[str, str | None]] = {
     ),
     "jaxbridge/_testing/_transforms.py": ("tests/test_testing.py", None),
     "jaxbridge/_testing/_report.py": ("tests/test_testing.py", None),
-    "jaxbridge/_testing/_diagnose.py": ("tests/test_testing.py", None),
+    # How a raised error becomes a row's hint and note: the classification test first,
+    # then the check_rules tests whose rules raise or return the wrong shape or dtype.
+    "jaxbridge/_testing/_diagnose.py": (
+        "tests/test_testing.py",
+        "classified or raises_is_reported or declared_dtype or second_order_of_numpy "
+        "or cotangent_dtype or failing_eager_call or jvp_only_rules or gammaln_vjp_only "
+        "or plain_function_over_a_jvp_only",
+    ),
     "jaxbridge/torch/_wrap.py": (
         "tests/test_torch.py",
         "derivatives or hessian or check_rules or scan or one_torch_vmap or static_leaves "
@@ -137,6 +144,7 @@ RULES = {
     "jaxbridge/_testing/_fd.py": r".",
     "jaxbridge/_testing/_derivative_checks.py": r".",
     "jaxbridge/_testing/_checker.py": r".",
+    "jaxbridge/_testing/_diagnose.py": r".",
     "jaxbridge/torch/_wrap.py": r"_rule$|^_autograd_vjp|^_torch_vjp|^_torch_jvp|^_restricted"
     r"|^_conj",
     # What a derivative's host call runs (the derived torch functions go through
