@@ -400,6 +400,12 @@ def test_plain_custom_vjp_and_custom_jvp_pass(rng):
     softplus.defvjp(lambda x: (softplus(x), x), lambda x, ct: (ct * jax.nn.sigmoid(x),))
     report = check_rules(softplus, rng.standard_normal(4), check_options=FAST)
     assert "no forward rule" in report.by_name("jvp_fd")[0].note
+    # also where the custom_vjp is inside a jitted function (a sub-program)
+    report = check_rules(lambda x: 2 * jax.jit(softplus)(x), rng.standard_normal(4),
+                         check_options=FAST)
+    (row,) = report.by_name("jvp_fd")
+    assert row.status == "skip" and "uses jax.custom_vjp" in row.note, row
+    assert report.summary()["vjp_fd"] == "pass"
 
     @jax.custom_jvp
     def logsumexp(x, y):
@@ -996,6 +1002,21 @@ def test_failures_are_classified_by_exception_type_and_attributes():
     assert _diagnose.is_missing_rule(jaxbridge.errors.MissingRuleError("no jvp"))
     assert not _diagnose.is_missing_rule(TypeError("forward-mode needs a custom_vjp defjvp"))
     assert _diagnose.note(ValueError("INTERNAL: boom\nsecond")) == "raised ValueError: boom second"
+    # One line of at most three lines of the message, at most 400 characters.
+    assert _diagnose.note(ValueError("a\n b\nc\nd")) == "raised ValueError: a b c"
+    assert _diagnose.note(ValueError("x" * 500)) == "raised ValueError: " + "x" * 397 + "..."
+    assert _diagnose.note(ValueError("y" * 400)) == "raised ValueError: " + "y" * 400
+    assert _diagnose.note(ValueError("z" * 401)) == "raised ValueError: " + "z" * 397 + "..."
+
+
+def test_a_function_jax_cannot_trace_is_not_mistaken_for_a_custom_vjp(rng):
+    def f(x):
+        return jnp.sin(x) * float(x[0])  # runs eagerly; under jit, float() fails
+
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 3), check_options=FAST)
+    (row,) = info.value.report.by_name("jvp_fd")
+    assert row.status == "error" and "custom_vjp" not in row.note, row
 
 
 # ------------------------------------------------------------------ the checker asks
