@@ -110,9 +110,215 @@ def _host_sin(kind, vjp=True, jvp=True, vmap="loop"):
     return host_sin
 
 
+@pytest.mark.parametrize("shape", [(3, 2), (2, 2, 3)])
+def test_non_square_matrix_and_3d_inputs_pass(shape, rng):
+    # Not square matrices, so no "transposed" diagnosis is prepared for them.
+    report = check_rules(_host_sin("numpy"), _x(rng, *shape), check_options=FAST)
+    for name in ("jvp_fd", "vjp_fd", "jvp_jacobian", "vjp_jacobian"):
+        assert report.summary()[name] == "pass", str(report)
+
+
+def test_swapped_arguments_are_named_in_the_hint(rng):
+    @jb.foreign(lambda a, b: a)
+    def f(a, b):
+        return a * b ** 2
+
+    f.defvjp(lambda p, out, ct: (2 * p[0] * p[1] * ct, p[1] ** 2 * ct))  # swapped
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 3), _x(rng, 3), check_options=FAST)
+    hints = {(r.arg, r.hint) for r in _failed(info.value)["vjp_jacobian"]}
+    assert ("a", "looks like the derivative with respect to b (arguments swapped?)") in hints
+    assert ("b", "looks like the derivative with respect to a (arguments swapped?)") in hints
+
+    # Arguments of other shapes are not candidates: a wrong rule is a plain failure.
+    @jb.foreign(lambda a, b: a)
+    def g(a, b):
+        return a * np.sum(b ** 2)
+
+    g.defvjp(lambda p, out, ct: (-np.sum(p[1] ** 2) * ct, 2 * p[1] * np.sum(p[0] * ct)))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(g, _x(rng, 3), _x(rng, 2), check_options=FAST)
+    (row,) = _failed(info.value)["vjp_jacobian"]
+    assert (row.arg, row.status) == ("a", "fail") and "swapped" not in row.hint, row
+
+
+def test_output_shapes_tells_the_declared_from_the_actual(rng):
+    """A function whose shape changes between calls (it reads global state): the eager
+    call gives [1], the later trace of its declared shapes [2]; the row says both."""
+    calls = []
+
+    def grows(x):
+        calls.append(1)
+        return jnp.sin(x[:1] if len(calls) == 1 else x[:2])
+
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(grows, _x(rng, 3), check_options=CheckOptions(checks=("output_shapes",)))
+    (row,) = info.value.report.failures
+    assert (row.status, row.hint) == ("fail", "wrong shape"), row
+    assert row.note == "declared float64[2], got float64[1]", row
+
+
+def test_second_order_without_forward_mode_is_checked_reverse_over_reverse(rng):
+    """A custom_vjp whose backward pass calls another custom_vjp (the derivative 3x^2,
+    with its own rule) has no forward mode over reverse: its Hessian-vector products
+    are taken reverse over reverse, and a wrong second derivative is caught there."""
+    opts = CheckOptions(n_directions=2, checks=("second_order",), second_order=True)
+    for k, status in ((6.0, "pass"), (4.0, "fail")):
+        @jax.custom_vjp
+        def d_cube(x):
+            return 3 * x ** 2
+
+        d_cube.defvjp(lambda x: (3 * x ** 2, x), lambda x, ct, k=k: (k * x * ct,))
+
+        @jax.custom_vjp
+        def cube(x):
+            return x ** 3
+
+        cube.defvjp(lambda x: (x ** 3, x), lambda x, ct: (d_cube(x) * ct,))
+        try:
+            report = check_rules(cube, _x(rng, 4), check_options=opts)
+        except RuleCheckError as err:
+            report = err.report
+        (row,) = report.by_name("second_order")
+        assert row.status == status and "reverse-over-reverse" in row.note, row
+
+
+def test_full_jacobians_of_an_output_four_times_the_input_size_limit(rng):
+    """100 outputs of 10 inputs: within jacobian_max_size (50) for the inputs and four
+    times it for the outputs, so both full-Jacobian checks run."""
+    def spread(x):
+        return jnp.outer(jnp.sin(x), jnp.arange(1.0, 11.0))
+
+    report = check_rules(spread, _x(rng, 10), check_options=CheckOptions(
+        n_directions=2, checks=("vjp_jacobian", "jvp_jacobian")))
+    assert report.summary()["vjp_jacobian"] == "pass", str(report)
+    assert report.summary()["jvp_jacobian"] == "pass", str(report)
+
+
+def test_a_small_relative_error_of_a_large_function_is_caught_along_directions(rng):
+    """vjp_fd's tolerance is relative to the sum of the pairings it compares: a 0.001%
+    error of a function of size 1000 is caught there (a tolerance relative to their
+    product, about 500 times looser here, would pass it)."""
+    @jax.custom_vjp
+    def big_sin(x):
+        return 1000.0 * jnp.sin(x)
+
+    big_sin.defvjp(lambda x: (big_sin(x), x), lambda x, ct: (1000.01 * jnp.cos(x) * ct,))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(big_sin, _x(rng, 3), check_options=CheckOptions(
+            n_directions=2, checks=("vjp_fd",)))
+    assert [r.status for r in _failed(info.value)["vjp_fd"]] == ["fail"]
+
+
+def test_relative_errors_stay_finite_where_the_reference_is_zero(rng):
+    """A constant function whose tangent rule returns 1e-30 * t: caught, and its
+    relative error is reported against a floor (1e-300), not as a division by 0."""
+    @jax.custom_jvp
+    def flat(x):
+        return jnp.zeros_like(x)
+
+    flat.defjvp(lambda p, t: (flat(p[0]), 1e-30 * t[0]))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(flat, _x(rng, 3), check_options=CheckOptions(
+            n_directions=2, checks=("jvp_fd",)))
+    (row,) = _failed(info.value)["jvp_fd"]
+    assert row.hint == "rule is non-zero where the reference is zero", row
+    assert 1e250 < row.rel_err < np.inf, row
+
+
+def test_a_failing_eager_call_is_one_error_and_every_other_check_skipped(rng):
+    @jb.foreign(lambda x: x)
+    def f(x):
+        raise ValueError("the function itself broke")
+
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 3), check_options=FAST)
+    rows = info.value.report.results
+    assert [r.name for r in rows] == [c for c in CHECKS if FAST.enabled(c)]
+    assert rows[0].status == "error" and "the function itself broke" in rows[0].note
+    assert all(r.status == "skip" and r.note == "the eager call failed" for r in rows[1:])
+
+
+def test_full_jacobians_of_more_than_256_elements(rng):
+    """A user may raise jacobian_max_size: sizes are compared by value (Python caches
+    small ints only up to 256, so an identity test would fail a correct rule here)."""
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), lambda x, ct: (jnp.cos(x) * ct,))
+    report = check_rules(f, _x(rng, 260), check_options=CheckOptions(
+        n_directions=2, jacobian_max_size=260, checks=("vjp_jacobian", "jvp_jacobian")))
+    assert report.summary()["vjp_jacobian"] == "pass", str(report)
+
+
+def test_a_tangent_rule_that_is_not_zero_for_zero_tangents_is_caught(rng):
+    @jb.foreign(lambda x: x)
+    def f(x):
+        return np.sin(x)
+
+    f.defvjp(lambda p, out, ct: (np.cos(p[0]) * ct,))
+    f.defjvp(lambda p, out, t: np.cos(p[0]) * t[0] + 0.5)  # an offset: wrong at t = 0
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 3), check_options=CheckOptions(checks=("symbolic_zeros",)))
+    (row,) = _failed(info.value)["symbolic_zeros"]
+    assert row.note == "jvp with all-zero tangents must be zero", row
+
+
+def test_symbolic_zeros_says_which_side_has_no_floating_point_values(rng):
+    rows = {}
+    for what, f, arg in (("inputs", lambda n: n * 2, np.arange(3)),
+                         ("outputs", lambda x: jnp.round(x).astype(jnp.int32), _x(rng, 3))):
+        report = check_rules(f, arg, check_options=CheckOptions(checks=("symbolic_zeros",)))
+        (rows[what],) = report.by_name("symbolic_zeros")
+        assert rows[what].status == "skip", rows[what]
+        assert rows[what].note == f"no floating-point {what}", rows[what]
+
+
+@pytest.mark.parametrize("broken", ["jvp", "vjp"])
+def test_a_rule_that_raises_is_reported_as_an_error_of_its_checks(broken, rng):
+    """The error is reported where it happened: the tangent rule fails only for a
+    tangent on `a` (the check of `b` still runs and passes), the cotangent rule for
+    the output's cotangent."""
+    @jb.foreign(lambda a, b: a)
+    def f(a, b):
+        return np.sin(a) * b
+
+    def vjp(p, out, ct):
+        if broken == "vjp":
+            raise ValueError("the vjp rule broke")
+        a, b = p
+        return np.cos(a) * b * ct, np.sin(a) * ct
+
+    def jvp(p, out, t):
+        if broken == "jvp" and t[0] is not None:
+            raise ValueError("the jvp rule broke")
+        (a, b), (ta, tb) = p, t
+        return (0.0 if ta is None else np.cos(a) * b * ta) + \
+            (0.0 if tb is None else np.sin(a) * tb)
+
+    f.defvjp(vjp)
+    f.defjvp(jvp)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 3), _x(rng, 3), check_options=FAST)
+    report = info.value.report
+    rows = {(r.arg, r.output): r for r in report.by_name(f"{broken}_fd")}
+    if broken == "jvp":
+        assert rows[("a", "*")].status == "error", rows
+        assert "the jvp rule broke" in rows[("a", "*")].note
+        assert rows[("b", "out")].status == "pass", rows
+    else:
+        assert rows[("*", "out")].status == "error", rows
+        assert "the vjp rule broke" in rows[("*", "out")].note
+    working = "vjp" if broken == "jvp" else "jvp"
+    assert {r.status for r in report.by_name(f"{working}_fd")} == {"pass"}, str(report)
+
+
 def test_jax_rules_pass_with_second_order_auto(rng):
     report = check_rules(_host_sin("jax"), _x(rng, 2, 3), check_options=FAST)
     assert report.summary()["second_order"] == "pass", str(report)
+    # JAX rules have forward mode over reverse: the cheaper Hessian-vector product.
+    assert "forward-over-reverse" in report.by_name("second_order")[0].note
     assert report.summary()["jvp_vjp_consistency"] == "pass"
 
 
@@ -181,7 +387,9 @@ def test_complex_holomorphic_rules_pass(rng):
     z = rng.standard_normal(3) + 1j * rng.standard_normal(3)
     report = check_rules(square, z, check_options=FAST)
     assert report.summary()["vjp_fd"] == "pass"
-    assert report.by_name("vjp_jacobian")[0].status == "skip"
+    for name in ("vjp_jacobian", "jvp_jacobian"):  # skipped, and not run after all
+        (row,) = report.by_name(name)
+        assert row.status == "skip" and row.note.startswith("complex values"), row
 
 
 def test_plain_custom_vjp_and_custom_jvp_pass(rng):
@@ -192,6 +400,12 @@ def test_plain_custom_vjp_and_custom_jvp_pass(rng):
     softplus.defvjp(lambda x: (softplus(x), x), lambda x, ct: (ct * jax.nn.sigmoid(x),))
     report = check_rules(softplus, rng.standard_normal(4), check_options=FAST)
     assert "no forward rule" in report.by_name("jvp_fd")[0].note
+    # also where the custom_vjp is inside a jitted function (a sub-program)
+    report = check_rules(lambda x: 2 * jax.jit(softplus)(x), rng.standard_normal(4),
+                         check_options=FAST)
+    (row,) = report.by_name("jvp_fd")
+    assert row.status == "skip" and "uses jax.custom_vjp" in row.note, row
+    assert report.summary()["vjp_fd"] == "pass"
 
     @jax.custom_jvp
     def logsumexp(x, y):
@@ -788,6 +1002,21 @@ def test_failures_are_classified_by_exception_type_and_attributes():
     assert _diagnose.is_missing_rule(jaxbridge.errors.MissingRuleError("no jvp"))
     assert not _diagnose.is_missing_rule(TypeError("forward-mode needs a custom_vjp defjvp"))
     assert _diagnose.note(ValueError("INTERNAL: boom\nsecond")) == "raised ValueError: boom second"
+    # One line of at most three lines of the message, at most 400 characters.
+    assert _diagnose.note(ValueError("a\n b\nc\nd")) == "raised ValueError: a b c"
+    assert _diagnose.note(ValueError("x" * 500)) == "raised ValueError: " + "x" * 397 + "..."
+    assert _diagnose.note(ValueError("y" * 400)) == "raised ValueError: " + "y" * 400
+    assert _diagnose.note(ValueError("z" * 401)) == "raised ValueError: " + "z" * 397 + "..."
+
+
+def test_a_function_jax_cannot_trace_is_not_mistaken_for_a_custom_vjp(rng):
+    def f(x):
+        return jnp.sin(x) * float(x[0])  # runs eagerly; under jit, float() fails
+
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 3), check_options=FAST)
+    (row,) = info.value.report.by_name("jvp_fd")
+    assert row.status == "error" and "custom_vjp" not in row.note, row
 
 
 # ------------------------------------------------------------------ the checker asks

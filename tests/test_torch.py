@@ -181,6 +181,19 @@ def test_vmap_falls_back_to_a_loop_for_data_dependent_code(rng):
     grads = jax.vmap(jax.grad(lambda x: f(x).sum()))(xs)
     close(grads, np.where(xs.sum(1, keepdims=True) > 0, 2.0, -1.0) * np.ones_like(xs))
 
+    # torch.vmap is tried once per wrapped function: later batched calls loop at once.
+    calls = []
+
+    def counted(x):
+        calls.append(x.shape)
+        return clipped(x)
+
+    g = jax.jit(jax.vmap(jt.wrap(counted)))
+    close(g(xs), expect)  # tries torch.vmap, then loops
+    calls.clear()
+    close(g(xs), expect)
+    assert calls == [torch.Size([3])] * 6, calls  # six elements, no torch.vmap call
+
 
 # ---------------------------------------------------------------- dtypes and zero copy
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "int32", "int8",
@@ -314,6 +327,20 @@ def test_torch_threads_are_capped_during_calls():
     jax.jit(jt.wrap(f))(jnp.ones(3)).block_until_ready()
     assert seen[-1] == 1
     assert torch.get_num_threads() == before
+    # A cap never raises torch's own setting, and 0 leaves it alone.
+    from jaxbridge._foreign import hostcall
+    try:
+        torch.set_num_threads(1)
+        hostcall.set_host_blas_threads(2)
+        jax.jit(jt.wrap(lambda x: f(x) * 2))(jnp.ones(3)).block_until_ready()
+        assert seen[-1] == 1
+        torch.set_num_threads(2)
+        hostcall.set_host_blas_threads(0)
+        jax.jit(jt.wrap(lambda x: f(x) * 3))(jnp.ones(3)).block_until_ready()
+        assert seen[-1] == 2 and torch.get_num_threads() == 2
+    finally:
+        hostcall.set_host_blas_threads(None)
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow  # a subprocess with 4 CPU devices: ~15 s
@@ -345,6 +372,28 @@ def test_sharded_inputs_with_batch_dims_run_per_shard():
 
 
 # ---------------------------------------------------------------- result shapes
+def test_a_result_of_another_shape_or_dtype_is_an_error_even_where_it_would_fit():
+    """A [1] result where [3] was declared would broadcast silently into XLA's buffer,
+    and a float32 result would be cast silently into a float64 one: both are refused,
+    on the one-array path and on the pytree path alike."""
+    declared = jax.ShapeDtypeStruct((3,), jnp.float32)
+    one = jt.wrap(lambda x: x.sum(0, keepdim=True), result=declared)
+    two = jt.wrap(lambda x, y: (x * y).sum(0, keepdim=True), result=declared)
+    x = jnp.ones(3, jnp.float32)
+    with pytest.raises(ResultMismatchError, match="shape \\[1\\], but \\[3\\] was declared"):
+        jax.jit(one)(x)
+    with pytest.raises(ResultMismatchError, match="shape \\[1\\], but \\[3\\] was declared"):
+        jax.jit(two)(x, x)
+    declared = jax.ShapeDtypeStruct((3,), jnp.float64)
+    one = jt.wrap(lambda x: x.float(), result=declared)
+    two = jt.wrap(lambda x, y: (x * y).float(), result=declared)
+    x = jnp.ones(3, jnp.float64)
+    with pytest.raises(ResultMismatchError, match="dtype torch.float32, but float64"):
+        jax.jit(one)(x)
+    with pytest.raises(ResultMismatchError, match="dtype torch.float32, but float64"):
+        jax.jit(two)(x, x)
+
+
 def test_shapes_come_from_meta_tensors_without_running_on_data():
     seen = []
 
@@ -472,8 +521,40 @@ def test_module_bad_params_name_the_keys(rng):
     apply, params = jt.wrap_module(make_mlp())
     with pytest.raises(ValueError, match="parameter names.*0.bias"):
         apply({"0.weight": params["0.weight"]}, np.ones((1, 3), np.float32))
+    with pytest.raises(ValueError, match="parameter names.*got.*extra"):
+        apply({**params, "extra": params["0.bias"]}, np.ones((1, 3), np.float32))
+    bn_apply, bn_params = jt.wrap_module(torch.nn.BatchNorm1d(2))
+    x = np.ones((3, 2), np.float32)
+    few = {k: v for k, v in bn_apply.buffers.items() if k != "running_var"}
+    with pytest.raises(ValueError, match="buffer names.*running_var.*got"):
+        bn_apply(bn_params, x, buffers=few)
+    with pytest.raises(ValueError, match="buffer names.*got.*extra"):
+        bn_apply(bn_params, x, buffers={**bn_apply.buffers, "extra": x})
     with pytest.raises(TypeError, match="expected a torch.nn.Module"):
         jt.wrap_module(lambda x: x)
+
+
+def test_module_runs_in_the_mode_it_was_wrapped_in_and_its_mode_is_left_alone(rng):
+    """BatchNorm normalizes by the batch in training mode and by its running statistics
+    in eval mode: a wrapped module keeps the mode it had when wrapped, whatever the user
+    sets on it afterwards, and the module's own mode is the user's after every call."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    net[1].running_mean.fill_(0.5)  # running statistics that differ from the batch's
+    net[1].running_var.fill_(2.0)
+    x, _ = data(rng)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    refs = {}
+    for mode in (True, False):
+        refs[mode] = net.train(mode)(t(x)).detach()
+        net.load_state_dict(state)  # undo training mode's update of the statistics
+    assert not np.allclose(refs[True], refs[False], atol=1e-2)
+    for wrapped_in in (True, False):
+        apply, params = jt.wrap_module(net.train(wrapped_in))
+        for user_mode in (wrapped_in, not wrapped_in, wrapped_in):
+            net.train(user_mode)
+            close(jax.jit(apply)(params, x), refs[wrapped_in], tol=1e-5)
+            assert net.training is user_mode
 
 
 # ---------------------------------------------------------------- packaging
@@ -493,6 +574,24 @@ def test_import_jaxbridge_does_not_import_torch_and_says_how_to_install_it():
     assert 'pip install "jaxbridge[torch]"' in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_users_never_see_torchs_warning_about_read_only_inputs():
+    """XLA lends its input buffers read-only on purpose, and `torch.from_numpy` warns
+    (once per process) about every read-only array: jaxbridge spends that warning when
+    imported, so a user's first call prints nothing. A fresh process: the warning is
+    given once per process."""
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, torch
+        import jaxbridge.torch as jt
+        f = jt.wrap(lambda x: torch.sin(x) * 2)
+        print(float(jax.jit(f)(jnp.ones(3))[1]), float(f(jnp.full(2, 0.5))[0]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    close([float(v) for v in proc.stdout.split()], [2 * np.sin(1.0), 2 * np.sin(0.5)], 1e-6)
+    assert "not writable" not in proc.stderr, proc.stderr
+
+
 # ---------------------------------------------------------------- torch operators: out=
 def test_torch_operators_write_into_xlas_buffer_once_known_exact():
     """A torch operator (torch.sin, torch.add, ...) runs with out= on XLA's output buffer
@@ -502,7 +601,11 @@ def test_torch_operators_write_into_xlas_buffer_once_known_exact():
     of a whole tensor), it keeps returning results that are copied."""
     x = jnp.linspace(-1.0, 1.0, 7, dtype=jnp.float32)
     sin, add, total = jt.wrap(torch.sin), jt.wrap(torch.add), jt.wrap(torch.sum)
+    neg = jt.wrap(torch.neg)  # integer and half-precision buffers are written into too
     for _ in range(3):
+        for dtype in (jnp.int32, jnp.int8, jnp.float16):
+            np.testing.assert_array_equal(jax.jit(neg)(jnp.arange(5, dtype=dtype)),
+                                          -np.arange(5, dtype=dtype))
         close(jax.jit(sin)(x), np.sin(np.asarray(x)), 1e-6)
         close(jax.jit(add)(x, 2 * x), 3 * np.asarray(x), 1e-6)
         close(jax.jit(lambda v: add(v, 1))(x), np.asarray(x) + 1, 1e-6)  # a weak int
@@ -510,6 +613,7 @@ def test_torch_operators_write_into_xlas_buffer_once_known_exact():
     assert list(sin._batching.direct.values()) == [True]
     assert all(add._batching.direct.values()) and len(add._batching.direct) == 2
     assert list(total._batching.direct.values()) == [False]
+    assert list(neg._batching.direct.values()) == [True, True, True]
     close(jax.grad(lambda v: sin(v).sum())(x), np.cos(np.asarray(x)), 1e-6)  # unchanged
     close(jax.vmap(sin)(x.reshape(7, 1)), np.sin(np.asarray(x)).reshape(7, 1), 1e-6)
 
