@@ -517,6 +517,38 @@ def test_module_buffers_travel_and_update_in_training_mode(rng):
     close(eval_apply(params, x), net(t(x)).detach(), tol=1e-5)
 
 
+def test_module_gradients_through_batch_norm_in_both_modes(rng):
+    """The way a CNN is trained: `jax.grad` through a module with BatchNorm, in training
+    mode (batch statistics) and eval mode (running statistics), equals torch autograd's,
+    with and without `buffers=`. Batch norm refuses to differentiate with respect to its
+    running statistics: the buffers travel outside autograd and get no gradient (they
+    are state, as in torch). This raised in both modes before."""
+    x = rng.normal(size=(8, 3))
+    for training in (True, False):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+                                  torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
+        net[1].running_mean.fill_(0.5)
+        net[1].running_var.fill_(2.0)
+        net.train(training)
+        apply, params = jt.wrap_module(net)
+        state = {k: v.clone() for k, v in net.state_dict().items()}
+        net(t(x)).pow(2).sum().backward()  # torch's gradient (this updates its statistics)
+        net.load_state_dict(state)
+        loss = lambda p: jnp.sum(apply(p, x) ** 2)  # noqa: E731
+        grads = jax.jit(jax.grad(loss))(params)
+        for name, p in net.named_parameters():
+            close(grads[name], p.grad, tol=1e-10)
+        with_state = jax.grad(
+            lambda p, b: jnp.sum(apply(p, x, buffers=b)[0] ** 2), argnums=(0, 1),
+            allow_int=True)  # num_batches_tracked is an integer buffer
+        g_params, g_buffers = with_state(params, apply.buffers)
+        for name, p in net.named_parameters():
+            close(g_params[name], p.grad, tol=1e-10)
+        assert all(not np.any(np.asarray(v)) for v in g_buffers.values()
+                   if np.issubdtype(np.asarray(v).dtype, np.floating))
+
+
 def test_module_bad_params_name_the_keys(rng):
     apply, params = jt.wrap_module(make_mlp())
     with pytest.raises(ValueError, match="parameter names.*0.bias"):

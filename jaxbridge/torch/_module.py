@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -19,6 +20,13 @@ def _to_jax(t: torch.Tensor, where: str) -> Any:
     if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: go through float32
         return jnp.asarray(value.float().numpy()).astype(jnp.bfloat16)
     return jnp.asarray(value.numpy().astype(numpy_dtype(value.dtype, where), copy=False))
+
+
+def _state(buffers: dict) -> dict:
+    """Private copies of the buffers, outside autograd: buffers are state, not parameters
+    (torch gives them no gradient, and ops such as batch norm refuse to differentiate
+    with respect to their running statistics, which the adjoint would otherwise ask)."""
+    return {k: v.detach().clone() for k, v in buffers.items()}
 
 
 class ModuleApply:
@@ -53,10 +61,10 @@ class ModuleApply:
     def _call_stateless(self, params: dict, buffers: dict, *args: Any) -> Any:
         # Buffers updated in training mode (running statistics) are private copies:
         # XLA's input buffers are never written, and the update is dropped.
-        return self._functional(params, {k: v.clone() for k, v in buffers.items()}, args)
+        return self._functional(params, _state(buffers), args)
 
     def _call_with_buffers(self, params: dict, buffers: dict, *args: Any) -> Any:
-        new = {k: v.clone() for k, v in buffers.items()}
+        new = _state(buffers)
         return self._functional(params, new, args), new
 
     # ---- JAX side
@@ -69,12 +77,13 @@ class ModuleApply:
                 f"module's parameter names {sorted(self.param_names)}; got {got}")
         if buffers is None:
             return self._stateless(dict(params), self.buffers, *args)
+        # no gradient flows into buffers, as in torch (see _state)
         if not isinstance(buffers, Mapping) or set(buffers) != set(self.buffers):
             got = sorted(buffers) if isinstance(buffers, Mapping) else type(buffers).__name__
             raise ValueError(
                 f"jaxbridge.torch: module {self.__name__}: buffers must be a dict with the "
                 f"module's buffer names {sorted(self.buffers)}; got {got}")
-        return self._stateful(dict(params), dict(buffers), *args)
+        return self._stateful(dict(params), jax.lax.stop_gradient(dict(buffers)), *args)
 
 
 def wrap_module(module: torch.nn.Module, *,
@@ -91,8 +100,10 @@ def wrap_module(module: torch.nn.Module, *,
     output; in training mode their updates are dropped. To carry the state, pass it:
     ``out, buffers = apply(params, *args, buffers=buffers)`` returns the updated
     buffers too (the values the module would hold after the call), as Flax's
-    ``mutable=`` does. The module's train/eval mode is the one it had when wrapped; wrap
-    again after ``module.train()`` / ``module.eval()``. The module itself is never
+    ``mutable=`` does. Buffers get no gradient (they are state, as in torch, where they
+    are not parameters): a gradient with respect to them is zero. The module's
+    train/eval mode is the one it had when wrapped; wrap again after
+    ``module.train()`` / ``module.eval()``. The module itself is never
     modified (its parameters and buffers are replaced for the call only).
 
     Example:
