@@ -52,6 +52,16 @@ def tol(dtype) -> float:
     return {np.dtype("float32"): 2e-5, np.dtype("complex64"): 2e-5}.get(np.dtype(dtype), 1e-12)
 
 
+def deq_layer(batch, width, seed=0):
+    """(W, U, x) of the implicit layer z = tanh(W z + U x) on a batch: W scaled to
+    norm ~0.5, so the fixed point exists and is unique (the issue's DEQ benchmark)."""
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    W = jax.random.normal(k1, (width, width)) * 0.5 / np.sqrt(width)
+    U = jax.random.normal(k2, (width, width)) / np.sqrt(width)
+    x = jax.random.normal(k3, (batch, width))
+    return W, U, x
+
+
 def fd(f, x, eps=1e-6):
     """Central differences of scalar f along every coordinate of array x (float64)."""
     x = np.asarray(x, np.float64)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.optimize
-from conftest import fd
+from conftest import deq_layer, fd
 
 from jaxbridge.scipy import SolverError
 from jaxbridge.scipy.optimize import least_squares, minimize, root
@@ -380,21 +380,13 @@ def test_deq_gradient_matrix_free_equals_dense():
 
 
 # ------------------------------------------------------------------ compiled root (df-sane)
-def _deq(batch, width, seed=0):
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-    W = jax.random.normal(k1, (width, width)) * 0.5 / np.sqrt(width)
-    U = jax.random.normal(k2, (width, width)) / np.sqrt(width)
-    x = jax.random.normal(k3, (batch, width))
-    return W, U, x
-
-
 @pytest.mark.slow  # ~7 s on the loaded 2-core machine (compiles); by default,
 # test_root_value_matches_scipy[df-sane] runs the compiled loop against SciPy
 @pytest.mark.parametrize("options", [None, {"M": 3, "sigma_0": 0.5, "fatol": 1e-12}])
 def test_compiled_dfsane_reproduces_scipys_iterates(options):
     """stepping="compiled" runs SciPy's DF-SANE in JAX: the same x, nfev and nit as
     scipy.optimize.root itself, also with non-default options."""
-    W, U, x = _deq(4, 8)
+    W, U, x = deq_layer(4, 8)
 
     def F(z, W, U):
         return z - jnp.tanh(z @ W.T + x @ U.T)
@@ -420,7 +412,7 @@ def test_compiled_root_deq_gradients_vs_jnp_twin_and_fd(batch, width):
     """A DEQ layer z = tanh(W z + U x) through the compiled root, under jit, grad, jvp
     and vmap, against JAX autodiff of a fixed-point iteration and central differences
     in float64; closing over W gives the same gradient as passing it in args."""
-    W, U, x = _deq(batch, width, seed=1)
+    W, U, x = deq_layer(batch, width, seed=1)
     dW = jax.random.normal(jax.random.PRNGKey(5), W.shape)
 
     def F(z, W, U):

@@ -9,18 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.optimize
-from conftest import fd
+from conftest import deq_layer, fd
 
 from jaxbridge.scipy import SolverError
 from jaxbridge.scipy.optimize import root
-
-
-def _deq(batch, width, seed=0):
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-    W = jax.random.normal(k1, (width, width)) * 0.5 / np.sqrt(width)
-    U = jax.random.normal(k2, (width, width)) / np.sqrt(width)
-    x = jax.random.normal(k3, (batch, width))
-    return W, U, x
 
 
 def _deq_residual(x):
@@ -44,7 +36,7 @@ def test_deq_16x32_matches_scipy(kw):
     termination test (the default |F|_max <= eps^(1/3); with tol, SciPy's relative step
     test), and the same number of Newton steps, with ~1/10 of SciPy's evaluations
     (SciPy's count includes one per finite-difference product)."""
-    W, U, x = _deq(16, 32)
+    W, U, x = deq_layer(16, 32)
     F = _deq_residual(x)
     ref = _scipy(F, (16, 32), W, U, **kw)
     sol = root(F, jnp.zeros((16, 32)), (W, U), method="krylov", stepping="compiled", **kw)
@@ -123,7 +115,7 @@ def test_deq_derivatives(batch, width):
     """grad, jvp, jacfwd, vmap (every element), jit and closures through the compiled
     Newton-Krylov, against JAX autodiff of a fixed-point iteration, the dense implicit
     function theorem, and central differences in float64."""
-    W, U, x = _deq(batch, width, seed=1)
+    W, U, x = deq_layer(batch, width, seed=1)
     F = _deq_residual(x)
     dW = jax.random.normal(jax.random.PRNGKey(5), W.shape)
     z0 = jnp.zeros((batch, width))
