@@ -24,8 +24,10 @@ from . import _dfsane, _gmres, _newton_krylov
 from ._common import failure
 from ._trace import HostFun
 
-METHODS = ("df-sane", "krylov")
-OPTIONS = {"df-sane": _dfsane.OPTIONS, "krylov": _newton_krylov.OPTIONS}
+# each loop's module: with_tol(options, tol) -> its keyword arguments, and
+# solve(F, z0, **those) -> (z, Stats with nfev, nit, status, converged)
+_SOLVERS = {"df-sane": _dfsane, "krylov": _newton_krylov}
+METHODS = tuple(_SOLVERS)
 _DENSE_MAX = 64          # as the host path: dense IFT solves only for small systems
 _LINEAR_RTOL = 1e-12     # the Krylov tangent solve's relative tolerance
 _LINEAR_ACCEPT = 1e-6    # ... and the relative residual above which it has failed
@@ -48,11 +50,6 @@ def unsupported(method: str, options: dict, callback: Any) -> str | None:
     return None
 
 
-def supported(method: str, options: dict, callback: Any) -> bool:
-    """Whether the compiled loop reproduces SciPy's `root` for these arguments."""
-    return unsupported(method, options, callback) is None
-
-
 @functools.partial(jax.jit, static_argnames=("fun", "method", "tol", "options",
                                              "linear_solver", "on_failure"))
 def root(x0: jax.Array, ops: list, *, fun: HostFun, method: str, tol: Any, options: tuple,
@@ -69,18 +66,12 @@ def root(x0: jax.Array, ops: list, *, fun: HostFun, method: str, tol: Any, optio
 def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options: dict,
           linear_solver: str, on_failure: str) -> tuple[jax.Array, jax.Array]:
     shape, dtype = x0.shape, x0.dtype
-    real = jnp.result_type(float)  # float64: supported() needs jax_enable_x64
+    real = jnp.result_type(float)  # float64: unsupported() requires jax_enable_x64
     method = method.lower()
-    opts = dict(options)
-    if method == "krylov":
-        opts = _newton_krylov.with_tol(opts, tol)
-        if isinstance(opts.get("jac_options"), tuple):  # made hashable by root()
-            opts["jac_options"] = dict(opts["jac_options"])
-    else:
-        if tol is not None:
-            opts.setdefault("ftol", float(tol))  # SciPy's root: tol -> df-sane's ftol
-        opts.pop("line_search", None)
-        opts.pop("disp", None)
+    solver = _SOLVERS[method]
+    opts = solver.with_tol(dict(options), tol)
+    if isinstance(opts.get("jac_options"), tuple):  # krylov's, made hashable by root()
+        opts["jac_options"] = dict(opts["jac_options"])
 
     def F(z: jax.Array) -> jax.Array:
         out = jnp.asarray(fun(z.reshape(shape).astype(dtype)))
@@ -90,14 +81,10 @@ def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options
         return jnp.ravel(out).astype(real)
 
     def solve(F: Callable, z0: jax.Array) -> tuple[jax.Array, jax.Array]:
-        if method == "krylov":
-            z, nk = _newton_krylov.solve(F, z0, **opts)
-            stats = [nk.nfev, nk.nit, nk.converged, nk.status]
-        else:
-            z, st = _dfsane.solve(F, z0, **opts)
-            stats = [st.nfev, st.nit, st.converged, jnp.where(st.converged, 1, 2)]
+        z, st = solver.solve(F, z0, **opts)
         # custom_root gives aux outputs tangents like their primals': floats, not ints
-        return z, jnp.stack([jnp.asarray(v).astype(real) for v in stats])
+        return z, jnp.stack([jnp.asarray(v).astype(real)
+                             for v in (st.nfev, st.nit, st.converged, st.status)])
 
     n = int(np.prod(shape, dtype=int))
     x, aux = jax.lax.custom_root(F, jnp.ravel(x0).astype(real), solve,
@@ -167,8 +154,8 @@ def _check_root(status: Any, finite: Any, *, method: str) -> Any:
     """on_failure="raise": SciPy's message as a SolverError (eager and under jit)."""
     status = int(status)
     if status != 1:
-        raise failure("optimize.root", f"root(method={method!r}): " + _MESSAGES[method][
-            status if method == "krylov" else 2])
+        raise failure("optimize.root", f"root(method={method!r}): "
+                      + _MESSAGES[method][status])
     if not bool(finite):
         raise failure("optimize.root", f"root(method={method!r}): the solution is not finite")
     return np.asarray(1, np.int32)

@@ -32,9 +32,21 @@ def supported(options: dict) -> bool:
             and isinstance(options.get("M", 10), int) and options.get("M", 10) >= 1)
 
 
+def with_tol(options: dict, tol: float | None) -> dict:
+    """The loop's keyword arguments: SciPy's root(tol=...) is DF-SANE's ftol, and the
+    accepted line_search ("cruz") and disp (False) are SciPy's own behaviour here."""
+    options = dict(options)
+    if tol is not None:
+        options.setdefault("ftol", float(tol))
+    options.pop("line_search", None)
+    options.pop("disp", None)
+    return options
+
+
 class Stats(NamedTuple):
     nfev: jax.Array
     nit: jax.Array
+    status: jax.Array     # 1 converged, 2 stopped at maxfev (the codes of _newton_krylov)
     converged: jax.Array
 
 
@@ -64,7 +76,8 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, ftol: float = 1e-8
     One loop iteration per residual evaluation (a line-search trial; an accepted one
     also takes the step and sets up the next search): SciPy's nested loops flattened,
     which halves the loop overhead that dominates small problems.
-    Returns the last iterate and (nfev, nit, converged), as SciPy's result reports them.
+    Returns the last iterate and (nfev, nit, status, converged), as SciPy's result
+    reports them (its status code aside: 1 converged, 2 maxfev reached).
     """
     F0 = F(x0)
     f0 = jnp.vdot(F0, F0)
@@ -114,4 +127,4 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, ftol: float = 1e-8
                 direction(jnp.asarray(sigma_0, f0.dtype), F0), f0, f0, one, one, one, false,
                 converged0, converged0)
     s = jax.lax.while_loop(lambda s: ~s.stopped, body, s0)
-    return s.x, Stats(s.nfev, s.k, s.converged)
+    return s.x, Stats(s.nfev, s.k, jnp.where(s.converged, 1, 2), s.converged)
