@@ -191,6 +191,12 @@ def remember_failure(exc: BaseException) -> int:
     return token
 
 
+def _kept(match: re.Match) -> BaseException | None:
+    """The kept exception a token match names (None: no longer kept)."""
+    with _failures_lock:
+        return _recent_failures.get(int(match.group(1)))
+
+
 def carried_failure(args: tuple) -> BaseException | None:
     """The kept host-function exception that a JAX runtime error is being built from:
     its message's token, or the exception object itself (what Python passes when it
@@ -201,8 +207,7 @@ def carried_failure(args: tuple) -> BaseException | None:
         if isinstance(arg, str):
             match = _TOKEN.search(arg)
             if match:
-                with _failures_lock:
-                    found = _recent_failures.get(int(match.group(1)))
+                found = _kept(match)
                 return found if isinstance(found, Exception) else None
         elif isinstance(arg, Exception):
             with _failures_lock:
@@ -241,7 +246,6 @@ def original_exception(err: BaseException) -> BaseException | None:
         seen.add(id(err))
         match = _TOKEN.search(str(err))
         if match:
-            with _failures_lock:
-                return _recent_failures.get(int(match.group(1)))
+            return _kept(match)
         err = err.__cause__ or err.__context__  # type: ignore[assignment]
     return None
