@@ -28,6 +28,11 @@ _SQRT2 = float(np.sqrt(2.0))
 _MGS_MIN = 4096
 
 
+def _divide(a: jax.Array, d: jax.Array, otherwise: float) -> jax.Array:
+    """a / d where d > 0, else `otherwise` (neither branch of the `where` divides by 0)."""
+    return jnp.where(d > 0, a / jnp.where(d > 0, d, 1.0), otherwise)
+
+
 def _modified_gram_schmidt(V: jax.Array, w: jax.Array, k: jax.Array) -> tuple:
     """Orthogonalize w against the basis rows 0..k only, one row at a time."""
     def body(i: jax.Array, hw: tuple) -> tuple:
@@ -79,12 +84,11 @@ def cycle(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, atol
             # DGKS: pass again only after cancellation
             h, w, beta = jax.lax.cond(beta < w_norm / _SQRT2, again,
                                       lambda hw: (*hw, beta), (h, w))
-        V = V.at[k + 1].set(jnp.where(beta > 0, w / jnp.where(beta > 0, beta, 1.0), 0.0))
+        V = V.at[k + 1].set(_divide(w, beta, 0.0))
         col = Q @ h.at[k + 1].set(beta)
         a, e = col[k], col[k + 1]
         r = jnp.hypot(a, e)
-        cs = jnp.where(r > 0, a / jnp.where(r > 0, r, 1.0), 1.0)
-        sn = jnp.where(r > 0, e / jnp.where(r > 0, r, 1.0), 0.0)
+        cs, sn = _divide(a, r, 1.0), _divide(e, r, 0.0)
         col = col.at[k].set(r).at[k + 1].set(0.0)
         qk, qk1 = Q[k], Q[k + 1]
         Q = Q.at[k].set(cs * qk + sn * qk1).at[k + 1].set(cs * qk1 - sn * qk)
