@@ -12,6 +12,11 @@
 #                where torch is a CPU build (the summary line prints torch's CUDA)
 #   tests        the whole test suite with the GPU as JAX's default device
 #   bench        benchmarks/kernels.py and benchmarks/hostcall.py --quick on the GPU
+#   bench-quick  the same with kernels.py --quick (fits a short lease)
+#   torch-tests  tests/test_torch.py with the GPU as JAX's default device, so that every
+#                transform of a wrapped torch function takes the device path where torch
+#                has CUDA (XLA_PYTHON_CLIENT_PREALLOCATE=false: one GPU, several workers)
+#   torch-bench  benchmarks/torch_bridge.py --quick on the GPU
 #   sanitize     gpu-tests under compute-sanitizer memcheck (slow)
 #
 # Logs go to $OUT (the device tool's output folder) or a temporary folder; the
@@ -31,8 +36,10 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 
 run_pytest() {  # run_pytest LOG ARGS...
   local log="$1"; shift
+  # The docs tests need sybil and Chromium, which the GPU machines lack; CI runs them.
   (cd /tmp && "$PY" -m pytest -p no:cacheprovider --rootdir="$REPO" -c "$REPO/pyproject.toml" \
-      "$REPO/tests" -q -rs "$@") > "$OUT/$log" 2>&1
+      "$REPO/tests" --ignore="$REPO/tests/test_docs.py" --ignore="$REPO/tests/test_docs_site.py" \
+      -q -rs "$@") > "$OUT/$log" 2>&1
   local rc=$?
   note "$log: exit $rc: $(tail -1 "$OUT/$log")"
   return $rc
@@ -63,8 +70,20 @@ print('native with_cuda', _native.with_cuda, 'kernel platforms', o._register(), 
       note "torch_gpu.log: exit $?: $(tail -1 "$OUT/torch_gpu.log")"
       ;;
     tests) run_pytest tests.log -x ;;
-    bench)
-      (cd /tmp && "$PY" "$REPO/benchmarks/kernels.py" --dtype both) > "$OUT/kernels.md" 2>&1
+    torch-tests)
+      (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 "$PY" -m pytest -p no:cacheprovider \
+          --rootdir="$REPO" -c "$REPO/pyproject.toml" "$REPO/tests/test_torch.py" -q -rs -n 4) \
+          > "$OUT/torch_tests.log" 2>&1
+      note "torch_tests.log: exit $?: $(tail -1 "$OUT/torch_tests.log")"
+      ;;
+    torch-bench)
+      (cd /tmp && timeout 180 "$PY" "$REPO/benchmarks/torch_bridge.py" --quick --repeats 3) \
+          > "$OUT/torch_bench.md" 2>&1
+      note "torch_bridge.py: exit $?"
+      ;;
+    bench|bench-quick)
+      quick=(); [ "$phase" = bench-quick ] && quick=(--quick)
+      (cd /tmp && "$PY" "$REPO/benchmarks/kernels.py" --dtype both "${quick[@]}") > "$OUT/kernels.md" 2>&1
       note "kernels.py: exit $?"
       (cd /tmp && "$PY" "$REPO/benchmarks/hostcall.py" --quick) > "$OUT/hostcall.md" 2>&1
       note "hostcall.py: exit $?"
@@ -79,5 +98,9 @@ print('native with_cuda', _native.with_cuda, 'kernel platforms', o._register(), 
   esac
 done
 
+# The device tool brings back at most 8 files: every log goes into one archive beside
+# the summary.
+(cd "$OUT" && shopt -s nullglob && logs=(*.log *.md env.txt) \
+  && tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}")
 echo "---- summary ($OUT)"
 cat "$SUMMARY"

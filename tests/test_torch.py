@@ -25,7 +25,13 @@ def t(x):
 
 
 def close(a, b, tol=1e-10):
+    a = a.cpu() if isinstance(a, torch.Tensor) else a  # a CUDA tensor on the GPU machine
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+# Where a wrapped function runs: on CUDA tensors where JAX computes on the GPU and torch
+# has CUDA (benchmarks/gpu_session.sh torch-tests), else on CPU tensors.
+CALL_DEVICE = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
 
 
 def model(a, b):
@@ -278,8 +284,8 @@ def test_exception_in_backward_reaches_caller():
 
 def test_torch_code_that_calls_jax_does_not_deadlock_an_unsynced_loop():
     def mixed(x):  # torch, with a JAX computation inside
-        y = jnp.sin(jnp.asarray(x.numpy()))
-        return torch.from_numpy(np.array(y)) + x
+        y = jnp.sin(jnp.asarray(x.cpu().numpy()))
+        return torch.from_numpy(np.array(y)).to(x.device) + x
 
     f = jax.jit(lambda x: jt.wrap(mixed)(x) * 0.5)
     x = jnp.ones(4)
@@ -403,7 +409,7 @@ def test_shapes_come_from_meta_tensors_without_running_on_data():
 
     out = jax.jit(jt.wrap(f))(jnp.ones((3, 2)))
     close(out, [3.0, 3.0])
-    assert seen == ["meta", "cpu"]
+    assert seen == ["meta", CALL_DEVICE]
 
 
 def test_data_dependent_function_traces_on_zeros_once():
@@ -417,6 +423,21 @@ def test_data_dependent_function_traces_on_zeros_once():
     close(g(jnp.ones(2)), [2.0, 2.0])
     close(g(-jnp.ones(2)), [-3.0, -3.0])
     assert seen == [0.0, 2.0, 2.0]  # one run on zeros (not the data), then two calls
+
+
+def test_zeros_run_on_the_device_the_call_runs_on():
+    """Code written for the device it runs on (here: a tensor made on `x`'s device type
+    named by string, and data-dependent control flow, so meta tensors fail) finds its
+    result shapes from zeros on that same device."""
+    devices = []
+
+    def f(x):
+        devices.append(x.device.type)
+        scale = torch.ones(x.shape, dtype=x.dtype, device=CALL_DEVICE)
+        return x * scale * (2 if bool(x.sum() >= 0) else 3)
+
+    close(jax.jit(jt.wrap(f))(jnp.ones(3)), [2.0, 2.0, 2.0])
+    assert devices == ["meta", CALL_DEVICE, CALL_DEVICE]
 
 
 @pytest.mark.slow

@@ -19,9 +19,11 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import torch
 
-__all__ = ["device_filler", "make_device_fill", "stream_context", "torch_has_cuda"]
+__all__ = ["device_filler", "make_device_fill", "stream_context", "torch_has_cuda",
+           "zeros_device"]
 
 _has_cuda: list[bool] = []
 # torch.cuda.ExternalStream objects by (stream address, device): XLA keeps a few
@@ -35,6 +37,14 @@ def torch_has_cuda() -> bool:
     if not _has_cuda:
         _has_cuda.append(bool(torch.cuda.is_available()))
     return _has_cuda[0]
+
+
+def zeros_device() -> str:
+    """Where the one run on zero-filled tensors that finds a function's result shapes
+    happens: on the GPU where JAX computes there by default and torch can follow (the
+    call itself will get CUDA tensors, and code written for them, `torch.cuda.*` or
+    `torch.ones(n, device="cuda") + x`, fails on the CPU), else on the CPU."""
+    return "cuda" if jax.default_backend() == "gpu" and torch_has_cuda() else "cpu"
 
 
 def stream_context(stream: int | None, device: int) -> contextlib.AbstractContextManager:

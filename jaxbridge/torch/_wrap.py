@@ -28,7 +28,7 @@ from .._core.arrays import is_array_leaf
 from .._core.capabilities import Derivatives
 from .._foreign.api import ForeignFunction, callable_name
 from ._convert import numpy_dtype, struct_of, torch_dtype
-from ._device import device_filler
+from ._device import device_filler, zeros_device
 from ._host import _Batching, run_host, run_in_place, run_one
 
 __all__ = ["TorchFunction", "wrap"]
@@ -138,7 +138,9 @@ class TorchFunction:
                                                 device="meta"))
         except Exception as meta_error:  # noqa: BLE001 - data-dependent: try zeros
             try:
-                return run_on(lambda s: torch.zeros(s.shape, dtype=torch_dtype(s.dtype, where)))
+                device = zeros_device()
+                return run_on(lambda s: torch.zeros(s.shape, dtype=torch_dtype(s.dtype, where),
+                                                    device=device))
             except Exception as zeros_error:
                 raise TypeError(
                     f"{where}: could not find the shapes and dtypes of its results: it fails "
