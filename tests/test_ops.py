@@ -544,6 +544,17 @@ def _gpu_cases(rng, dtype):
         yield f"tridiag{shape}", ops.tridiagonal_solve, tridiag_args(rng, shape, dtype)
     yield "rbf(2,5,4,3)", ops.rbf_kernel, rbf_args(rng, (2,), 5, 4, 3, dtype)
     yield "rbf(300,200,7)", ops.rbf_kernel, rbf_args(rng, (), 300, 200, 7, dtype)
+    # Several 16 x 16 tiles and 16-coordinate stages, none of them full, in a batch of 3
+    # (the CUDA forward/tangent tiles and the per-row adjoint blocks' strides)...
+    # (points scaled so that k is of order one, not underflowing at distances ~ sqrt(dim))
+    yield "rbf(3,37,70,40)", ops.rbf_kernel, _scaled(rbf_args(rng, (3,), 37, 70, 40, dtype), 0.15)
+    # ... and rows too long for shared memory (the adjoint's one-thread-per-row fallback).
+    yield "rbf(1,3,5,6200)", ops.rbf_kernel, _scaled(rbf_args(rng, (1,), 3, 5, 6200, dtype), 0.01)
+
+
+def _scaled(args, factor):
+    x, y, l = args
+    return x * x.dtype.type(factor), y * y.dtype.type(factor), l
 
 
 @pytest.mark.gpu

@@ -159,6 +159,152 @@ __global__ void TridiagTangentRhsKernel(const T* x, const T* tdl, const T* td, c
 }
 
 // ------------------------------------------------------------------ RBF
+// Forward and tangent from dim 16 on: one 16 x 16 tile of k per block, x's and y's rows
+// staged through shared memory 16 coordinates at a time (each row is read once per tile,
+// coalesced, instead of once per output element). Adjoints: one block per row of x (per row of y
+// for gy), the cotangent weights g = ct * k of 128 columns at a time in shared memory,
+// then the threads split the coordinates, so that reads of y (x) are coalesced and the
+// row's gradient accumulates in shared memory, not by read-modify-write of global memory.
+constexpr int kTile = 16;       // rows of x and of y per forward/tangent block
+constexpr int kAdjThreads = 128;  // threads (and columns per stage) of an adjoint block
+constexpr size_t kAdjSharedMax = 48 * 1024;  // larger dims take the per-row fallback
+constexpr int64_t kTileMinDim = kTile;  // lower dims take one thread per element of k
+
+template <typename T>
+__device__ inline const T* RbfRow(const T* a, int64_t b, int64_t row, int64_t rows,
+                                  int64_t dim) {
+  return a + (b * rows + row) * dim;
+}
+
+template <typename T>
+__device__ inline T BlockSum(T v, T* scratch) {  // scratch: kAdjThreads values
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kAdjThreads / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) scratch[threadIdx.x] += scratch[threadIdx.x + half];
+    __syncthreads();
+  }
+  T total = scratch[0];
+  __syncthreads();
+  return total;
+}
+
+// Tiles of k (and of dk with tangents): blocks stride over (batch, tile row of x, tile
+// column of y) through gridDim.z, .y and .x, so any size is covered.
+template <typename T, bool kTangent>
+__global__ void RbfTileKernel(const T* x, const T* y, const T* l, const T* k, const T* tx,
+                              const T* ty, const T* tl, T* out, int64_t batch, int64_t n,
+                              int64_t m, int64_t dim) {
+  __shared__ T xs[kTile][kTile + 1], ys[kTile][kTile + 1];
+  __shared__ T txs[kTangent ? kTile : 1][kTile + 1], tys[kTangent ? kTile : 1][kTile + 1];
+  const int row = threadIdx.y, col = threadIdx.x;
+  const int64_t tiles_n = (n + kTile - 1) / kTile, tiles_m = (m + kTile - 1) / kTile;
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    for (int64_t ti = blockIdx.y; ti < tiles_n; ti += gridDim.y) {
+      for (int64_t tj = blockIdx.x; tj < tiles_m; tj += gridDim.x) {
+        const int64_t i0 = ti * kTile, j0 = tj * kTile;
+        T s = T(0), dot = T(0);
+        for (int64_t c0 = 0; c0 < dim; c0 += kTile) {
+          // Thread (row, col) loads coordinate c0 + col of row `row` of each tile.
+          const int64_t c = c0 + col, xi = i0 + row, yj = j0 + row;
+          const bool cin = c < dim;
+          xs[row][col] = (cin && xi < n) ? RbfRow(x, b, xi, n, dim)[c] : T(0);
+          ys[row][col] = (cin && yj < m) ? RbfRow(y, b, yj, m, dim)[c] : T(0);
+          if constexpr (kTangent) {
+            txs[row][col] = (cin && xi < n) ? RbfRow(tx, b, xi, n, dim)[c] : T(0);
+            tys[row][col] = (cin && yj < m) ? RbfRow(ty, b, yj, m, dim)[c] : T(0);
+          }
+          __syncthreads();
+          const int count = static_cast<int>(dim - c0 < kTile ? dim - c0 : kTile);
+          for (int cc = 0; cc < count; ++cc) {
+            const T diff = xs[row][cc] - ys[col][cc];
+            s += diff * diff;
+            if constexpr (kTangent) dot += diff * (txs[row][cc] - tys[col][cc]);
+          }
+          __syncthreads();
+        }
+        const int64_t i = i0 + row, j = j0 + col;
+        if (i < n && j < m) {
+          const int64_t idx = (b * n + i) * m + j;
+          const T lb = l[b];
+          if constexpr (kTangent) {
+            out[idx] = k[idx] * (-dot / (lb * lb) + s * tl[b] / (lb * lb * lb));
+          } else {
+            out[idx] = Exp(s * (T(-0.5) / (lb * lb)));
+          }
+        }
+      }
+    }
+  }
+}
+
+// The adjoint for each row of one side ("own": x for gx, y for gy) against every row
+// of the other side: with g = ct * k at (batch, own row, other row) through the two
+// strides, the gradient is -sum over the other rows of g * (own - other) / l^2, and
+// with `gl` the length scale's share sum g * |own - other|^2 / l^3 is added.
+template <typename T>
+__global__ void RbfAdjRowsKernel(const T* own, const T* other, const T* l, const T* k,
+                                 const T* ct, T* grad, T* gl, int64_t batch, int64_t rows,
+                                 int64_t others, int64_t dim, int64_t ct_row_stride,
+                                 int64_t ct_col_stride) {
+  extern __shared__ unsigned char shared_bytes[];
+  T* own_row = reinterpret_cast<T*>(shared_bytes);  // dim
+  T* acc = own_row + dim;                           // dim
+  T* gs = acc + dim;                                // kAdjThreads
+  T* scratch = gs + kAdjThreads;                    // kAdjThreads
+  for (int64_t r = blockIdx.x; r < batch * rows; r += gridDim.x) {  // (batch, row)
+    const int64_t b = r / rows, row = r % rows;
+    const T* o = own + r * dim;
+    for (int64_t c = threadIdx.x; c < dim; c += kAdjThreads) {
+      own_row[c] = o[c];
+      acc[c] = T(0);
+    }
+    __syncthreads();
+    T lsum = T(0);
+    const T* base_other = other + b * others * dim;
+    const int64_t ct_base = b * rows * others + row * ct_row_stride;
+    for (int64_t q0 = 0; q0 < others; q0 += kAdjThreads) {
+      const int64_t q = q0 + threadIdx.x;
+      T g = T(0);
+      if (q < others) {
+        const int64_t at = ct_base + q * ct_col_stride;
+        g = ct[at] * k[at];
+        if (gl != nullptr) {
+          const T* oq = base_other + q * dim;
+          T s = T(0);
+          for (int64_t c = 0; c < dim; ++c) {
+            const T diff = own_row[c] - oq[c];
+            s += diff * diff;
+          }
+          lsum += g * s;
+        }
+      }
+      gs[threadIdx.x] = g;
+      __syncthreads();
+      const int count =
+          static_cast<int>(others - q0 < kAdjThreads ? others - q0 : kAdjThreads);
+      for (int64_t c = threadIdx.x; c < dim; c += kAdjThreads) {
+        const T* column = base_other + q0 * dim + c;
+        T a = T(0);
+        for (int qq = 0; qq < count; ++qq) a += gs[qq] * (own_row[c] - column[qq * dim]);
+        acc[c] += a;
+      }
+      __syncthreads();
+    }
+    const T lb = l[b];
+    T* gr = grad + r * dim;
+    for (int64_t c = threadIdx.x; c < dim; c += kAdjThreads) gr[c] = -acc[c] / (lb * lb);
+    if (gl != nullptr) {
+      const T total = BlockSum(lsum, scratch);
+      if (threadIdx.x == 0) atomicAdd(gl + b, total / (lb * lb * lb));
+    }
+    __syncthreads();  // own_row and acc are reused by the next row
+  }
+}
+
+// Low dims: one thread per element of k (or dk). Measured on an H200 (benchmarks/
+// RESULTS.md): at dim 3 this beat the tiles (423 against 572 us at 8000 x 8000), at dim
+// 64 the tiles won tenfold.
 template <typename T>
 __global__ void RbfFwdKernel(const T* x, const T* y, const T* l, T* k, int64_t batch, int64_t n,
                              int64_t m, int64_t dim) {
@@ -175,6 +321,28 @@ __global__ void RbfFwdKernel(const T* x, const T* y, const T* l, T* k, int64_t b
   }
 }
 
+template <typename T>
+__global__ void RbfTanKernel(const T* x, const T* y, const T* l, const T* k, const T* tx,
+                             const T* ty, const T* tl, T* dk, int64_t batch, int64_t n,
+                             int64_t m, int64_t dim) {
+  JB_GRID_LOOP(idx, batch * n * m) {
+    const int64_t j = idx % m, r = idx / m, b = r / n;
+    const T lb = l[b];
+    const T* xi = x + r * dim;
+    const T* txi = tx + r * dim;
+    const T* yj = y + (b * m + j) * dim;
+    const T* tyj = ty + (b * m + j) * dim;
+    T s = T(0), dot = T(0);
+    for (int64_t c = 0; c < dim; ++c) {
+      T diff = xi[c] - yj[c];
+      s += diff * diff;
+      dot += diff * (txi[c] - tyj[c]);
+    }
+    dk[idx] = k[idx] * (-dot / (lb * lb) + s * tl[b] / (lb * lb * lb));
+  }
+}
+
+// Fallback for dims whose rows do not fit in shared memory: one thread per row.
 template <typename T>
 __global__ void RbfAdjXKernel(const T* x, const T* y, const T* l, const T* k, const T* ct,
                               T* gx, T* gl, int64_t batch, int64_t n, int64_t m, int64_t dim) {
@@ -217,27 +385,6 @@ __global__ void RbfAdjYKernel(const T* x, const T* y, const T* l, const T* k, co
       for (int64_t c = 0; c < dim; ++c) gyj[c] += g * (xi[c] - yj[c]);
     }
     for (int64_t c = 0; c < dim; ++c) gyj[c] /= lb * lb;
-  }
-}
-
-template <typename T>
-__global__ void RbfTanKernel(const T* x, const T* y, const T* l, const T* k, const T* tx,
-                             const T* ty, const T* tl, T* dk, int64_t batch, int64_t n,
-                             int64_t m, int64_t dim) {
-  JB_GRID_LOOP(idx, batch * n * m) {
-    const int64_t j = idx % m, r = idx / m, b = r / n;
-    const T lb = l[b];
-    const T* xi = x + r * dim;
-    const T* txi = tx + r * dim;
-    const T* yj = y + (b * m + j) * dim;
-    const T* tyj = ty + (b * m + j) * dim;
-    T s = T(0), dot = T(0);
-    for (int64_t c = 0; c < dim; ++c) {
-      T diff = xi[c] - yj[c];
-      s += diff * diff;
-      dot += diff * (txi[c] - tyj[c]);
-    }
-    dk[idx] = k[idx] * (-dot / (lb * lb) + s * tl[b] / (lb * lb * lb));
   }
 }
 
@@ -296,12 +443,31 @@ cudaError_t TridiagTangentRhs(cudaStream_t stream, const T* x, const T* tdl, con
   return cudaGetLastError();
 }
 
+// Forward and tangent tiles: 16 x 16 threads a block; the kernel strides over what the
+// grid's limits leave out.
+static dim3 RbfTileGrid(int64_t batch, int64_t n, int64_t m) {
+  auto cap = [](int64_t v, int64_t most) {
+    return static_cast<unsigned int>(v < 1 ? 1 : (v > most ? most : v));
+  };
+  return dim3(cap((m + kTile - 1) / kTile, 2147483647LL), cap((n + kTile - 1) / kTile, 65535),
+              cap(batch, 65535));
+}
+
+static unsigned int AdjBlocks(int64_t rows) {
+  return static_cast<unsigned int>(rows > 2147483647LL ? 2147483647LL : rows);
+}
+
 template <typename T>
 cudaError_t RbfForward(cudaStream_t stream, const T* x, const T* y, const T* l, T* k,
                        int64_t batch, int64_t n, int64_t m, int64_t dim) {
   const int64_t total = batch * n * m;
   if (total <= 0) return cudaSuccess;
-  RbfFwdKernel<T><<<Blocks(total), kThreads, 0, stream>>>(x, y, l, k, batch, n, m, dim);
+  if (dim < kTileMinDim) {
+    RbfFwdKernel<T><<<Blocks(total), kThreads, 0, stream>>>(x, y, l, k, batch, n, m, dim);
+    return cudaGetLastError();
+  }
+  RbfTileKernel<T, false><<<RbfTileGrid(batch, n, m), dim3(kTile, kTile), 0, stream>>>(
+      x, y, l, nullptr, nullptr, nullptr, nullptr, k, batch, n, m, dim);
   return cudaGetLastError();
 }
 
@@ -312,14 +478,26 @@ cudaError_t RbfAdjoint(cudaStream_t stream, const T* x, const T* y, const T* l, 
   if (batch <= 0) return cudaSuccess;
   cudaError_t s = cudaMemsetAsync(gl, 0, static_cast<size_t>(batch) * sizeof(T), stream);
   if (s != cudaSuccess) return s;
+  const size_t shared = (2 * static_cast<size_t>(dim) + 2 * kAdjThreads) * sizeof(T);
+  const bool tiled = shared <= kAdjSharedMax;
   if (batch * n > 0) {
-    RbfAdjXKernel<T><<<Blocks(batch * n), kThreads, 0, stream>>>(x, y, l, k, ct, gx, gl, batch,
-                                                                 n, m, dim);
+    if (tiled) {  // gx and gl: own rows are x's; ct and k at (b, row, q): stride m, 1
+      RbfAdjRowsKernel<T><<<AdjBlocks(batch * n), kAdjThreads, shared, stream>>>(
+          x, y, l, k, ct, gx, gl, batch, n, m, dim, m, 1);
+    } else {
+      RbfAdjXKernel<T><<<Blocks(batch * n), kThreads, 0, stream>>>(x, y, l, k, ct, gx, gl,
+                                                                   batch, n, m, dim);
+    }
     if ((s = cudaGetLastError()) != cudaSuccess) return s;
   }
   if (batch * m > 0) {
-    RbfAdjYKernel<T><<<Blocks(batch * m), kThreads, 0, stream>>>(x, y, l, k, ct, gy, batch, n,
-                                                                 m, dim);
+    if (tiled) {  // gy: own rows are y's; ct and k at (b, q, row): stride 1, m
+      RbfAdjRowsKernel<T><<<AdjBlocks(batch * m), kAdjThreads, shared, stream>>>(
+          y, x, l, k, ct, gy, nullptr, batch, m, n, dim, 1, m);
+    } else {
+      RbfAdjYKernel<T><<<Blocks(batch * m), kThreads, 0, stream>>>(x, y, l, k, ct, gy, batch,
+                                                                   n, m, dim);
+    }
     if ((s = cudaGetLastError()) != cudaSuccess) return s;
   }
   return cudaSuccess;
@@ -331,8 +509,13 @@ cudaError_t RbfTangent(cudaStream_t stream, const T* x, const T* y, const T* l, 
                        int64_t m, int64_t dim) {
   const int64_t total = batch * n * m;
   if (total <= 0) return cudaSuccess;
-  RbfTanKernel<T><<<Blocks(total), kThreads, 0, stream>>>(x, y, l, k, tx, ty, tl, dk, batch, n,
-                                                           m, dim);
+  if (dim < kTileMinDim) {
+    RbfTanKernel<T><<<Blocks(total), kThreads, 0, stream>>>(x, y, l, k, tx, ty, tl, dk, batch,
+                                                             n, m, dim);
+    return cudaGetLastError();
+  }
+  RbfTileKernel<T, true><<<RbfTileGrid(batch, n, m), dim3(kTile, kTile), 0, stream>>>(
+      x, y, l, k, tx, ty, tl, dk, batch, n, m, dim);
   return cudaGetLastError();
 }
 
