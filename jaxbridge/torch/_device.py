@@ -10,7 +10,8 @@ the final copy of its results into XLA's output buffers, is enqueued on XLA's st
 ordered after the operations that produced the inputs and before those that consume the
 outputs, with no synchronization.
 
-Status: compiled and lowered on CPU-only machines (CI); it has never run on a GPU.
+Status: lowered for CUDA in CI; run on an H200 (2026-11-26, benchmarks/gpu_session.sh
+torch-gpu torch-tests: tests/test_torch_device.py -m gpu and tests/test_torch.py).
 """
 
 from __future__ import annotations
