@@ -130,7 +130,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "tests/test_testing.py",
         "classified or raises_is_reported or declared_dtype or second_order_of_numpy "
         "or cotangent_dtype or failing_eager_call or jvp_only_rules or gammaln_vjp_only "
-        "or plain_function_over_a_jvp_only",
+        "or plain_function_over_a_jvp_only or plain_custom_vjp or cannot_trace",
     ),
     "jaxbridge/torch/_wrap.py": (
         "tests/test_torch.py",
