@@ -177,6 +177,31 @@ def test_small_nonlinear_state_gets_exact_derivatives_in_both_modes():
                                rtol=1e-6, atol=1e-12)
 
 
+def test_newton_starts_from_the_recorded_state_on_a_saturating_field():
+    # y' = -a tanh(b (y - sin t)): far from sin t the field is flat, and Newton on a step's
+    # stages started from zero stages overshoots (it needs more than the 12 iterations
+    # allowed on about half of these steps at rtol=1e-2); started from the recorded end
+    # state it converges in a few. The reverse sweep must start there too: its Jacobian
+    # is finite, equals forward mode's (the derivative of the same Radau chain) to
+    # rounding, and a tight solve's central differences (along one direction) to the
+    # solver's tolerance.
+    te = jnp.array([1.0, 4.0, 10.0])
+
+    def field(t, y, p):
+        return -p[0] * jnp.tanh(p[1] * (y - jnp.sin(t)))
+
+    def ys(p, rtol=1e-2, atol=1e-8):
+        return solve_ivp(field, (0.0, 10.0), jnp.array([3.0, -2.0]), "Radau", te, args=(p,),
+                         rtol=rtol, atol=atol).y
+
+    p = jnp.array([20.0, 5.0])
+    rev = jax.jacrev(ys)(p)
+    np.testing.assert_allclose(rev, jax.jacfwd(ys)(p), rtol=1e-10, atol=1e-16)
+    v, h = jnp.array([1.0, -0.4]), 1e-4
+    ref = (ys(p + h * v, 1e-11, 1e-12) - ys(p - h * v, 1e-11, 1e-12)) / (2 * h)
+    np.testing.assert_allclose(rev @ v, ref, rtol=1e-2)
+
+
 def test_an_output_at_a_step_time_is_counted_once():
     # first_step=2**-10 makes SciPy's first accepted step end exactly at the output time
     # 2**-10 (the step is accepted: its error estimate is far below rtol). That

@@ -141,6 +141,21 @@ def test_swapped_arguments_are_named_in_the_hint(rng):
     (row,) = _failed(info.value)["vjp_jacobian"]
     assert (row.arg, row.status) == ("a", "fail") and "swapped" not in row.hint, row
 
+    # Nor are arguments of the same size and another shape (a swapped cotangent of
+    # another shape fails the shape checks first): a rule off by a factor 2 whose values
+    # happen to equal the derivative with respect to a (2, 2) argument is told as such.
+    c = jnp.array([0.5, -1.0, 1.5, 2.0])
+
+    @jax.custom_vjp
+    def h(a, b):
+        return jnp.sum(a * c) + jnp.sum(b * 2 * c.reshape(2, 2))
+
+    h.defvjp(lambda a, b: (h(a, b), None), lambda _, ct: (2 * c * ct, 2 * c.reshape(2, 2) * ct))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(h, _x(rng, 4), _x(rng, 2, 2), check_options=FAST)
+    (row,) = _failed(info.value)["vjp_jacobian"]
+    assert (row.arg, row.hint) == ("a", "off by a constant factor ~2"), row
+
 
 def test_output_shapes_tells_the_declared_from_the_actual(rng):
     """A function whose shape changes between calls (it reads global state): the eager
@@ -515,6 +530,28 @@ def test_wrong_cotangent_shape_is_caught(rng):
     with pytest.raises(RuleCheckError) as info:
         check_rules(g, _x(rng, 3), check_options=FAST)
     assert _failed(info.value)["cotangent_shapes"][0].hint == "wrong shape"
+
+
+def test_a_longer_cotangent_is_a_wrong_shape_where_jax_does_not_check_it(rng):
+    # With JAX's own checks of custom_vjp results turned off (`jax_disable_bwd_checks`,
+    # a user setting), a wrong-shaped cotangent reaches the checker itself: one of 4
+    # elements for an input of 3 is a wrong shape, not a wrong dtype.
+    @jax.custom_vjp
+    def g(x):
+        return jnp.sin(x)
+
+    g.defvjp(lambda x: (g(x), x),
+             lambda x, ct: (jnp.concatenate([ct * jnp.cos(x), jnp.zeros(1)]),))
+    was = jax.config.jax_disable_bwd_checks
+    jax.config.update("jax_disable_bwd_checks", True)
+    try:
+        with pytest.raises(RuleCheckError) as info:
+            check_rules(g, _x(rng, 3), check_options=CheckOptions(checks=("cotangent_shapes",)))
+    finally:
+        jax.config.update("jax_disable_bwd_checks", was)
+    (row,) = _failed(info.value)["cotangent_shapes"]
+    assert row.hint == "wrong shape", row
+    assert row.note == "cotangent: expected float64[3], got float64[4]", row
 
 
 def test_wrong_cotangent_dtype_is_caught(rng):
@@ -1007,6 +1044,75 @@ def test_failures_are_classified_by_exception_type_and_attributes():
     assert _diagnose.note(ValueError("x" * 500)) == "raised ValueError: " + "x" * 397 + "..."
     assert _diagnose.note(ValueError("y" * 400)) == "raised ValueError: " + "y" * 400
     assert _diagnose.note(ValueError("z" * 401)) == "raised ValueError: " + "z" * 397 + "..."
+
+
+def test_errors_are_classified_through_their_whole_chain_and_known_wording_only():
+    ResultMismatchError = jaxbridge.errors.ResultMismatchError
+    # An error raised while handling another (its __context__, no __cause__) is still
+    # found behind the error that ended the call.
+    try:
+        try:
+            raise ResultMismatchError("x", problem="dtype", declared="float64[3]",
+                                      received="float32[3]")
+        except ResultMismatchError:
+            raise RuntimeError("INTERNAL: opaque")  # noqa: B904 - the implicit chain
+    except RuntimeError as err:
+        implicit = err
+    assert implicit.__cause__ is None
+    assert _diagnose.hint(implicit) == "wrong dtype"
+    # The direct cause comes before the context: `raise ... from` inside an except block.
+    try:
+        try:
+            raise ResultMismatchError("x", problem="dtype", declared="a", received="b")
+        except ResultMismatchError:
+            raise RuntimeError("INTERNAL: opaque") from ResultMismatchError(
+                "x", problem="shape", declared="float64[3]", received="float64[4]")
+    except RuntimeError as err:
+        both = err
+    assert _diagnose.hint(both) == "wrong shape"
+    assert _diagnose.note(both).endswith("declared float64[3], received float64[4]")
+
+    # A failure that crossed XLA as a status (a worker thread's): JAX's error carries a
+    # token for the kept original; note and hint are the original's.
+    original = ValueError("assignment destination is read-only")
+    token = jaxbridge.errors.remember_failure(original)
+    carried = RuntimeError(f"INTERNAL: ValueError: {original}\n  in the vjp rule of "
+                           f"jaxbridge foreign function 'f'\n  [jaxbridge failure #{token}: "
+                           "jaxbridge.errors.original_exception(err) returns the exception "
+                           "object]")
+    assert _diagnose.note(carried) == "raised ValueError: assignment destination is read-only"
+    assert _diagnose.hint(carried) == _diagnose.WROTE_INPUT
+
+    # Only a ValueError that says "read-only" is a write into a lent input; JAX's and
+    # XLA's wording gives shape and dtype hints; anything else gets no hint.
+    assert _diagnose.hint(ValueError("assignment destination is read-only")) == \
+        _diagnose.WROTE_INPUT
+    for unrelated in (ValueError("math domain error"), OSError("read-only file system"),
+                      TypeError("unsupported operand")):
+        assert _diagnose.hint(unrelated) == "", unrelated
+    for message, hint in [
+        ("the bwd rule produced an output of type float64[2] corresponding to an input of "
+         "type float64[3], so the shapes do not match", "wrong shape"),
+        ("shape mismatch: value array of shape (2,) could not be broadcast", "wrong shape"),
+        ("add got incompatible shapes for broadcasting: (3,), (4,)", "wrong shape"),
+        ("the bwd rule produced float32 for float64, so the dtypes do not match",
+         "wrong dtype"),
+        ("INTERNAL: Wrong buffer dtype: expected F32 but got F64", "wrong dtype"),
+    ]:
+        assert _diagnose.hint(TypeError(message)) == hint, message
+
+
+def test_custom_vjp_is_classified_from_the_program_structure(rng):
+    @jax.custom_vjp
+    def g(x):
+        return jnp.sin(x)
+
+    g.defvjp(lambda x: (g(x), x), lambda x, ct: (ct * jnp.cos(x),))
+    x = _x(rng, 3)
+    assert _diagnose.has_custom_vjp(lambda x: 2.0 * g(x), x)
+    assert _diagnose.has_custom_vjp(jax.jit(lambda x: jnp.exp(g(x))), x)  # inside a jit
+    assert not _diagnose.has_custom_vjp(lambda x: jnp.exp(jnp.sin(x)), x)
+    assert not _diagnose.has_custom_vjp(jax.jit(lambda x: jnp.sum(x ** 2)), x)
 
 
 def test_a_function_jax_cannot_trace_is_not_mistaken_for_a_custom_vjp(rng):

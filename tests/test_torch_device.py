@@ -8,6 +8,7 @@ function's whole host side driven through the device protocol. The one GPU test
 buffers (no host copy), and XLA's stream.
 """
 
+import contextlib
 import gc
 
 import pytest
@@ -83,6 +84,44 @@ def test_no_stream_leaves_torch_on_its_current_stream():
             assert ctx is None
     if before is not None:
         assert torch.cuda.current_stream == before
+
+
+def test_a_stream_puts_torch_on_xlas_stream_made_once_per_stream_and_device(monkeypatch):
+    """On CUDA, torch's work goes on XLA's stream: a `torch.cuda.ExternalStream` of its
+    address on its device, made once and reused (XLA keeps its streams for the life of
+    the client). Faked here: CPU-only torch cannot make CUDA streams."""
+    made, entered = [], []
+
+    class FakeExternalStream:
+        def __init__(self, address, device):
+            made.append((address, device))
+
+    def fake_stream(external):
+        entered.append(external)
+        return contextlib.nullcontext("on XLA's stream")
+
+    monkeypatch.setattr(_device.torch.cuda, "ExternalStream", FakeExternalStream)
+    monkeypatch.setattr(_device.torch.cuda, "stream", fake_stream)
+    monkeypatch.setattr(_device, "_streams", {})
+    for stream, device in [(0x7F00, 0), (0x7F00, 0), (0x7F00, 1), (0x8F00, 0)]:
+        with _device.stream_context(stream, device) as ctx:
+            assert ctx == "on XLA's stream"
+    assert made == [(0x7F00, torch.device("cuda", 0)), (0x7F00, torch.device("cuda", 1)),
+                    (0x8F00, torch.device("cuda", 0))]
+    assert all(isinstance(e, FakeExternalStream) for e in entered) and len(entered) == 4
+    assert entered[0] is entered[1] and len({id(e) for e in entered}) == 3
+
+
+def test_zero_runs_go_to_cuda_only_where_jax_computes_on_the_gpu_and_torch_has_cuda(
+        monkeypatch):
+    # The platform name is built at run time, as JAX's is (not the interned literal).
+    for backend in ("cpu", "gpu", "tpu"):
+        monkeypatch.setattr(_device.jax, "default_backend",
+                            lambda b=backend: "".join(list(b)))
+        for cuda_torch in (False, True):
+            monkeypatch.setattr(_device, "_has_cuda", [cuda_torch])
+            want = "cuda" if (backend, cuda_torch) == ("gpu", True) else "cpu"
+            assert _device.zeros_device() == want, (backend, cuda_torch)
 
 
 def test_device_fill_hands_fill_tensors_of_the_buffers():

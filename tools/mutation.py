@@ -130,7 +130,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "tests/test_testing.py",
         "classified or raises_is_reported or declared_dtype or second_order_of_numpy "
         "or cotangent_dtype or failing_eager_call or jvp_only_rules or gammaln_vjp_only "
-        "or plain_function_over_a_jvp_only",
+        "or plain_function_over_a_jvp_only or plain_custom_vjp or cannot_trace",
     ),
     "jaxbridge/torch/_wrap.py": (
         "tests/test_torch.py",
@@ -142,6 +142,10 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # protocol's tests (10 s) drive _host's device-tensor branches on CPU capsules.
     "jaxbridge/torch/_host.py": ("tests/test_torch.py tests/test_torch_device.py", None),
     "jaxbridge/torch/_convert.py": ("tests/test_torch.py", None),
+    # The device protocol on CPU: fake (host-memory) DLPack capsules drive device_fill,
+    # stream_context's no-stream branch, device_filler and zeros_device (monkeypatched
+    # torch_has_cuda); the whole file (about 10 s here; its one GPU test skips on CPU).
+    "jaxbridge/torch/_device.py": ("tests/test_torch_device.py", None),
     "jaxbridge/torch/_module.py": ("tests/test_torch.py", "module or optax"),
 }
 
@@ -189,6 +193,8 @@ RULES = {
     r"|^_run_batched$|^_run_loop$|^write_results$|^_write_one$|^_check_after_call$",
     # Every conversion, module level included (`.*` also matches its empty name).
     "jaxbridge/torch/_convert.py": r".*",
+    # The whole device path (the CUDA stream branch of stream_context cannot run on CPU).
+    "jaxbridge/torch/_device.py": r".*",
     # The function `jax.grad` differentiates with torch autograd, its entry, and the
     # parameters' and buffers' conversion.
     "jaxbridge/torch/_module.py": r"^_functional$|^_call_|^__call__$|^_to_jax$",
