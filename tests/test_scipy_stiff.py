@@ -313,3 +313,24 @@ def test_failed_solve_gives_nan_gradients_with_the_nan_policy():
         return jnp.sum(sol.y)
 
     assert np.isnan(float(jax.grad(L)(1.0)))
+
+
+@pytest.mark.parametrize("method", ["Radau", "BDF", "LSODA"])
+def test_derivatives_near_an_equilibrium_at_zero_are_finite(method):
+    # y' = 1 - exp(y) settles at y = 0: there the state is ~1e-9, but the right-hand side
+    # rounds terms of size one, so Newton's corrections on the stages stall near h eps.
+    # A purely relative convergence test called every such step unconverged, and both
+    # modes returned NaN (found by helper mutopen). Closed form: with u = exp(-y),
+    # u' = 1 - u, so dy(t)/dy0 = exp(-y0 - t + y(t)).
+    te = jnp.array([2.0, 20.0])
+
+    def ys(y0):
+        return solve_ivp(lambda t, y: 1 - jnp.exp(y), (0.0, 20.0), y0, method, te,
+                         rtol=1e-6, atol=1e-9).y[0]
+
+    y0 = jnp.array([5.0])
+    exact_y = -jnp.log(1 + (jnp.exp(-5.0) - 1) * jnp.exp(-te))
+    exact = jnp.exp(-5.0 - te + exact_y)                       # (1.0535e-3, 1.3888e-11)
+    rev, fwd = jax.jacrev(ys)(y0)[:, 0], jax.jacfwd(ys)(y0)[:, 0]
+    np.testing.assert_allclose(rev, fwd, rtol=1e-9, atol=1e-20)
+    np.testing.assert_allclose(rev, exact, rtol=1e-4, atol=1e-13)  # atol: below the solve's

@@ -49,6 +49,9 @@ from jax.flatten_util import ravel_pytree
 from ._rk import _linear_with_transpose
 
 NEWTON_MAX_ITER = 12
+# Newton on the stages stops, at the latest, once its corrections fall below this
+# fraction of the solve's atol (SciPy's own Newton stops near 0.03 of its error scale).
+NEWTON_ATOL_FRACTION = 1e-6
 DEFAULT_MAX_STATES = 16384
 
 
@@ -84,6 +87,9 @@ class StiffSpec(Protocol):
     # machine epsilon of the user's state dtype: the right-hand side computes in it, so
     # Newton on the stages converges to it (float32 states cannot reach float64's eps)
     eps: float
+    # the solve's absolute tolerance: a floor for Newton's corrections on the stages
+    # where the state is near zero but the right-hand side rounds terms of size one
+    atol: float
 
     def fun(self, t: Any, y: Any, params: Any, fixed: Any) -> Any:
         """The right-hand side on flat states, (n,)."""
@@ -101,7 +107,7 @@ class _Step:
     """One Radau IIA step of `fun` from (t, y) with step h, at the converged stages."""
 
     def __init__(self, fun: Callable[[Any, Any, Any], Any], t: Any, h: Any, y: Any,
-                 guess: Any, p: Any, eps: float) -> None:
+                 guess: Any, p: Any, eps: float, atol: float) -> None:
         self.fun, self.t, self.h, self.y, self.p = fun, t, h, y, p
         self.A = jnp.asarray(A_RADAU, y.dtype)
         self.ts = t + jnp.asarray(C_RADAU, y.dtype) * h
@@ -115,17 +121,23 @@ class _Step:
             dz = jnp.linalg.solve(self.matrix(z), -jnp.ravel(self.residual(z, y, p)))
             return z + dz.reshape(3, n), it + 1, jnp.max(jnp.abs(dz))
 
+        # Relative to the state, with an absolute floor far below the solve's accuracy:
+        # near an equilibrium at zero (y' = 1 - exp(y)) the state is ~1e-9 but `fun`
+        # rounds terms of size one, so the corrections stall near h eps, and a purely
+        # relative test would call every step unconverged (a NaN derivative).
+        floor = NEWTON_ATOL_FRACTION * atol
+
         def more(c: Any) -> Any:
             z, it, err = c
             size = jnp.max(jnp.abs(z)) + jnp.max(jnp.abs(y))
-            return (it < NEWTON_MAX_ITER) & (err > 16 * eps * size)
+            return (it < NEWTON_MAX_ITER) & (err > jnp.maximum(16 * eps * size, floor))
 
         z, it, err = jax.lax.while_loop(more, body, (z0, jnp.asarray(0), jnp.asarray(jnp.inf,
                                                                                        y.dtype)))
         self.z = z
         size = jnp.max(jnp.abs(z)) + jnp.max(jnp.abs(y))
         # not converged: the derivative is NaN (never a silent wrong value)
-        self.ok = err <= 1e3 * eps * size
+        self.ok = err <= jnp.maximum(1e3 * eps * size, floor)
         self.M = self.matrix(z)
 
     def forcing(self, z: Any, y: Any, p: Any) -> Any:
@@ -167,7 +179,7 @@ def _dense_weights(t_eval: Any, t: Any, t_next: Any, h: Any, first: Any, directi
 
 
 def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
-                     params: Any, dy0: Any, dp: Any, eps: float) -> Any:
+                     params: Any, dy0: Any, dp: Any, eps: float, atol: float) -> Any:
     """Forward mode: d y(t_eval) (T, n) for tangents (dy0, dp), step by step from t0."""
     T, n = t_eval.shape[0], dy0.shape[0]
     direction = jnp.where(grid_t[-1] >= grid_t[0], 1.0, -1.0).astype(t_eval.dtype)
@@ -177,7 +189,7 @@ def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_ev
         k, dy, outs = c
         t, t_next = grid_t[k], grid_t[k + 1]
         h = t_next - t
-        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params, eps)
+        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params, eps, atol)
         dz = step.tangent(dy, dp)
         dz = jnp.where(step.ok, dz, jnp.nan)
         covers, D = _dense_weights(t_eval, t, t_next, h, k == 0, direction)
@@ -188,7 +200,7 @@ def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_ev
 
 
 def _adjoint(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
-             params: Any, ct: Any, eps: float) -> tuple[Any, Any]:
+             params: Any, ct: Any, eps: float, atol: float) -> tuple[Any, Any]:
     """Reverse mode (the discrete adjoint): (dL/dy0, dL/dparams) for output cotangents
     ct (T, n), sweeping the accepted steps backward."""
     direction = jnp.where(grid_t[-1] >= grid_t[0], 1.0, -1.0).astype(t_eval.dtype)
@@ -198,7 +210,7 @@ def _adjoint(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
         k, a, mu = c
         t, t_next = grid_t[k], grid_t[k + 1]
         h = t_next - t
-        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params, eps)
+        step = _Step(fun, t, h, grid_y[k], grid_y[k + 1], params, eps, atol)
         covers, D = _dense_weights(t_eval, t, t_next, h, k == 0, direction)
         g = jnp.where(covers[:, None], ct, 0.0)
         zbar = D.T @ g
@@ -261,11 +273,13 @@ def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) 
     def forward(v: Any) -> Any:
         d0, dy, dp, dte = split(v)
         core = _tangent_outputs(fun, grid_t, grid_y, n_steps, t_eval, params,
-                                dy - f0 * d0, unravel(dp.astype(flat_p.dtype)), spec.eps)
+                                dy - f0 * d0, unravel(dp.astype(flat_p.dtype)), spec.eps,
+                                spec.atol)
         return jnp.where(bad, jnp.nan, core + f_out * dte[:, None])
 
     def transpose(c: Any) -> Any:
-        a, mu_tree = _adjoint(fun, grid_t, grid_y, n_steps, t_eval, params, c, spec.eps)
+        a, mu_tree = _adjoint(fun, grid_t, grid_y, n_steps, t_eval, params, c, spec.eps,
+                              spec.atol)
         a = jnp.where(bad, jnp.nan, a)
         mu = jnp.where(bad, jnp.nan, ravel_pytree(mu_tree)[0].astype(dtype))
         return jnp.concatenate([-(a @ f0)[None], a, mu, jnp.sum(c * f_out, axis=1)])

@@ -691,6 +691,10 @@ class _StiffProblem:
     def eps(self) -> float:
         return float(np.finfo(self.ydtype).eps)
 
+    @property
+    def atol(self) -> float:
+        return self.cfg.atol
+
     def fun(self, t: Any, y: Any, p: Any, fx: Any) -> Any:
         rhs = self.cfg.fun
         out = rhs(rhs.merge(p, fx), t.astype(self.tdtype),
