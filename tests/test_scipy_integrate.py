@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+import scipy.sparse
 from conftest import fd
 
 from jaxbridge.scipy import SolverError
@@ -734,3 +735,118 @@ def test_scipy_loop_derivatives_match_the_closed_form(method):
     jw = jax.jacfwd(lambda *a: _linear_ode_exact(*a[:2], c, *a[2:]), argnums=(0, 1, 2, 3))(*x)
     for g, e in zip(jf, jw):
         np.testing.assert_allclose(g, e, rtol=2e-6, atol=1e-8)
+
+
+def test_scipy_loop_gradients_with_one_and_no_evaluation_times():
+    """stepping="scipy", both reverse-mode strategies: one evaluation time (the adjoint's
+    only interval runs from t0) against the closed form, and none (t_eval=[]): a zero
+    gradient in y0, args and t0, like the compiled loop's."""
+    c = jnp.array([0.2, -0.1])
+
+    def L(y0, k, t0, te, sensitivity):
+        sol = solve_ivp(lambda t, y, k: -k * y + c, (t0, 2.0), y0, t_eval=te, args=(k,),
+                        rtol=1e-10, atol=1e-12, stepping="scipy", sensitivity=sensitivity)
+        return jnp.sum(jnp.sin(sol.y) * 2.0)
+
+    x = (jnp.array([1.0, -0.5]), jnp.array([0.7, 1.3]), 0.1)
+    exact = jax.grad(lambda y0, k, t0: jnp.sum(jnp.sin(_linear_ode_exact(
+        y0, k, c, t0, jnp.array([1.5]))) * 2.0), argnums=(0, 1, 2))(*x)
+    for sensitivity in ("adjoint", "forward"):
+        one = jax.grad(L, argnums=(0, 1, 2))(*x, jnp.array([1.5]), sensitivity)
+        for g, e in zip(one, exact):
+            np.testing.assert_allclose(g, e, rtol=2e-6, atol=1e-8, err_msg=sensitivity)
+        none = jax.grad(L, argnums=(0, 1, 2))(*x, jnp.zeros(0), sensitivity)
+        for g in none:
+            np.testing.assert_array_equal(g, 0.0)
+
+
+@pytest.mark.parametrize("method", ["BDF", "LSODA"])
+def test_scipy_loop_adjoint_with_many_parameters(method, monkeypatch):
+    """The continuous adjoint of an implicit method with more than 64 parameters: its
+    exact Jacobian ((n + P)^2 entries, most of them zero) is sparse for BDF and Radau,
+    dense for LSODA (which cannot take a sparse one). y' = -(A w) * y + c with 70
+    weights w (212 parameters with the closed-over A and c) and rates about 300 and 1
+    (stiff, so that LSODA switches to BDF and calls the Jacobian), against the closed
+    form; SciPy's solve_ivp is watched to see which kind of Jacobian the adjoint solves
+    get."""
+    c = jnp.array([0.2, -0.1])
+    A = jnp.asarray(np.random.default_rng(0).uniform(0.0, 0.03, (2, 70))
+                    * np.array([[300.0], [1.0]]))
+    w = jnp.linspace(0.5, 1.5, 70)
+    kinds = set()
+    solve = scipy.integrate.solve_ivp
+
+    def watched(fun, t_span, y0, *a, jac=None, **kw):
+        if callable(jac) and np.size(y0) > 2:  # the adjoint solves: (a, mu)
+            def jac(t, z, jac=jac):
+                m = jac(t, z)
+                kinds.add("sparse" if scipy.sparse.issparse(m) else "dense")
+                return m
+        return solve(fun, t_span, y0, *a, jac=jac, **kw)
+
+    monkeypatch.setattr(scipy.integrate, "solve_ivp", watched)
+
+    def L(w):
+        sol = solve_ivp(lambda t, y, w: -(A @ w) * y + c, (0.0, 2.0), jnp.array([1.0, -0.5]),
+                        method, jnp.array([0.5, 2.0]), args=(w,), rtol=1e-10, atol=1e-12,
+                        stepping="scipy", sensitivity="adjoint")
+        return jnp.sum(jnp.sin(sol.y))
+
+    exact = jax.grad(lambda w: jnp.sum(jnp.sin(_linear_ode_exact(
+        jnp.array([1.0, -0.5]), A @ w, c, 0.0, jnp.array([0.5, 2.0])))))(w)
+    np.testing.assert_allclose(jax.jit(jax.grad(L))(w), exact, rtol=1e-5, atol=1e-9)
+    assert kinds == {"dense" if method == "LSODA" else "sparse"}, kinds
+
+
+def test_quad_gradient_that_does_not_converge_follows_the_failure_policy():
+    """int_0^1 c / sqrt(x) dx = 2 c: QUADPACK's extrapolation gets the value within 10
+    subintervals, but the parameter gradient (SciPy's quad_vec, no extrapolation) does
+    not reach the tolerance within limit=10: a SolverError naming it under
+    on_failure="raise" (eager and under jit), a NaN gradient under "nan", never an
+    unflagged inaccurate number."""
+    def L(c, on_failure):
+        return quad(lambda x: c * x ** -0.5, 0.0, 1.0, limit=10, on_failure=on_failure)[0]
+
+    np.testing.assert_allclose(L(2.0, "raise"), 4.0, rtol=1e-12)
+    for grad in (jax.grad(L), jax.jit(jax.grad(L), static_argnums=1)):
+        with pytest.raises(SolverError, match="quad_vec of the parameter gradient"):
+            jax.block_until_ready(grad(2.0, "raise"))
+        assert np.isnan(grad(2.0, "nan"))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_scipy_loop_float32_output_that_overflows_has_nan_derivatives_in_both_modes():
+    """SciPy solves in float64; a float32 state pushed past float32's largest value by a
+    finite right-hand side comes back as inf. Its derivatives are NaN in forward and
+    reverse mode alike (never a finite number for an infinite output, and jacfwd agrees
+    with jacrev)."""
+    def ys(y0):
+        return solve_ivp(lambda t, y: jnp.full_like(y, 1e38), (0.0, 2.0), y0,
+                         t_eval=[0.5, 2.0], stepping="scipy").y
+
+    y0 = jnp.array([3e38], jnp.float32)
+    assert np.isinf(ys(y0)).all()
+    for jac in (jax.jacfwd(ys), jax.jacrev(ys)):
+        d = jac(y0)
+        assert d.shape == (1, 2, 1) and d.dtype == jnp.float32 and np.isnan(d).all(), d
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_scipy_loop_sensitivity_solve_that_fails_follows_the_failure_policy():
+    """y' = cbrt(y) from y0 = 0: the solve is y = 0, but its derivative in y0 does not
+    exist (solutions from y0 > 0 leave 0 at once: dy(t)/dy0 is infinite), so SciPy fails
+    on the sensitivity equations. A SolverError naming the sensitivity solve in both
+    modes under on_failure="raise", NaN derivatives under "nan"."""
+    def ys(y0, on_failure):
+        return solve_ivp(lambda t, y: jnp.cbrt(y), (0.0, 1.0), y0, t_eval=[0.5, 1.0],
+                         stepping="scipy", sensitivity="forward", on_failure=on_failure).y
+
+    y0 = jnp.zeros(1)
+    np.testing.assert_array_equal(ys(y0, "raise"), 0.0)
+    grad = jax.grad(lambda y0, on_failure: jnp.sum(ys(y0, on_failure)))
+    tangent = lambda y0, on_failure: jax.jvp(lambda y: ys(y, on_failure),  # noqa: E731
+                                             (y0,), (jnp.ones(1),))[1]
+    for derivative in (grad, tangent):
+        with pytest.raises(SolverError, match="sensitivity solve: Required step size"):
+            jax.block_until_ready(derivative(y0, "raise"))
+        assert np.isnan(derivative(y0, "nan")).all()
