@@ -94,6 +94,16 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or (gradients_vs_finite and (Radau-adjoint or LSODA-adjoint)) "
         "or (robertson and BDF-adjoint)",
     ),
+    # solve_ivp with events / dense output / t_eval=None: the gradient tests (event times
+    # by the implicit function theorem, dense output, steps) of the fast methods first,
+    # then the terminal, count, max_steps and failure paths. 93 s here at load 7.
+    "jaxbridge/scipy/_events.py": (
+        "tests/test_scipy_events.py -m 'not docs'",
+        "(decay_event_gradients and not RK23) or (cannonball and not RK45) "
+        "or closed_over_event or (dense_output_gradients_closed_form and not RK23) "
+        "or steps_match or terminal_event_stops or terminal_count or more_events "
+        "or failure_raises or bad_input_errors or (dense_output_matches_scipy and RK45)",
+    ),
     "jaxbridge/scipy/sparse/linalg.py": (f"{_M} tests/test_scipy_sparse.py",
                                          "(test_cell and sparse) or test_scipy_sparse"),
     "jaxbridge/_core/pair.py": (
@@ -181,6 +191,14 @@ RULES = {
     "jaxbridge/scipy/integrate.py": r"^(__init__|adj|adj_jac|jac_kw|solve|sensitivities"
     r"|_ivp_vjp|rhs|_ivp_cotangents|_ivp_vjp_nan|_ivp_jvp|_recorded_result|_ivp_recorded"
     r"|_quad_run|_f_at|_quad_vjp|_quad_jvp|df_dp|jvp_p)$",
+    # _events: the host side of the derivatives (_Host's __init__ and sensitivities, the
+    # output points and their sensitivities, the JVP and VJP rules), the padding that
+    # keeps padded entries finite (_pad_rows), the implicit-function-theorem slot (_ift).
+    # `__init__` is also _Static's (the cache key). Not the forward solve (_trajectory:
+    # values, checked against SciPy) nor solve_ivp (argument checks, with the JAX-side
+    # assembly of events and steps: name-only selection cannot split it).
+    "jaxbridge/scipy/_events.py": r"^(__init__|sensitivities|_pad_rows|_points|_sens_at"
+    r"|_trajectory_jvp|_trajectory_vjp|_ift)$",
     "jaxbridge/scipy/sparse/linalg.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
     r"|^_degenerate|^_sym_",
     # _rk: the discrete adjoint (_sweep and its nested rerun/step_vjp/segment/back), the
