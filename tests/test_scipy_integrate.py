@@ -850,3 +850,25 @@ def test_scipy_loop_sensitivity_solve_that_fails_follows_the_failure_policy():
         with pytest.raises(SolverError, match="sensitivity solve: Required step size"):
             jax.block_until_ready(derivative(y0, "raise"))
         assert np.isnan(derivative(y0, "nan")).all()
+
+
+@pytest.mark.parametrize("method", ["Radau", "BDF"])
+def test_scipy_loop_adjoint_of_a_reverse_mode_only_right_hand_side_with_jac_false(method):
+    """A right-hand side JAX can differentiate in reverse mode only (a jax.custom_vjp
+    inside: jax.jacfwd cannot build its Jacobian). With jac=False an implicit method's
+    solves use SciPy's finite-difference Jacobian, the forward solve and the continuous
+    adjoint's backward solves alike, so `grad` works and matches the closed form
+    (y' = -k y: d/dk sum(y(1)) = -(y0_1 + y0_2) exp(-k))."""
+    @jax.custom_vjp
+    def neg(y):
+        return -y
+
+    neg.defvjp(lambda y: (-y, None), lambda _, g: (-g,))
+
+    def L(k):
+        sol = solve_ivp(lambda t, y: k * neg(y), (0.0, 1.0), jnp.array([1.0, 2.0]), method,
+                        [1.0], jac=False, stepping="scipy", sensitivity="adjoint",
+                        rtol=1e-10, atol=1e-12)
+        return jnp.sum(sol.y)
+
+    np.testing.assert_allclose(jax.jit(jax.grad(L))(0.7), -3.0 * np.exp(-0.7), rtol=1e-6)
