@@ -315,3 +315,66 @@ def test_failure_raises_solver_error_and_nan_policy():
         jax.block_until_ready(solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), events=big).y)
     sol = solve_ivp(blowup, (0.0, 2.0), jnp.ones(1), events=big, on_failure="nan")
     assert int(sol.status) == -1 and not bool(sol.success)
+
+
+def test_failed_solve_has_nan_derivatives_in_both_modes():
+    """on_failure="nan": a solve with an event function that blows up (y' = y^2 from 1)
+    has NaN outputs at its evaluation times, and their derivatives are NaN in forward
+    and reverse mode alike (never a silent zero), as without events."""
+    def ys(y0):
+        return solve_ivp(lambda t, y: y ** 2, (0.0, 2.0), y0, t_eval=[0.5, 2.0],
+                         events=lambda t, y: y[0] - 1e300, on_failure="nan").y
+
+    y0 = jnp.ones(1)
+    assert np.isnan(ys(y0)).all()
+    for jac in (jax.jacfwd(ys), jax.jacrev(ys)):
+        d = jac(y0)
+        assert d.shape == (1, 2, 1) and np.isnan(d).all(), d
+
+
+@pytest.mark.parametrize("t_span", [(0.2, 5.0), (3.0, -1.0)], ids=["forward", "backward"])
+def test_event_and_output_derivatives_in_both_modes_and_directions(t_span):
+    """jacfwd and jacrev of an event time and the outputs at t_eval w.r.t. k, y0 and t0,
+    integrating forward and backward in time: y' = -k y, y(t) = y0 exp(-k (t - t0)),
+    which reaches c at t* = t0 + log(y0 / c) / k (going back in time, y grows to c)."""
+    t0, t1 = t_span
+    c = 0.4 if t1 > t0 else 5.0
+    te = jnp.array([1.0, 2.0]) if t1 > t0 else jnp.array([2.0, 1.0])
+
+    def outs(k, y0, t0):
+        sol = solve_ivp(lambda t, y: -k * y, (t0, t1), jnp.stack([y0]), "DOP853", t_eval=te,
+                        events=lambda t, y: y[0] - c, rtol=1e-10, atol=1e-12)
+        return jnp.concatenate([sol.t_events[0][:1], sol.y[0]])
+
+    def exact(k, y0, t0):
+        return jnp.concatenate([jnp.stack([t0 + jnp.log(y0 / c) / k]),
+                                y0 * jnp.exp(-k * (te - t0))])
+
+    x = (1.3, 2.0, t0)
+    want = jax.jacfwd(exact, argnums=(0, 1, 2))(*x)
+    np.testing.assert_allclose(outs(*x), exact(*x), rtol=1e-8)
+    for jac in (jax.jacfwd, jax.jacrev):
+        got = jac(outs, argnums=(0, 1, 2))(*x)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9, err_msg=jac.__name__)
+
+
+@pytest.mark.parametrize("method", ["RK45", "Radau"])
+def test_dense_output_of_a_one_step_solve_matches_scipy(method):
+    """A short span SciPy covers in one step: the dense output is that one segment
+    (padded to max_steps by repeating it), SciPy's interpolant in value, and its
+    derivative in k matches finite differences."""
+    def sol_at(k, ts):
+        sol = solve_ivp(lambda t, y: -k * y, (0.0, 0.1), jnp.array([1.0, 2.0]), method,
+                        dense_output=True, first_step=0.1, max_steps=8)
+        return sol.sol(ts), sol.n_points
+
+    ts = jnp.array([0.0, 0.03, 0.07, 0.1])
+    ref = scipy_reference(lambda t, y, k: -k * y, (0.0, 0.1), [1.0, 2.0], method, (0.7,),
+                          dense_output=True, first_step=0.1)
+    assert len(ref.t) == 2  # one step
+    ours, n_points = sol_at(0.7, ts)
+    assert int(n_points) == 2
+    np.testing.assert_allclose(ours, ref.sol(np.asarray(ts)), rtol=1e-12, atol=1e-14)
+    g = jax.grad(lambda k: jnp.sum(sol_at(k, ts)[0][1]))(0.7)
+    np.testing.assert_allclose(g, fd(lambda k: jnp.sum(sol_at(k, ts)[0][1]), 0.7), rtol=1e-6)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+import scipy.sparse
 from conftest import fd
 
 from jaxbridge.scipy import SolverError
@@ -692,3 +693,182 @@ def test_compiled_gradient_lowers_for_cuda():
     text = jax.jit(jax.grad(lv_loss)).trace(LV_P, LV_Y0).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "while" in text
+
+
+# ------------------------------------------------------------------ SciPy's loop
+def _linear_ode_exact(y0, k, c, t0, te):
+    """y' = -k y + c: y(t) = c/k + (y0 - c/k) exp(-k (t - t0)), elementwise."""
+    ystar = c / k
+    return ystar[:, None] + (y0 - ystar)[:, None] * jnp.exp(-k[:, None] * (te - t0)[None, :])
+
+
+@pytest.mark.parametrize("method", ["RK45", "Radau"])
+def test_scipy_loop_derivatives_match_the_closed_form(method):
+    """stepping="scipy": the continuous adjoint (checkpointed at the evaluation times, the
+    first of them t0 itself), reverse mode by forward sensitivities, and forward mode
+    (jacfwd) w.r.t. y0, args, t0 and t_eval, each against JAX's derivative of the closed
+    form. Radau brings the adjoint's exact Jacobian (`adj_jac`) and `jac` in the
+    sensitivity solves. Three states with different rates, so that a transposed or
+    mis-sliced Jacobian, a wrong sign or a lost jump at an output shows."""
+    c = jnp.array([0.2, -0.1, 0.3])
+    w = jnp.array([[1.0, -2.0, 0.5, 3.0], [0.7, 1.5, -1.0, 2.0], [-0.3, 0.4, 2.5, -1.2]])
+
+    def ys(y0, k, t0, te, **kw):
+        return solve_ivp(lambda t, y, k: -k * y + c, (t0, 2.0), y0, method, te, args=(k,),
+                         rtol=1e-10, atol=1e-12, stepping="scipy", **kw).y
+
+    def L(y0, k, t0, te, **kw):
+        return jnp.sum(jnp.sin(ys(y0, k, t0, te, **kw)) * w)
+
+    def L_exact(y0, k, t0, te):
+        return jnp.sum(jnp.sin(_linear_ode_exact(y0, k, c, t0, te)) * w)
+
+    x = (jnp.array([1.0, -0.5, 2.0]), jnp.array([0.7, 1.3, 2.2]), 0.1,
+         jnp.array([0.1, 0.5, 1.0, 1.9]))
+    want = jax.grad(L_exact, argnums=(0, 1, 2, 3))(*x)
+    for sensitivity in ("adjoint", "forward"):
+        got = jax.jit(jax.grad(functools.partial(L, sensitivity=sensitivity),
+                               argnums=(0, 1, 2, 3)))(*x)
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=2e-6, atol=1e-8, err_msg=sensitivity)
+    jf = jax.jacfwd(ys, argnums=(0, 1, 2, 3))(*x)
+    jw = jax.jacfwd(lambda *a: _linear_ode_exact(*a[:2], c, *a[2:]), argnums=(0, 1, 2, 3))(*x)
+    for g, e in zip(jf, jw):
+        np.testing.assert_allclose(g, e, rtol=2e-6, atol=1e-8)
+
+
+def test_scipy_loop_gradients_with_one_and_no_evaluation_times():
+    """stepping="scipy", both reverse-mode strategies: one evaluation time (the adjoint's
+    only interval runs from t0) against the closed form, and none (t_eval=[]): a zero
+    gradient in y0, args and t0, like the compiled loop's."""
+    c = jnp.array([0.2, -0.1])
+
+    def L(y0, k, t0, te, sensitivity):
+        sol = solve_ivp(lambda t, y, k: -k * y + c, (t0, 2.0), y0, t_eval=te, args=(k,),
+                        rtol=1e-10, atol=1e-12, stepping="scipy", sensitivity=sensitivity)
+        return jnp.sum(jnp.sin(sol.y) * 2.0)
+
+    x = (jnp.array([1.0, -0.5]), jnp.array([0.7, 1.3]), 0.1)
+    exact = jax.grad(lambda y0, k, t0: jnp.sum(jnp.sin(_linear_ode_exact(
+        y0, k, c, t0, jnp.array([1.5]))) * 2.0), argnums=(0, 1, 2))(*x)
+    for sensitivity in ("adjoint", "forward"):
+        one = jax.grad(L, argnums=(0, 1, 2))(*x, jnp.array([1.5]), sensitivity)
+        for g, e in zip(one, exact):
+            np.testing.assert_allclose(g, e, rtol=2e-6, atol=1e-8, err_msg=sensitivity)
+        none = jax.grad(L, argnums=(0, 1, 2))(*x, jnp.zeros(0), sensitivity)
+        for g in none:
+            np.testing.assert_array_equal(g, 0.0)
+
+
+@pytest.mark.parametrize("method", ["BDF", "LSODA"])
+def test_scipy_loop_adjoint_with_many_parameters(method, monkeypatch):
+    """The continuous adjoint of an implicit method with more than 64 parameters: its
+    exact Jacobian ((n + P)^2 entries, most of them zero) is sparse for BDF and Radau,
+    dense for LSODA (which cannot take a sparse one). y' = -(A w) * y + c with 70
+    weights w (212 parameters with the closed-over A and c) and rates about 300 and 1
+    (stiff, so that LSODA switches to BDF and calls the Jacobian), against the closed
+    form; SciPy's solve_ivp is watched to see which kind of Jacobian the adjoint solves
+    get."""
+    c = jnp.array([0.2, -0.1])
+    A = jnp.asarray(np.random.default_rng(0).uniform(0.0, 0.03, (2, 70))
+                    * np.array([[300.0], [1.0]]))
+    w = jnp.linspace(0.5, 1.5, 70)
+    kinds = set()
+    solve = scipy.integrate.solve_ivp
+
+    def watched(fun, t_span, y0, *a, jac=None, **kw):
+        if callable(jac) and np.size(y0) > 2:  # the adjoint solves: (a, mu)
+            def jac(t, z, jac=jac):
+                m = jac(t, z)
+                kinds.add("sparse" if scipy.sparse.issparse(m) else "dense")
+                return m
+        return solve(fun, t_span, y0, *a, jac=jac, **kw)
+
+    monkeypatch.setattr(scipy.integrate, "solve_ivp", watched)
+
+    def L(w):
+        sol = solve_ivp(lambda t, y, w: -(A @ w) * y + c, (0.0, 2.0), jnp.array([1.0, -0.5]),
+                        method, jnp.array([0.5, 2.0]), args=(w,), rtol=1e-10, atol=1e-12,
+                        stepping="scipy", sensitivity="adjoint")
+        return jnp.sum(jnp.sin(sol.y))
+
+    exact = jax.grad(lambda w: jnp.sum(jnp.sin(_linear_ode_exact(
+        jnp.array([1.0, -0.5]), A @ w, c, 0.0, jnp.array([0.5, 2.0])))))(w)
+    np.testing.assert_allclose(jax.jit(jax.grad(L))(w), exact, rtol=1e-5, atol=1e-9)
+    assert kinds == {"dense" if method == "LSODA" else "sparse"}, kinds
+
+
+def test_quad_gradient_that_does_not_converge_follows_the_failure_policy():
+    """int_0^1 c / sqrt(x) dx = 2 c: QUADPACK's extrapolation gets the value within 10
+    subintervals, but the parameter gradient (SciPy's quad_vec, no extrapolation) does
+    not reach the tolerance within limit=10: a SolverError naming it under
+    on_failure="raise" (eager and under jit), a NaN gradient under "nan", never an
+    unflagged inaccurate number."""
+    def L(c, on_failure):
+        return quad(lambda x: c * x ** -0.5, 0.0, 1.0, limit=10, on_failure=on_failure)[0]
+
+    np.testing.assert_allclose(L(2.0, "raise"), 4.0, rtol=1e-12)
+    for grad in (jax.grad(L), jax.jit(jax.grad(L), static_argnums=1)):
+        with pytest.raises(SolverError, match="quad_vec of the parameter gradient"):
+            jax.block_until_ready(grad(2.0, "raise"))
+        assert np.isnan(grad(2.0, "nan"))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_scipy_loop_float32_output_that_overflows_has_nan_derivatives_in_both_modes():
+    """SciPy solves in float64; a float32 state pushed past float32's largest value by a
+    finite right-hand side comes back as inf. Its derivatives are NaN in forward and
+    reverse mode alike (never a finite number for an infinite output, and jacfwd agrees
+    with jacrev)."""
+    def ys(y0):
+        return solve_ivp(lambda t, y: jnp.full_like(y, 1e38), (0.0, 2.0), y0,
+                         t_eval=[0.5, 2.0], stepping="scipy").y
+
+    y0 = jnp.array([3e38], jnp.float32)
+    assert np.isinf(ys(y0)).all()
+    for jac in (jax.jacfwd(ys), jax.jacrev(ys)):
+        d = jac(y0)
+        assert d.shape == (1, 2, 1) and d.dtype == jnp.float32 and np.isnan(d).all(), d
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_scipy_loop_sensitivity_solve_that_fails_follows_the_failure_policy():
+    """y' = cbrt(y) from y0 = 0: the solve is y = 0, but its derivative in y0 does not
+    exist (solutions from y0 > 0 leave 0 at once: dy(t)/dy0 is infinite), so SciPy fails
+    on the sensitivity equations. A SolverError naming the sensitivity solve in both
+    modes under on_failure="raise", NaN derivatives under "nan"."""
+    def ys(y0, on_failure):
+        return solve_ivp(lambda t, y: jnp.cbrt(y), (0.0, 1.0), y0, t_eval=[0.5, 1.0],
+                         stepping="scipy", sensitivity="forward", on_failure=on_failure).y
+
+    y0 = jnp.zeros(1)
+    np.testing.assert_array_equal(ys(y0, "raise"), 0.0)
+    grad = jax.grad(lambda y0, on_failure: jnp.sum(ys(y0, on_failure)))
+    tangent = lambda y0, on_failure: jax.jvp(lambda y: ys(y, on_failure),  # noqa: E731
+                                             (y0,), (jnp.ones(1),))[1]
+    for derivative in (grad, tangent):
+        with pytest.raises(SolverError, match="sensitivity solve: Required step size"):
+            jax.block_until_ready(derivative(y0, "raise"))
+        assert np.isnan(derivative(y0, "nan")).all()
+
+
+@pytest.mark.parametrize("method", ["Radau", "BDF"])
+def test_scipy_loop_adjoint_of_a_reverse_mode_only_right_hand_side_with_jac_false(method):
+    """A right-hand side JAX can differentiate in reverse mode only (a jax.custom_vjp
+    inside: jax.jacfwd cannot build its Jacobian). With jac=False an implicit method's
+    solves use SciPy's finite-difference Jacobian, the forward solve and the continuous
+    adjoint's backward solves alike, so `grad` works and matches the closed form
+    (y' = -k y: d/dk sum(y(1)) = -(y0_1 + y0_2) exp(-k))."""
+    @jax.custom_vjp
+    def neg(y):
+        return -y
+
+    neg.defvjp(lambda y: (-y, None), lambda _, g: (-g,))
+
+    def L(k):
+        sol = solve_ivp(lambda t, y: k * neg(y), (0.0, 1.0), jnp.array([1.0, 2.0]), method,
+                        [1.0], jac=False, stepping="scipy", sensitivity="adjoint",
+                        rtol=1e-10, atol=1e-12)
+        return jnp.sum(sol.y)
+
+    np.testing.assert_allclose(jax.jit(jax.grad(L))(0.7), -3.0 * np.exp(-0.7), rtol=1e-6)

@@ -54,8 +54,20 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # The matrix's optimize cells of the default run (42 s here): every wrapper, argument,
     # bound regime and mode; test_scipy_optimize.py (minutes) is left to the suite.
     "jaxbridge/scipy/optimize.py": (_M, "test_cell and optimize"),
-    "jaxbridge/scipy/integrate.py": (f"{_M} tests/test_scipy_integrate.py",
-                                     "(test_cell and integrate) or test_scipy_integrate"),
+    # integrate.py's own derivative code runs on SciPy's loop (stepping="scipy", the
+    # implicit methods with forward sensitivities), in the recording host call of the
+    # implicit methods' compiled derivatives, and in quad; the compiled RK loop (the
+    # explicit methods' default under x64) is _rk's. Values and gradients of the implicit
+    # methods first, then quad, the SciPy loop's closed-form test, the recording's error
+    # and status paths, the matrix's quad and implicit float64 cells. 98 s here at load 6.
+    "jaxbridge/scipy/integrate.py": (
+        f"tests/test_scipy_integrate.py tests/test_scipy_stiff.py {_M} -m 'not docs'",
+        "scipy_loop or test_quad or (gradients_vs_finite and not RK45) "
+        "or (robertson and BDF-forward) or (values_match_scipy and not RK45 and not DOP853) "
+        "or (test_scipy_stiff and (too_small or status_and_counts or failed_solve "
+        "or (linear_stiff and Radau))) "
+        "or (test_cell and integrate and float64 and (quad or implicit))",
+    ),
     "jaxbridge/scipy/_common.py": ("tests/test_scipy_closures.py tests/test_scipy_optimize.py",
                                    None),
     # The compiled RK loop (RK45 here) in both modes: the matrix's jvp cells (JAX's
@@ -81,6 +93,18 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "forward_and_reverse and not closed_over) "
         "or (gradients_vs_finite and (Radau-adjoint or LSODA-adjoint)) "
         "or (robertson and BDF-adjoint)",
+    ),
+    # solve_ivp with events / dense output / t_eval=None: the gradient tests (event times
+    # by the implicit function theorem, dense output, steps) of the fast methods first,
+    # then the terminal, count, max_steps and failure paths, and the tests written for
+    # its mutation survivors (session 9). 93 s here at load 7 before those (+11 s).
+    "jaxbridge/scipy/_events.py": (
+        "tests/test_scipy_events.py -m 'not docs'",
+        "(decay_event_gradients and not RK23) or (cannonball and not RK45) "
+        "or closed_over_event or (dense_output_gradients_closed_form and not RK23) "
+        "or steps_match or terminal_event_stops or terminal_count or more_events "
+        "or failure_raises or bad_input_errors or (dense_output_matches_scipy and RK45) "
+        "or nan_derivatives or both_modes_and_directions or one_step",
     ),
     "jaxbridge/scipy/sparse/linalg.py": (f"{_M} tests/test_scipy_sparse.py",
                                          "(test_cell and sparse) or test_scipy_sparse"),
@@ -162,7 +186,25 @@ RULES = {
     "jaxbridge/scipy/signal.py": r"_jvp$|_vjp$|^_causal_conv|^_lag_products|^_pad_state"
     r"|^_reversed_solve",
     "jaxbridge/scipy/optimize.py": r"_jvp$|_vjp$|^_active$|^_free_and_x$|^_rho$|solve$",
-    "jaxbridge/scipy/integrate.py": r"_jvp$|_vjp|_cotangents$|^_Integrand",
+    # integrate: the SciPy loop's rules (_ivp_vjp with its nested rhs/adj_jac, _ivp_jvp,
+    # the cotangents), the host-side ODE they solve (_Ode: __init__, adj, adj_jac, jac_kw,
+    # solve, sensitivities), the recording of SciPy's steps for _stiff's compiled
+    # derivatives (_ivp_recorded, _recorded_result), quad's rules and integrand
+    # (_Integrand's __init__, df_dp, jvp_p, _f_at, _quad_run). Not the forward glue
+    # (_ivp, _compiled_ivp, _stiff_ivp), the argument checks, nor _sensitivity_choice
+    # (which of two correct gradients is computed). Mutants carry their innermost name
+    # only: `__init__` is _Ode's and _Integrand's, `solve` also _StiffProblem's.
+    "jaxbridge/scipy/integrate.py": r"^(__init__|adj|adj_jac|jac_kw|solve|sensitivities"
+    r"|_ivp_vjp|rhs|_ivp_cotangents|_ivp_vjp_nan|_ivp_jvp|_recorded_result|_ivp_recorded"
+    r"|_quad_run|_f_at|_quad_vjp|_quad_jvp|df_dp|jvp_p)$",
+    # _events: the host side of the derivatives (_Host's __init__ and sensitivities, the
+    # output points and their sensitivities, the JVP and VJP rules), the padding that
+    # keeps padded entries finite (_pad_rows), the implicit-function-theorem slot (_ift).
+    # `__init__` is also _Static's (the cache key). Not the forward solve (_trajectory:
+    # values, checked against SciPy) nor solve_ivp (argument checks, with the JAX-side
+    # assembly of events and steps: name-only selection cannot split it).
+    "jaxbridge/scipy/_events.py": r"^(__init__|sensitivities|_pad_rows|_points|_sens_at"
+    r"|_trajectory_jvp|_trajectory_vjp|_ift)$",
     "jaxbridge/scipy/sparse/linalg.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
     r"|^_degenerate|^_sym_",
     # _rk: the discrete adjoint (_sweep and its nested rerun/step_vjp/segment/back), the

@@ -299,7 +299,9 @@ def _trajectory_jvp(primals: tuple, out: dict, tangents: tuple, *, st: Any) -> A
     t0, t1, y0, t_eval, params, *_ = primals
     dt0, _, dy0, dt_eval, dparams, *_ = tangents
     tan: dict[str, Any] = {k: None for k in out}
-    if int(out["stats"][0]) == -1:
+    if int(out["stats"][0]) == -1:  # a failed solve ("nan" policy): NaN, as reverse mode
+        for key in ("ys", "y_ev", "nodes_y"):
+            tan[key] = np.full(out[key].shape, np.nan, out[key].dtype)
         return tan
     with on_cpu():
         host = _host(primals, s)

@@ -530,7 +530,9 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         inherit the solution's error, so pass tighter ones for training).
       jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
         JAX); None (default): the exact Jacobian from JAX; False: SciPy's finite
-        differences (forward solve only; gradient solves always use JAX's Jacobian).
+        differences, in the forward solve and, with `stepping="scipy"`, in the
+        continuous adjoint's solves, so that a `fun` JAX can differentiate in reverse
+        mode only (a `jax.custom_vjp` inside) gets gradients there.
       adjoint_rtol, adjoint_atol: tolerances of the gradient solve (default: rtol, atol).
       sensitivity: how reverse mode (grad, vjp, jacrev) computes the gradient.
         "adjoint": with the compiled loop, the discrete adjoint (exact for the
