@@ -314,6 +314,67 @@ def test_least_squares_float32_active_bound_moves_the_solution():
     np.testing.assert_allclose(jax.jacrev(x_of)(p), want, rtol=1e-4)
 
 
+def test_least_squares_float64_bound_held_just_inside_by_trf():
+    # The decay fit with theta_1 >= lb, lb 3e-5 above the unconstrained optimum: the bound
+    # holds (the gradient pushes outwards, weakly). With gtol=1e-12 SciPy 1.17's trf stops
+    # ~2e-12 (relative) inside it, and its active_mask (relative tolerance xtol=1e-15)
+    # misses that: the bound must still be found held, so that d theta_1 / d lb = 1 and
+    # the free coordinates follow the bound. Reference: the jnp twin, Newton on the two
+    # free coordinates with theta_1 = lb, differentiated by JAX.
+    free = least_squares(decay_residual, jnp.ones(3), args=(T_LS, DATA), ftol=None,
+                         xtol=1e-15, gtol=1e-15).x
+
+    def fit(lb1):
+        lb = jnp.stack([-jnp.inf, lb1, -jnp.inf])
+        return least_squares(decay_residual, jnp.array([1.0, 1.5, 0.0]), args=(T_LS, DATA),
+                             bounds=(lb, jnp.inf), ftol=None, xtol=1e-15, gtol=1e-12)
+
+    def cost(th, lb1):  # the fit's cost with theta_1 = lb1
+        return 0.5 * jnp.sum(decay_residual(jnp.stack([th[0], lb1, th[1]]), T_LS, DATA) ** 2)
+
+    @jax.jit
+    def twin(lb1):  # Newton on the free coordinates; then the implicit function theorem
+        th = free[::2]
+        for _ in range(8):
+            th = th - jnp.linalg.solve(jax.hessian(cost)(th, lb1), jax.grad(cost)(th, lb1))
+        dth = -jnp.linalg.solve(jax.hessian(cost)(th, lb1),
+                                jax.jacfwd(jax.grad(cost), 1)(th, lb1))
+        return jnp.stack([th[0], lb1, th[1]]), jnp.stack([dth[0], 1.0, dth[1]])
+
+    lb1 = free[1] + 3e-5
+    sol = fit(lb1)
+    assert 0 < float(sol.x[1] - lb1) < 1e-10 and list(sol.active_mask) == [0, -1, 0]
+    x_want, want = twin(lb1)
+    np.testing.assert_allclose(sol.x, x_want, rtol=1e-9)
+    np.testing.assert_allclose(jax.jacrev(lambda lb1: fit(lb1).x)(lb1), want, rtol=1e-6,
+                               atol=1e-9)  # forward mode w.r.t. a bound: the matrix's cells
+    assert want[1] == 1.0
+
+
+def test_singular_optimality_condition_is_named_in_the_error():
+    """The implicit-function-theorem system is solved densely for root up to 64 unknowns
+    and for minimize up to 1000 (as documented), so a singular one raises SolverError
+    naming the singular Jacobian, rather than a Krylov solver's non-convergence or, for
+    a consistent singular system, a silent answer that is one of many."""
+    def redundant(x, a):  # two copies of one equation: a line of roots x0 + x1 = a
+        s = x[0] + x[1] - a
+        return jnp.stack([s, 2.0 * s])
+
+    sol = root(redundant, jnp.zeros(2), args=(1.0,))
+    assert bool(sol.success) and abs(float(sol.x.sum()) - 1.0) < 1e-12
+    with pytest.raises(SolverError, match=r"optimize\.root.*singular Jacobian"):
+        jax.grad(lambda a: root(redundant, jnp.zeros(2), args=(a,)).x.sum())(1.0)
+
+    def unused_first(x, c):  # x[0] does not enter: the Hessian has a zero row
+        return jnp.sum((x[1:] - c[1:]) ** 2)
+
+    c = jnp.linspace(-1.0, 1.0, 1000)  # n = 1000: the largest dense minimize solve
+    np.testing.assert_allclose(minimize(unused_first, jnp.zeros(1000), (c,)).x[1:], c[1:],
+                               atol=1e-6)
+    with pytest.raises(SolverError, match=r"optimize\.minimize.*singular Jacobian"):
+        jax.grad(lambda c: minimize(unused_first, jnp.zeros(1000), (c,)).x.sum())(c)
+
+
 # ------------------------------------------------------------------ SciPy's `args` conventions
 def test_root_and_minimize_wrap_a_non_tuple_args_as_scipy_does():
     """SciPy 1.17 root/minimize: `if not isinstance(args, tuple): args = (args,)`."""
