@@ -641,28 +641,35 @@ def test_krylov_solves_follow_the_requested_solver_and_failure_policy():
     assert np.isnan(jax.grad(total)(a, linear_solver="cg", on_failure="nan")).all()
 
 
-def test_least_squares_huber_fit_with_an_outlier():
-    # The robust loss at work: one outlier puts its residual in huber's linear part
-    # (z = (r / f_scale)^2 > 1, rho = 2 sqrt(z) - 1), the others stay in its quadratic
-    # part. Against SciPy's own fit (value and cost) and the jnp twin's implicit derivative.
+@pytest.mark.parametrize("loss", ["huber", "cauchy", "arctan"])
+def test_least_squares_robust_loss_fit_with_an_outlier(loss):
+    # The robust loss at work: one outlier puts its residual far out in the loss's tail
+    # (z = (r / f_scale)^2 > 50: huber's linear part, rho = 2 sqrt(z) - 1), the others
+    # stay near the origin (z < 1). Each parameter has a plausible range that does not
+    # bind (no bound is held, so none changes the derivative). Against SciPy's own fit
+    # (value and cost) and the jnp twin's implicit derivative.
     data = DATA.at[4].add(1.0)
-    fit = least_squares(decay_residual, jnp.ones(3), loss="huber", f_scale=0.1,
-                        args=(T_LS, data), ftol=1e-15, xtol=1e-15, gtol=1e-15)
+    box = (np.array([0.0, 0.0, -5.0]), np.array([10.0, 10.0, 5.0]))
+    tight = dict(bounds=box, ftol=1e-15, xtol=1e-15, gtol=1e-15)
+    fit = least_squares(decay_residual, jnp.ones(3), loss=loss, f_scale=0.1,
+                        args=(T_LS, data), **tight)
     ref = scipy.optimize.least_squares(
         lambda th: np.asarray(decay_residual(jnp.asarray(th), T_LS, data)), np.ones(3),
-        loss="huber", f_scale=0.1, ftol=1e-15, xtol=1e-15, gtol=1e-15)
+        loss=loss, f_scale=0.1, **tight)
     z = (decay_residual(fit.x, T_LS, data) / 0.1) ** 2
-    assert z[4] > 50 and (z < 1).sum() >= 6  # both parts of the loss are used
+    assert z[4] > 50 and (z < 1).sum() >= 6  # the tail and the origin both matter
     np.testing.assert_allclose(fit.x, ref.x, rtol=1e-6)
     np.testing.assert_allclose(fit.cost, ref.cost, rtol=1e-8)
 
     def cost(theta, data):
         z = (decay_residual(theta, T_LS, data) / 0.1) ** 2
-        return 0.5 * 0.01 * jnp.sum(jnp.where(z <= 1, z, 2 * jnp.sqrt(z) - 1))
+        rho = {"huber": jnp.where(z <= 1, z, 2 * jnp.sqrt(z) - 1), "cauchy": jnp.log1p(z),
+               "arctan": jnp.arctan(z)}[loss]
+        return 0.5 * 0.01 * jnp.sum(rho)
 
     want = jax.jit(lambda x, d: -jnp.linalg.solve(jax.hessian(cost)(x, d),
                                                   jax.jacfwd(jax.grad(cost), 1)(x, d)))(fit.x, data)
-    got = jax.jacrev(lambda d: least_squares(decay_residual, jnp.ones(3), loss="huber",
-                                             f_scale=0.1, args=(T_LS, d), ftol=1e-15,
-                                             xtol=1e-15, gtol=1e-15).x)(data)
+    assert not np.any(fit.active_mask)
+    got = jax.jacrev(lambda d: least_squares(decay_residual, jnp.ones(3), loss=loss,
+                                             f_scale=0.1, args=(T_LS, d), **tight).x)(data)
     np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-10)
