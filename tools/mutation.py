@@ -57,9 +57,8 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # (minimize's box; least_squares where trf stops just inside), the singular system's
     # error, least_squares' cost against SciPy's (soft_l1), robust losses with an outlier
     # (107 s wall at load 4, beside a second test run; 67 s at load 3 before the cauchy
-    # and arctan outlier cases). The rest
-    # of the file (2 min), the matrix's slow cells and the float32 bound test are left to
-    # the suite.
+    # and arctan outlier cases). The rest of the file (2 min), the matrix's slow cells and
+    # the float32 bound test are left to the suite.
     "jaxbridge/scipy/optimize.py": (
         f"{_M} tests/test_scipy_optimize.py",
         "(test_cell and optimize) or failure_policies or singular_optimality "
