@@ -1,6 +1,7 @@
 """jaxbridge.scipy.optimize: root and minimize, differentiated by the implicit function theorem."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -314,6 +315,86 @@ def test_least_squares_float32_active_bound_moves_the_solution():
     np.testing.assert_allclose(jax.jacrev(x_of)(p), want, rtol=1e-4)
 
 
+def decay_residual_per_ks(theta, t, data):  # the rate in 1/ks: theta_1 ~ 1346
+    return theta[0] * jnp.exp(-theta[1] * 1e-3 * t) + theta[2] - data
+
+
+@pytest.mark.parametrize("side", [-1, 1])
+def test_least_squares_float64_bound_held_just_inside_by_trf(side):
+    # The decay fit (rate in 1/ks) with a bound on the rate 0.03 beyond the unconstrained
+    # optimum, below it (side -1: theta_1 >= lb) or above it (side 1: theta_1 <= ub): the
+    # bound holds, the gradient pushing outwards weakly. With gtol=1e-12 SciPy 1.17's trf
+    # stops 1e-9 to 4e-9 inside it (3e-12 relative), and its active_mask (relative
+    # tolerance xtol=1e-15) misses that: the bound must still be found held, so that
+    # d theta_1 / d bound = 1 and the free coordinates follow. Reference: the jnp twin,
+    # Newton on the two free coordinates with theta_1 at the bound, then the IFT in JAX.
+    free = least_squares(decay_residual_per_ks, jnp.array([1.0, 1500.0, 0.0]),
+                         args=(T_LS, DATA), ftol=None, xtol=1e-15, gtol=1e-15).x
+
+    def fit(b):
+        inf = jnp.full(3, jnp.inf)
+        held = jnp.stack([side * jnp.inf, b, side * jnp.inf])
+        bounds = (-inf, held) if side > 0 else (held, inf)
+        return least_squares(decay_residual_per_ks, jnp.array([1.0, 1350.0 - 150.0 * side, 0.0]),
+                             args=(T_LS, DATA), bounds=bounds, ftol=None, xtol=1e-15,
+                             gtol=1e-12)
+
+    def cost(th, b):  # the fit's cost with theta_1 = b
+        return 0.5 * jnp.sum(decay_residual_per_ks(jnp.stack([th[0], b, th[1]]), T_LS,
+                                                   DATA) ** 2)
+
+    @jax.jit
+    def twin(b):  # Newton on the free coordinates; then the implicit function theorem
+        th = free[::2]
+        for _ in range(8):
+            th = th - jnp.linalg.solve(jax.hessian(cost)(th, b), jax.grad(cost)(th, b))
+        dth = -jnp.linalg.solve(jax.hessian(cost)(th, b), jax.jacfwd(jax.grad(cost), 1)(th, b))
+        return jnp.stack([th[0], b, th[1]]), jnp.stack([dth[0], 1.0, dth[1]])
+
+    b = free[1] - 0.03 * side
+    sol = fit(b)
+    inside = float(side * (b - sol.x[1]))
+    assert 0 <= inside < 1e-10 * (1 + abs(float(b))), inside
+    assert [int(v) for v in sol.active_mask] == [0, side, 0]
+    x_want, want = twin(b)
+    np.testing.assert_allclose(sol.x, x_want, rtol=1e-9)
+    np.testing.assert_allclose(jax.jacrev(lambda b: fit(b).x)(b), want, rtol=1e-6,
+                               atol=1e-9)  # forward mode w.r.t. a bound: the matrix's cells
+
+
+def test_singular_optimality_condition_is_named_in_the_error():
+    """The implicit-function-theorem system is solved densely for root up to 64 unknowns
+    and for minimize up to 1000 (as documented), so a singular one raises SolverError
+    naming the singular Jacobian, rather than a Krylov solver's non-convergence or, for
+    a consistent singular system, a silent answer that is one of many."""
+    def redundant(x, a):  # two copies of one equation: a line of roots x0 + x1 = a
+        s = x[0] + x[1] - a
+        return jnp.stack([s, 2.0 * s])
+
+    # the options as read from a file: strings equal to the literals, not the same objects
+    config = json.loads('{"linear_solver": "auto", "on_failure": "raise"}')
+    sol = root(redundant, jnp.zeros(2), args=(1.0,), **config)
+    assert bool(sol.success) and abs(float(sol.x.sum()) - 1.0) < 1e-12
+
+    def total(a, **kw):  # x0 + x1 = a on every root: its derivative is 1 all the same
+        return root(redundant, jnp.zeros(2), args=(a,), **kw).x.sum()
+
+    for kw in (config, {}):
+        with pytest.raises(SolverError, match=r"optimize\.root.*singular Jacobian"):
+            jax.grad(total)(1.0, **kw)
+    # GMRES, asked for, solves the consistent singular system (one of its solutions)
+    assert float(jax.grad(total)(1.0, linear_solver="gmres")) == pytest.approx(1.0, rel=1e-10)
+
+    def unused_first(x, c):  # x[0] does not enter: the Hessian has a zero row
+        return jnp.sum((x[1:] - c[1:]) ** 2)
+
+    c = jnp.linspace(-1.0, 1.0, 1000)  # n = 1000: the largest dense minimize solve
+    np.testing.assert_allclose(minimize(unused_first, jnp.zeros(1000), (c,)).x[1:], c[1:],
+                               atol=1e-6)
+    with pytest.raises(SolverError, match=r"optimize\.minimize.*singular Jacobian"):
+        jax.grad(lambda c: minimize(unused_first, jnp.zeros(1000), (c,)).x.sum())(c)
+
+
 # ------------------------------------------------------------------ SciPy's `args` conventions
 def test_root_and_minimize_wrap_a_non_tuple_args_as_scipy_does():
     """SciPy 1.17 root/minimize: `if not isinstance(args, tuple): args = (args,)`."""
@@ -515,3 +596,80 @@ def test_compiled_root_failures():
     g = jax.grad(lambda p: root(skew, p, (p,), method="df-sane", linear_solver="cg",
                                 on_failure="nan").x.sum())(p)
     assert np.isnan(g).all()
+
+
+def test_each_bound_of_a_box_gets_the_gradient_of_the_coordinate_it_holds():
+    # A coupled quadratic whose minimum lies outside the box: x_0 is held at its upper
+    # bound, x_1 at its lower one, x_2 follows both through the coupling:
+    # x* = (ub_0, lb_1, (c_2 - Q_20 ub_0 - Q_21 lb_1) / Q_22). Differentiated with respect
+    # to both bound arrays at once, each bound's gradient goes to the coordinate it holds.
+    Q = jnp.array([[2.0, 0.0, 0.5], [0.0, 2.0, 0.3], [0.5, 0.3, 1.0]])
+    c = jnp.array([2.5, -2.5, 0.3])
+
+    def x_of(lb, ub):
+        return minimize(lambda x: 0.5 * x @ Q @ x - c @ x, jnp.zeros(3), bounds=(lb, ub)).x
+
+    lb = jnp.array([-jnp.inf, -1.0, -jnp.inf])
+    ub = jnp.array([1.0, jnp.inf, jnp.inf])
+    x = x_of(lb, ub)
+    np.testing.assert_allclose(x, [1.0, -1.0, (c[2] - Q[2, 0] + Q[2, 1]) / Q[2, 2]], rtol=1e-6)
+    d_lb = np.zeros((3, 3))
+    d_lb[1, 1], d_lb[2, 1] = 1.0, -Q[2, 1] / Q[2, 2]
+    d_ub = np.zeros((3, 3))
+    d_ub[0, 0], d_ub[2, 0] = 1.0, -Q[2, 0] / Q[2, 2]
+    for jac in (jax.jacrev, jax.jacfwd):
+        j_lb, j_ub = jac(x_of, (0, 1))(lb, ub)
+        np.testing.assert_allclose(j_lb, d_lb, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(j_ub, d_ub, rtol=1e-10, atol=1e-12)
+
+
+def test_krylov_solves_follow_the_requested_solver_and_failure_policy():
+    # CG needs a symmetric positive definite dG/dx; on this rotation-like Jacobian it
+    # stops with a relative residual of ~55: SolverError with "raise", NaN with "nan".
+    # GMRES and the dense solve get the closed form d(x*.sum())/da = 1^T W^-1.
+    W = jnp.array([[1.0, 3.0], [-3.0, 1.0]])
+
+    def total(a, **kw):
+        return root(lambda x, a: W @ x - a, jnp.zeros(2), args=(a,), tol=1e-12, **kw).x.sum()
+
+    a = jnp.array([1.0, 2.0])
+    want = jnp.linalg.solve(W.T, jnp.ones(2))
+    for solver in ("gmres", "direct"):
+        np.testing.assert_allclose(jax.grad(total)(a, linear_solver=solver), want, rtol=1e-10)
+    with pytest.raises(SolverError, match=r"optimize\.root.*cg solve did not converge"):
+        jax.grad(total)(a, linear_solver="cg")
+    assert np.isnan(jax.grad(total)(a, linear_solver="cg", on_failure="nan")).all()
+
+
+@pytest.mark.parametrize("loss", ["huber", "cauchy", "arctan"])
+def test_least_squares_robust_loss_fit_with_an_outlier(loss):
+    # The robust loss at work: one outlier puts its residual far out in the loss's tail
+    # (z = (r / f_scale)^2 > 50: huber's linear part, rho = 2 sqrt(z) - 1), the others
+    # stay near the origin (z < 1). Each parameter has a plausible range that does not
+    # bind (no bound is held, so none changes the derivative). Against SciPy's own fit
+    # (value and cost) and the jnp twin's implicit derivative.
+    data = DATA.at[4].add(1.0)
+    box = (np.array([0.0, 0.0, -5.0]), np.array([10.0, 10.0, 5.0]))
+    tight = dict(bounds=box, ftol=1e-15, xtol=1e-15, gtol=1e-15)
+    fit = least_squares(decay_residual, jnp.ones(3), loss=loss, f_scale=0.1,
+                        args=(T_LS, data), **tight)
+    ref = scipy.optimize.least_squares(
+        lambda th: np.asarray(decay_residual(jnp.asarray(th), T_LS, data)), np.ones(3),
+        loss=loss, f_scale=0.1, **tight)
+    z = (decay_residual(fit.x, T_LS, data) / 0.1) ** 2
+    assert z[4] > 50 and (z < 1).sum() >= 6  # the tail and the origin both matter
+    np.testing.assert_allclose(fit.x, ref.x, rtol=1e-6)
+    np.testing.assert_allclose(fit.cost, ref.cost, rtol=1e-8)
+
+    def cost(theta, data):
+        z = (decay_residual(theta, T_LS, data) / 0.1) ** 2
+        rho = {"huber": jnp.where(z <= 1, z, 2 * jnp.sqrt(z) - 1), "cauchy": jnp.log1p(z),
+               "arctan": jnp.arctan(z)}[loss]
+        return 0.5 * 0.01 * jnp.sum(rho)
+
+    want = jax.jit(lambda x, d: -jnp.linalg.solve(jax.hessian(cost)(x, d),
+                                                  jax.jacfwd(jax.grad(cost), 1)(x, d)))(fit.x, data)
+    assert not np.any(fit.active_mask)
+    got = jax.jacrev(lambda d: least_squares(decay_residual, jnp.ones(3), loss=loss,
+                                             f_scale=0.1, args=(T_LS, d), **tight).x)(data)
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-10)
