@@ -131,6 +131,38 @@ def summary(samples: list[float]) -> str:
     return f"{statistics.median(samples):9.2f} ({min(samples):.2f}-{max(samples):.2f})"
 
 
+def ops_alone(n: int, repeats: int) -> dict[str, list[float]]:
+    """CPU time (us) of `x + 1` on `n` float32 elements returning a new array, outside
+    any bridge: torch on one thread (as the host call caps it) and NumPy."""
+    a = np.zeros(n, np.float32)
+    t = torch.from_numpy(a)
+    one = np.float32(1)
+    cases = {"torch": lambda: t + 1, "numpy": lambda: a + one}
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(repeats):
+            for name, fn in cases.items():
+                times[name].append(timed(fn, 200))
+    finally:
+        torch.set_num_threads(before)
+    return times
+
+
+def bridge_overheads(n: int, cpu: dict[str, list[float]], repeats: int) -> None:
+    """What each bridge adds to its library's own `x + 1`: the fresh-tensor goal
+    compares torch's kernel with NumPy's as much as the bridges."""
+    alone = ops_alone(n, repeats)
+    torch_op, numpy_op = statistics.median(alone["torch"]), statistics.median(alone["numpy"])
+    ours, numpy_path = (statistics.median(cpu["jaxbridge.torch"]),
+                        statistics.median(cpu["numpy jb.foreign"]))
+    print(f"  `x + 1` alone, outside any bridge, CPU us, median: torch (1 thread) "
+          f"{torch_op:.1f}, NumPy {numpy_op:.1f} (torch / NumPy {torch_op / numpy_op:.2f})")
+    print(f"  what the bridge adds to it (case - op alone): jaxbridge.torch "
+          f"{ours - torch_op:.1f} us, numpy jb.foreign {numpy_path - numpy_op:.1f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -167,6 +199,8 @@ def main() -> None:
             if a in cpu and b in cpu:
                 print(f"    {a} / {b}: "
                       f"{summary([p / q for p, q in zip(cpu[a], cpu[b])])}")
+        if n > 1:
+            bridge_overheads(n, cpu, args.repeats)
 
     # Ours runs torch capped at one thread during host calls (the default); eager torch
     # runs with its own thread count. CPU time compares the work either way.
