@@ -798,20 +798,38 @@ def test_scipy_loop_adjoint_with_many_parameters(method, monkeypatch):
     assert kinds == {"dense" if method == "LSODA" else "sparse"}, kinds
 
 
-def test_quad_gradient_that_does_not_converge_follows_the_failure_policy():
-    """int_0^1 c / sqrt(x) dx = 2 c: QUADPACK's extrapolation gets the value within 10
-    subintervals, but the parameter gradient (SciPy's quad_vec, no extrapolation) does
-    not reach the tolerance within limit=10: a SolverError naming it under
-    on_failure="raise" (eager and under jit), a NaN gradient under "nan", never an
-    unflagged inaccurate number."""
-    def L(c, on_failure):
-        return quad(lambda x: c * x ** -0.5, 0.0, 1.0, limit=10, on_failure=on_failure)[0]
+def test_quad_gradient_at_an_endpoint_singularity_matches_the_closed_form():
+    """int_0^1 c x^(p-1) dx = c / p: QUADPACK's extrapolation gets the value of the
+    singular integrand within a few subintervals, but SciPy's quad_vec (no
+    extrapolation), which integrates the whole parameter gradient at once, does not
+    reach the tolerance (it used to raise SolverError for grad of c / sqrt(x) even
+    at limit=50). The gradient then falls back to quad per parameter: reverse mode
+    equals forward mode and the closed form (1/p, -c/p^2), eager and under jit."""
+    def y(c, p, limit=50):
+        return quad(lambda x: c * x ** (p - 1), 0.0, 1.0, limit=limit)[0]
 
-    np.testing.assert_allclose(L(2.0, "raise"), 4.0, rtol=1e-12)
+    c, p = 1.5, 0.3
+    want = (1 / p, -c / p ** 2)
+    for jac in (jax.grad(y, (0, 1)), jax.jit(jax.grad(y, (0, 1))), jax.jacfwd(y, (0, 1))):
+        np.testing.assert_allclose(jac(c, p), want, rtol=1e-9)
+    np.testing.assert_allclose(jax.grad(y)(2.0, 0.5, 10), 2.0, rtol=1e-12)  # c / sqrt(x)
+
+
+def test_quad_gradient_that_does_not_converge_follows_the_failure_policy():
+    """int_0^1 x^p dx = 1 / (p + 1): Gauss-Kronrod gets the polynomial's value in one
+    interval at p = 2, but its derivative x^p log(x) does not reach the tolerance
+    within limit=2 subintervals, by quad_vec or by quad: a SolverError naming the
+    parameter gradient under on_failure="raise" (eager and under jit), NaN in both
+    modes under "nan", never an unflagged inaccurate number."""
+    def L(p, on_failure):
+        return quad(lambda x: x ** p, 0.0, 1.0, limit=2, on_failure=on_failure)[0]
+
+    np.testing.assert_allclose(L(2.0, "raise"), 1 / 3, rtol=1e-12)
     for grad in (jax.grad(L), jax.jit(jax.grad(L), static_argnums=1)):
-        with pytest.raises(SolverError, match="quad_vec of the parameter gradient"):
+        with pytest.raises(SolverError, match="quad of the parameter gradient"):
             jax.block_until_ready(grad(2.0, "raise"))
         assert np.isnan(grad(2.0, "nan"))
+    assert np.isnan(jax.jacfwd(L)(2.0, "nan"))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")

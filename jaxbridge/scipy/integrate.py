@@ -877,15 +877,28 @@ def _quad_vjp(primals: tuple, out: Any, ct: Any, *, fun: Any, options: tuple,
         a_bar, b_bar = -ct_val * _f_at(q, a), ct_val * _f_at(q, b)
         p_bar = nan_like(params)
         if params:
-            kw = {k: v for k, v in options if k in ("epsabs", "epsrel", "limit")}
-            res = scipy.integrate.quad_vec(q.df, float(a), float(b), full_output=True, **kw)
-            if not res[2].success:
-                if on_failure == "raise":
-                    raise failure("integrate.quad", f"quad_vec of the parameter gradient: "
-                                  f"{res[2].message}")
-                res = (np.full_like(res[0], np.nan),) + res[1:]
-            p_bar = np_unravel(ct_val * f64(res[0]), params)
+            grad = _gradient_integral(q, float(a), float(b), options, on_failure)
+            p_bar = np_unravel(ct_val * grad, params)
     return np.asarray(a_bar, a.dtype), np.asarray(b_bar, b.dtype), p_bar, None
+
+
+def _gradient_integral(q: Any, a: float, b: float, options: tuple, on_failure: str) -> Any:
+    """`int_a^b d func / d params dx`, the whole gradient in one pass (SciPy's
+    `quad_vec`); where that does not converge, one `quad` per parameter.
+
+    `quad_vec` bisects without extrapolation, so an endpoint singularity that `quad`'s
+    extrapolation gets in 10 subintervals (`c / sqrt(x)` on (0, 1)) can exhaust its
+    `limit`; `quad` is how the value itself was computed, so the gradient then
+    converges where the value did (for an integrand no worse than its derivative).
+    """
+    kw = {k: v for k, v in options if k in ("epsabs", "epsrel", "limit")}
+    res = scipy.integrate.quad_vec(q.df, a, b, full_output=True, **kw)
+    if res[2].success:
+        return f64(res[0])
+    return np.array([
+        _quad_run(lambda x, j=j: q.df(x)[j], a, b, options, on_failure,
+                  f" of the parameter gradient (component {j}; quad_vec: {res[2].message})")[0]
+        for j in range(np.size(res[0]))])
 
 
 @_quad.defjvp
@@ -922,9 +935,11 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: 
     returning a scalar; it may close over traced values; a non-tuple `args` is one
     argument, as in SciPy). Gradients of `y`: w.r.t.
     `args` and closed-over arrays, the integral of the gradient (SciPy's `quad_vec`
-    over JAX's `grad`); w.r.t. the limits, the Leibniz rule (`dy/db = func(b)`,
-    `dy/da = -func(a)`; zero for infinite limits). Forward mode likewise. `abserr`
-    has no derivative: its gradient is NaN, never a silent zero.
+    over JAX's `grad`, or `quad` per parameter where `quad_vec`, which has no
+    extrapolation, does not converge: endpoint singularities); w.r.t. the limits, the
+    Leibniz rule (`dy/db = func(b)`, `dy/da = -func(a)`; zero for infinite limits).
+    Forward mode likewise. `abserr` has no derivative: its gradient is NaN, never a
+    silent zero.
 
     `points` (static) is passed to SciPy. Not supported, with the reason in the
     error: `full_output` (a host-side dict), `weight`/`wvar`/`wopts` and
