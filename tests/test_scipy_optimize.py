@@ -362,6 +362,70 @@ def test_least_squares_float64_bound_held_just_inside_by_trf(side):
                                atol=1e-9)  # forward mode w.r.t. a bound: the matrix's cells
 
 
+A_QUAD = jnp.array([[3.0, 1.0], [1.0, 2.0]])
+
+
+def quadratic(x, c):  # unconstrained minimum A_QUAD^-1 c = (0.8, -1.4) at c = (1, -2)
+    return 0.5 * x @ A_QUAD @ x - c @ x
+
+
+@pytest.mark.parametrize("method", ["trust-constr", "Powell"])
+@pytest.mark.parametrize("held", [True, False])
+def test_minimize_bound_held_weakly_at_default_tolerances(method, held):
+    # x_1 >= lb with the unconstrained minimum 1e-2 beyond the bound (held) or 1e-3 inside
+    # it (free). At SciPy's default tolerances trust-constr stops 8e-4 inside a held bound
+    # and Powell 4e-10: the bound must still be found held (dx/dlb = (-1/3, 1), dx/dc =
+    # (1/3, 0) on x_0 only), and a free one must not be (dx/dlb = 0, dx/dc = A^-1). Found
+    # by review: both methods gave a zero derivative with respect to a held bound.
+    c = jnp.array([1.0, -2.0])
+    lb = -1.4 + (1e-2 if held else -1e-3)
+
+    def sol(c, lb):
+        return minimize(quadratic, jnp.zeros(2), (c,), method=method,
+                        bounds=[(None, None), (lb, 5.0)]).x
+
+    if held:
+        want_c, want_lb = np.array([[1 / 3, 0.0], [0.0, 0.0]]), np.array([-1 / 3, 1.0])
+    else:
+        want_c, want_lb = np.linalg.inv(np.asarray(A_QUAD)), np.zeros(2)
+    for jac in (jax.jacrev, jax.jacfwd):
+        got_c, got_lb = jac(sol, (0, 1))(c, jnp.asarray(lb))
+        np.testing.assert_allclose(got_c, want_c, rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(got_lb, want_lb, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("beyond", [1e-3, 1e-5])
+def test_least_squares_bound_held_weakly_at_default_tolerances(beyond):
+    # The decay fit with theta_1 >= lb, lb `beyond` above the unconstrained optimum: at
+    # the default ftol = xtol = gtol = 1e-8, trf stops 2e-7 (1e-3) to 3e-6 (1e-5) inside
+    # the bound and SciPy's active_mask calls it free. The derivative must be the held
+    # solution's (d theta_1 / d lb = 1, the others follow), from the jnp twin: Newton on
+    # the free coordinates with theta_1 at the bound, then the implicit function theorem.
+    free = least_squares(decay_residual, jnp.array([1.0, 1.5, 0.0]), args=(T_LS, DATA),
+                         ftol=None, xtol=1e-15, gtol=1e-15).x
+
+    def fit(b):
+        lb = jnp.stack([-jnp.inf, b, -jnp.inf])
+        return least_squares(decay_residual, jnp.array([1.0, 2.0, 0.0]), args=(T_LS, DATA),
+                             bounds=(lb, jnp.full(3, jnp.inf)))
+
+    def cost(th, b):
+        return 0.5 * jnp.sum(decay_residual(jnp.stack([th[0], b, th[1]]), T_LS, DATA) ** 2)
+
+    b = free[1] + beyond
+    th = free[::2]
+    for _ in range(8):
+        th = th - jnp.linalg.solve(jax.hessian(cost)(th, b), jax.grad(cost)(th, b))
+    dth = -jnp.linalg.solve(jax.hessian(cost)(th, b), jax.jacfwd(jax.grad(cost), 1)(th, b))
+    want = np.array([dth[0], 1.0, dth[1]])
+    sol = fit(b)
+    assert 0 < float(sol.x[1] - b) < 1e-5  # stopped inside the bound
+    assert [int(v) for v in sol.active_mask] == [0, -1, 0]
+    # x* is SciPy's, up to its tolerance: the derivative there, to about that relative
+    np.testing.assert_allclose(jax.jacrev(lambda b: fit(b).x)(b), want, rtol=1e-4)
+    np.testing.assert_allclose(jax.jacfwd(lambda b: fit(b).x)(b), want, rtol=1e-4)
+
+
 def test_singular_optimality_condition_is_named_in_the_error():
     """The implicit-function-theorem system is solved densely for root up to 64 unknowns
     and for minimize up to 1000 (as documented), so a singular one raises SolverError

@@ -14,7 +14,8 @@ not from the iterations: `G = F` for `root`, `G = grad_x f` for `minimize`, and
 `fun(x, *args)`) and arrays it closes over, traced or not -- both get the same,
 correct gradients. With `bounds`, coordinates at an active bound are held there:
 the solve runs on the free coordinates, and the gradient flows to the bounds
-themselves (`x*_i = lb_i`).
+themselves (`x*_i = lb_i`). A bound the solver stopped just inside of counts as
+active when a Newton step from `x*` crosses it (`_weakly_held`).
 
 The linear solves are dense (`scipy.linalg.solve` on the Jacobian JAX computes) for
 `n <= 1000` (root: `n <= 64`) or `linear_solver="direct"`, and matrix-free
@@ -328,11 +329,51 @@ def _active(kind: str, sol: Any, x: Any, lb: Any, ub: Any, pr: Any, dtype: Any) 
     tol_ub = rel * (1 + np.abs(np.where(np.isfinite(ub), ub, 0)))
     at_lb = (x <= lb + tol_lb) & (g > 0)
     at_ub = (x >= ub - tol_ub) & (g < 0)
-    ours = at_ub.astype(np.int8) - at_lb.astype(np.int8)
+    ours = _weakly_held(at_ub.astype(np.int8) - at_lb.astype(np.int8), x, g, lb, ub, pr)
     if kind == "lsq":  # SciPy's mask too, as before: it also holds bounds where g ~ 0
         scipy_mask = np.asarray(sol.active_mask, np.int8)
         return np.where(scipy_mask != 0, scipy_mask, ours).astype(np.int8)
     return ours
+
+
+#: How far inside a bound (relative to 1 + |bound|) a solver may have stopped for the
+#: bound still to be tested as held by `_weakly_held`.
+_WEAK_WINDOW = 1e-2
+
+
+def _weakly_held(active: np.ndarray, x: np.ndarray, g: np.ndarray, lb: np.ndarray,
+                 ub: np.ndarray, pr: Any) -> np.ndarray:
+    """`active` (-1/0/+1) with the bounds that hold although x* stopped inside them.
+
+    Interior and derivative-free methods (least_squares' "trf", minimize's
+    "trust-constr" and "Powell") stop short of a bound that holds only weakly, the
+    unconstrained optimum just beyond it: 4e-7 to 8e-4 inside at SciPy's default
+    tolerances, where a fixed tolerance cannot tell a held bound from a free
+    coordinate, and the derivative with respect to the bound would be a silent zero.
+    A bound near x* holds if the gradient pushes outwards and the Newton step on the
+    coordinates not held (where G = 0 to first order) crosses it; each bound found is
+    held in the next step, until no step crosses a new one (an active-set search: one
+    linear solve per round, none when no bound is near).
+    """
+    fin_lb, fin_ub = np.isfinite(lb), np.isfinite(ub)
+    near_lb = fin_lb & (g > 0) & (x - np.where(fin_lb, lb, 0) <=
+                                  _WEAK_WINDOW * (1 + np.abs(np.where(fin_lb, lb, 0))))
+    near_ub = fin_ub & (g < 0) & (np.where(fin_ub, ub, 0) - x <=
+                                  _WEAK_WINDOW * (1 + np.abs(np.where(fin_ub, ub, 0))))
+    candidate = (near_lb | near_ub) & (active == 0)
+    active = active.copy()
+    while candidate.any():
+        step = pr.solve(x, g, False, active == 0, "auto", "", "nan")
+        if not np.all(np.isfinite(step)):  # no Newton step (singular): keep what is known
+            break
+        newton = x - step
+        cross_lb = candidate & near_lb & (newton <= lb)
+        cross_ub = candidate & near_ub & (newton >= ub)
+        if not (cross_lb.any() or cross_ub.any()):
+            break
+        active[cross_lb], active[cross_ub] = -1, 1
+        candidate &= ~(cross_lb | cross_ub)
+    return active
 
 
 @_foreign.foreign(_result)
