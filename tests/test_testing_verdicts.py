@@ -1,0 +1,97 @@
+"""check_rules verdicts that mutation testing of `jaxbridge/_testing` found unguarded
+(tests/mutation_notes/mutcheck.md): each test is a rule with a planted bug the checker
+must fail, or a correct one it must pass, written as a user would."""
+
+import jax
+import numpy as np
+import pytest
+
+import jaxbridge as jb
+from jaxbridge.testing import CheckOptions, RuleCheckError, check_rules
+
+FAST = CheckOptions(n_directions=2)
+
+
+def _failed(err: RuleCheckError) -> dict:
+    out: dict = {}
+    for r in err.report.failures:
+        out.setdefault(r.name, []).append(r)
+    return out
+
+
+def test_a_vmap_that_returns_the_first_batch_element_everywhere_is_caught():
+    # vmap="vectorized" promises the function maps over a leading batch axis; this one
+    # computes the first batch element and copies it into every row.
+    @jb.foreign(lambda x: x, vmap="vectorized")
+    def first_only(x):
+        x = np.asarray(x)
+        rows = x.reshape(-1, x.shape[-1])
+        return np.broadcast_to(np.sin(rows[0]), x.shape).copy()
+
+    first_only.defvjp(lambda p, out, ct: (np.cos(p[0]) * ct,))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(first_only, np.array([0.5, 1.0, 1.5]), check_options=FAST)
+    failed = _failed(info.value)
+    assert set(failed) == {"vmap"}
+    assert any("values: vmap over x" in r.note for r in failed["vmap"])
+
+
+def test_forcing_export_of_a_host_function_reports_why_it_cannot_be_exported():
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    host_sin.defvjp(lambda p, out, ct: (np.cos(p[0]) * ct,))
+    x = np.array([0.5, 1.0, 1.5])
+    # not forced: skipped with the reason
+    report = check_rules(host_sin, x, check_options=CheckOptions(checks=("export",)))
+    assert report.summary() == {"export": "skip"}
+    # forced: run, and its failure reported (never silently skipped)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(host_sin, x, check_options=CheckOptions(checks=("export",), export=True))
+    (row,) = info.value.report.failures
+    assert row.name == "export" and row.status == "error"
+    assert "cannot be exported" in row.note
+
+
+def test_a_rule_wrong_under_vmap_of_its_cotangents_is_reported_against_its_input():
+    # The VJP assumes x is 1-D: right for one cotangent, wrong for a batch of them (as
+    # jax.jacrev and jax.vmap(jax.grad(...)) call it).
+    @jb.foreign(lambda x: x, vmap="vectorized")
+    def normalize(x):
+        return x / np.sum(x, axis=-1, keepdims=True)
+
+    @normalize.defvjp
+    def _(primals, out, ct):
+        (x,) = primals
+        return ((ct - np.sum(ct * out)) / np.sum(x),)
+
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(normalize, np.array([0.4, 0.9, 1.3, 0.7]), check_options=FAST)
+    failed = _failed(info.value)
+    assert set(failed) == {"vmap", "batched_grad"}
+    # each row says which input's cotangent was wrong (and no output: it is an input's)
+    assert [(r.arg, r.output) for r in failed["batched_grad"]] == [("x", None)]
+    assert {r.arg for r in failed["vmap"]} == {"x"}
+
+
+def test_a_correct_rule_defined_for_positive_inputs_only_passes_under_vmap():
+    # The vmap checks batch perturbed copies of the input: they must stay in the
+    # function's domain (within a few percent of each element), or a correct rule fails.
+    @jb.foreign(lambda x: x, vmap="vectorized")
+    def host_log(x):
+        return np.log(x)
+
+    host_log.defvjp(lambda p, out, ct: (ct / p[0],))
+    host_log.defjvp(lambda p, out, t: t[0] / p[0])
+    report = check_rules(host_log, np.array([0.05, 1.0, 20.0]),
+                         check_options=CheckOptions(checks=("vmap", "batched_grad")))
+    assert report.passed, str(report)
+    assert {r.status for r in report.by_name("vmap")} == {"pass"}
+
+
+def test_a_nan_that_every_call_repeats_is_deterministic():
+    # sqrt of a negative element is NaN on every call: not nondeterminism.
+    report = check_rules(jax.numpy.sqrt, np.array([-1.0, 4.0]),
+                         check_options=CheckOptions(checks=("deterministic",)))
+    assert report.summary() == {"deterministic": "pass"}, str(report)
