@@ -62,8 +62,13 @@ def test_complex_arrays_have_both_parts_in_range(dtype, part):
     for condition in (lambda z: np.any(z.imag < -1.0), lambda z: np.any(z.imag > 1.0),
                       lambda z: np.any(np.abs(z.imag - z.real) > 1.0)):
         assert find(jst.arrays(dtype, (2,)), condition, settings=SEARCH).dtype == dtype
-    # each part is a value of the real dtype of that width (complex64: float32 parts)
+    # each part is a value of the real dtype of that width (complex64: float32 parts),
+    # and complex128 uses float64's precision, not only float32's values
     _never(jst.arrays(dtype, (2,)), lambda z: np.any(z.imag.astype(part) != z.imag))
+    if part == np.float64:
+        assert find(jst.arrays(dtype, (2,)),
+                    lambda z: np.any(z.imag.astype(np.float32) != z.imag), settings=SEARCH) \
+            .dtype == dtype
 
 
 def test_integer_and_boolean_arrays():
