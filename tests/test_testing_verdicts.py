@@ -95,3 +95,22 @@ def test_a_nan_that_every_call_repeats_is_deterministic():
     report = check_rules(jax.numpy.sqrt, np.array([-1.0, 4.0]),
                          check_options=CheckOptions(checks=("deterministic",)))
     assert report.summary() == {"deterministic": "pass"}, str(report)
+
+
+def test_a_wrong_rule_of_a_non_square_jacobian_is_failed_with_its_hint():
+    # f: R^3 -> R^2, with a VJP off by a factor of 2: the full-Jacobian check must fail
+    # it with that hint (no transposition to try: the Jacobian is not square).
+    @jb.foreign(lambda x: jax.ShapeDtypeStruct((2,), x.dtype))
+    def pairs(x):
+        return np.array([x[0] * x[1], x[1] * x[2]])
+
+    @pairs.defvjp
+    def _(primals, out, ct):
+        (x,) = primals
+        return (2.0 * np.array([ct[0] * x[1], ct[0] * x[0] + ct[1] * x[2], ct[1] * x[1]]),)
+
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(pairs, np.array([0.5, 1.5, -0.8]),
+                    check_options=CheckOptions(checks=("vjp_jacobian",)))
+    (row,) = info.value.report.failures
+    assert row.status == "fail" and row.hint == "off by a constant factor ~2", row
