@@ -114,3 +114,19 @@ def test_a_wrong_rule_of_a_non_square_jacobian_is_failed_with_its_hint():
                     check_options=CheckOptions(checks=("vjp_jacobian",)))
     (row,) = info.value.report.failures
     assert row.status == "fail" and row.hint == "off by a constant factor ~2", row
+
+
+def test_the_complex_step_makes_a_float32_reference_accurate_to_float32_rounding():
+    # A function that only runs in float32 (no upcast): plain finite differences are
+    # good to ~1e-6 there; the complex step (on by default) refines the reference to
+    # float32 rounding, so a rule can be held to tolerances near float32's precision.
+    @jax.custom_vjp
+    def sin32(x):
+        return jax.numpy.sin(x)
+
+    sin32.defvjp(lambda x: (jax.numpy.sin(x), x), lambda x, ct: (jax.numpy.cos(x) * ct,))
+    report = check_rules(sin32, np.array([0.3, 1.1, 2.0], np.float32),
+                         check_options=CheckOptions(checks=("vjp_jacobian",), upcast=False))
+    (row,) = report.results
+    assert report.precision == "float32" and row.status == "pass"
+    assert row.abs_err < 2e-7, row
