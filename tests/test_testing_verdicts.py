@@ -130,3 +130,26 @@ def test_the_complex_step_makes_a_float32_reference_accurate_to_float32_rounding
     (row,) = report.results
     assert report.precision == "float32" and row.status == "pass"
     assert row.abs_err < 2e-7, row
+
+
+def test_a_transposed_cotangent_is_named_where_the_jacobian_has_exact_zeros():
+    # out[0] depends on a[0, 1] alone and out[1] is identically zero (a padded output):
+    # most of the Jacobian with respect to `a` is exactly zero, with a zero tolerance.
+    # The rule's cotangent of `a` is transposed; transposed back it matches the
+    # reference exactly, zeros included, and the hint must say so.
+    @jb.foreign(lambda a, b: jax.ShapeDtypeStruct((2,), b.dtype))
+    def padded(a, b):
+        return np.array([a[0, 1] * b, 0.0])
+
+    @padded.defvjp
+    def _(primals, out, ct):
+        a, b = primals
+        ct_a = np.zeros_like(a)
+        ct_a[1, 0] = ct[0] * b  # bug: belongs in [0, 1]
+        return ct_a, ct[0] * a[0, 1]
+
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(padded, np.array([[0.5, -1.5], [2.0, 0.7]]), np.array(1.3),
+                    check_options=CheckOptions(checks=("vjp_jacobian",)))
+    (row,) = info.value.report.failures
+    assert row.arg == "a" and row.hint == "cotangent looks transposed", row
