@@ -153,3 +153,24 @@ def test_a_transposed_cotangent_is_named_where_the_jacobian_has_exact_zeros():
                     check_options=CheckOptions(checks=("vjp_jacobian",)))
     (row,) = info.value.report.failures
     assert row.arg == "a" and row.hint == "cotangent looks transposed", row
+
+
+def test_a_small_error_in_one_entry_is_not_called_a_constant_factor():
+    # The VJP is wrong by 3e-6 (relative) in its first element only: the median ratio
+    # of rule to reference is exactly 1, and "off by a constant factor ~1" would be
+    # nonsense. The hint must say which entries are wrong.
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    def vjp(primals, out, ct):
+        g = np.cos(primals[0]) * ct
+        g[0] *= 1 + 3e-6
+        return (g,)
+
+    host_sin.defvjp(vjp)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(host_sin, np.array([0.3, 1.1, 2.0]),
+                    check_options=CheckOptions(checks=("vjp_jacobian",)))
+    (row,) = info.value.report.failures
+    assert row.hint == "wrong in 1 of 9 entries, right in the others (a dropped term?)", row
