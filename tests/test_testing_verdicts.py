@@ -174,3 +174,23 @@ def test_a_small_error_in_one_entry_is_not_called_a_constant_factor():
                     check_options=CheckOptions(checks=("vjp_jacobian",)))
     (row,) = info.value.report.failures
     assert row.hint == "wrong in 1 of 9 entries, right in the others (a dropped term?)", row
+
+
+def test_a_factor_of_2_is_named_even_when_the_rule_is_slightly_inexact():
+    # The VJP is twice the derivative, and (as from an iterative solve) not exact: its
+    # first element is off by a further 3e-6. The dominant bug is still the factor.
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    def vjp(primals, out, ct):
+        g = 2.0 * np.cos(primals[0]) * ct
+        g[0] *= 1 + 3e-6
+        return (g,)
+
+    host_sin.defvjp(vjp)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(host_sin, np.array([0.3, 1.1, 2.0]),
+                    check_options=CheckOptions(checks=("vjp_jacobian",)))
+    (row,) = info.value.report.failures
+    assert row.hint == "off by a constant factor ~2", row
