@@ -194,3 +194,29 @@ def test_a_factor_of_2_is_named_even_when_the_rule_is_slightly_inexact():
                     check_options=CheckOptions(checks=("vjp_jacobian",)))
     (row,) = info.value.report.failures
     assert row.hint == "off by a constant factor ~2", row
+
+
+def test_a_rule_that_breaks_under_vmap_of_grad_is_caught():
+    # jax.vmap(jax.grad(f)) batches the input but not the cotangent. This VJP runs on
+    # the host with vmap_method="expand_dims" (an unbatched operand gets a batch axis of
+    # 1) and returns its result in the cotangent's shape: right for one call and for a
+    # batch of cotangents, wrong when only the input is batched.
+    def host_vjp(x, ct):
+        return (np.asarray(ct) * np.cos(x)).reshape(np.shape(ct))
+
+    @jax.custom_vjp
+    def sin(x):
+        return jax.numpy.sin(x)
+
+    def bwd(x, ct):
+        return (jax.pure_callback(host_vjp, jax.ShapeDtypeStruct(x.shape, x.dtype), x, ct,
+                                  vmap_method="expand_dims"),)
+
+    sin.defvjp(lambda x: (jax.numpy.sin(x), x), bwd)
+    x = np.array([0.3, 1.1, 2.0])
+    g = jax.grad(lambda x: sin(x).sum())
+    np.testing.assert_allclose(g(x), np.cos(x), rtol=1e-15)  # right for one call
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(sin, x, check_options=CheckOptions(checks=("vmap",)))
+    (row,) = info.value.report.failures
+    assert row.name == "vmap" and row.arg == "x" and "vjp" in row.note, row
