@@ -220,3 +220,26 @@ def test_a_rule_that_breaks_under_vmap_of_grad_is_caught():
         check_rules(sin, x, check_options=CheckOptions(checks=("vmap",)))
     (row,) = info.value.report.failures
     assert row.name == "vmap" and row.arg == "x" and "vjp" in row.note, row
+
+
+def test_a_report_sent_through_pickle_keeps_its_verdicts_and_skips():
+    # pytest-xdist and multiprocessing move a RuleCheckError between processes by pickle:
+    # the report that comes back must say what the original says.
+    import pickle
+
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    host_sin.defvjp(lambda p, out, ct: (-np.cos(p[0]) * ct,))  # wrong sign
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(host_sin, np.array([0.3, 1.1, 2.0]),
+                    check_options=CheckOptions(checks=("vjp_fd", "jvp_fd", "export")))
+    report = info.value.report
+    again = pickle.loads(pickle.dumps(info.value)).report
+    assert [r.name for r in again.skipped] == [r.name for r in report.skipped] \
+        == ["jvp_fd", "export"]
+    assert [r.name for r in again.failures] == ["vjp_fd"] and not again.passed
+    assert again.summary() == report.summary() == {"vjp_fd": "fail", "jvp_fd": "skip",
+                                                   "export": "skip"}
+    assert again.by_name("vjp_fd") == report.by_name("vjp_fd")
