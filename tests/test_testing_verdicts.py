@@ -243,3 +243,31 @@ def test_a_report_sent_through_pickle_keeps_its_verdicts_and_skips():
     assert again.summary() == report.summary() == {"vjp_fd": "fail", "jvp_fd": "skip",
                                                    "export": "skip"}
     assert again.by_name("vjp_fd") == report.by_name("vjp_fd")
+
+
+def test_a_failing_row_reports_the_tolerance_of_its_worst_entry():
+    # Two wrong entries: out[0] = 1000 sin(x0) off by 1e-4 (a large error, a large
+    # tolerance) and out[1] = sin(x1) off by 1e-3 (a small error, a tiny tolerance). The
+    # row's tol is that of the entry exceeding its tolerance the most, the one with the
+    # largest error: abs err and tol describe the same entry.
+    scale = np.array([1000.0, 1.0])
+
+    @jb.foreign(lambda x: x)
+    def f(x):
+        return scale * np.sin(x)
+
+    f.defvjp(lambda p, out, ct: (scale * np.cos(p[0]) * ct * np.array([1 + 1e-4, 1 + 1e-3]),))
+    x = np.array([0.4, 0.9])
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, x, check_options=CheckOptions(checks=("vjp_jacobian",)))
+    (row,) = info.value.report.failures
+    big = 1000.0 * np.cos(x[0])
+    assert row.abs_err == pytest.approx(1e-4 * big, rel=1e-3)
+    assert row.tol == pytest.approx(1e-6 * big, rel=0.05), row
+
+
+@pytest.mark.parametrize("eps", [0, 0.0, -0.1, 1.0, 1.5])
+def test_a_first_step_outside_0_1_is_refused(eps):
+    with pytest.raises(ValueError, match="eps"):
+        CheckOptions(eps=eps)
+    assert CheckOptions(eps=0.05).eps == 0.05
