@@ -271,3 +271,48 @@ def test_a_first_step_outside_0_1_is_refused(eps):
     with pytest.raises(ValueError, match="eps"):
         CheckOptions(eps=eps)
     assert CheckOptions(eps=0.05).eps == 0.05
+
+
+def test_a_check_fails_in_the_summary_when_a_later_row_fails():
+    # The rule of `a` is right and that of `b` wrong: vjp_fd has a passing row first
+    # and a failing one after; the check's summary is its worst row.
+    @jb.foreign(lambda a, b: a)
+    def f(a, b):
+        return a * np.sin(b)
+
+    f.defvjp(lambda p, out, ct: (np.sin(p[1]) * ct, -p[0] * np.cos(p[1]) * ct))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, np.array([0.5, 1.5]), np.array([0.3, 1.1]),
+                    check_options=CheckOptions(checks=("vjp_fd",)))
+    report = info.value.report
+    assert [(r.arg, r.status) for r in report.results] == [("a", "pass"), ("b", "fail")]
+    assert report.summary() == {"vjp_fd": "fail"}
+
+
+def test_the_same_exception_in_several_checks_is_spelled_out_once():
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    def vjp(primals, out, ct):
+        raise ValueError("the adjoint solver diverged")
+
+    host_sin.defvjp(vjp)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(host_sin, np.array([0.3, 1.1]),
+                    check_options=CheckOptions(checks=("vjp_fd", "vjp_jacobian")))
+    message = str(info.value)
+    assert message.count("the adjoint solver diverged") == 1, message
+    assert "vjp_jacobian" in message and "the same error as vjp_fd" in message
+
+
+def test_a_function_without_derivative_rules_has_its_rule_checks_skipped():
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    report = check_rules(host_sin, np.array([0.3, 1.1]),
+                         check_options=CheckOptions(checks=("vjp_fd", "batched_grad")))
+    assert report.summary() == {"vjp_fd": "skip", "batched_grad": "skip"}, str(report)
+    assert all("no forward rule" in r.note or "no reverse rule" in r.note
+               for r in report.results), str(report)
