@@ -46,6 +46,9 @@ def test_real_arrays_are_finite_in_range_and_of_their_dtype(dtype):
     assert find(jst.arrays(dtype, (3,)), lambda x: np.any(x >= 1.5), settings=SEARCH).shape == (3,)
     _never(jst.arrays(dtype, (2,), min_value=0.5, max_value=1.0),
            lambda x: np.any((x < 0.5) | (x > 1.0)))
+    # bounds the dtype cannot represent (0.1 in float32 and float16) are kept, inward
+    _never(jst.positive_arrays(dtype, (3,)),
+           lambda x: x.dtype != dtype or np.any((x < 0.1) | (x > 3.0)))
 
 
 @pytest.mark.parametrize("dtype, part", [(np.complex128, np.float64),
@@ -65,6 +68,9 @@ def test_complex_arrays_have_both_parts_in_range(dtype, part):
     # each part is a value of the real dtype of that width (complex64: float32 parts),
     # and complex128 uses float64's precision, not only float32's values
     _never(jst.arrays(dtype, (2,)), lambda z: np.any(z.imag.astype(part) != z.imag))
+    # a one-signed range is kept by both parts (complex positive_arrays: Re, Im > 0)
+    _never(jst.positive_arrays(dtype, (2,)),
+           lambda z: np.any((z.real < 0.1) | (z.real > 3.0) | (z.imag < 0.1) | (z.imag > 3.0)))
     if part == np.float64:
         assert find(jst.arrays(dtype, (2,)),
                     lambda z: np.any(z.imag.astype(np.float32) != z.imag), settings=SEARCH) \

@@ -85,9 +85,20 @@ def arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = -2.
         elements = st.booleans()
     else:
         width = 8 * dtype.itemsize
-        elements = st.floats(min_value, max_value, allow_nan=False, allow_infinity=False,
-                             width=width)
+        lo, hi = _inward(min_value, max_value, dtype)
+        elements = st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
     return hnp.arrays(dtype, shape, elements=elements)
+
+
+def _inward(lo: float, hi: float, dtype: np.dtype) -> tuple[float, float]:
+    """[lo, hi] narrowed to the nearest values of floating `dtype` inside it: Hypothesis
+    refuses bounds a float32 or float16 cannot represent exactly (0.1, say)."""
+    a, b = dtype.type(lo), dtype.type(hi)
+    if a < lo:
+        a = np.nextafter(a, dtype.type(np.inf))
+    if b > hi:
+        b = np.nextafter(b, dtype.type(-np.inf))
+    return float(a), float(b)
 
 
 def positive_arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = 0.1,
