@@ -316,3 +316,31 @@ def test_a_function_without_derivative_rules_has_its_rule_checks_skipped():
     assert report.summary() == {"vjp_fd": "skip", "batched_grad": "skip"}, str(report)
     assert all("no forward rule" in r.note or "no reverse rule" in r.note
                for r in report.results), str(report)
+
+
+def test_different_exceptions_with_a_common_wording_are_each_spelled_out():
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    def vjp(primals, out, ct):
+        raise ValueError("the adjoint solve raised an overflow")
+
+    def jvp(primals, out, tangents):
+        raise TypeError("the tangent callback raised an overflow")
+
+    host_sin.defvjp(vjp)
+    host_sin.defjvp(jvp)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(host_sin, np.array([0.3, 1.1]),
+                    check_options=CheckOptions(checks=("vjp_fd", "jvp_fd")))
+    message = str(info.value)
+    assert "the adjoint solve raised an overflow" in message, message
+    assert "the tangent callback raised an overflow" in message, message
+    assert "the same error as" not in message, message
+
+
+def test_the_default_options_check_three_directions_and_batches_of_three():
+    opts = CheckOptions()
+    assert (opts.n_directions, opts.batch_size, opts.jacobian_max_size) == (3, 3, 50)
+    assert opts.complex_step and opts.upcast and opts.seed == 0

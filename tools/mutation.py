@@ -191,7 +191,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "tests/test_testing.py",
         "3_percent or correct_special or float32_upcast or gammaln_vjp_only "
         "or plain_function_over or no_derivative_check_is_skipped or missing_factor "
-        "or small_relative_error or complex_holomorphic",
+        "or small_relative_error or complex_holomorphic or report_fields",
     ),
     # The flat call (leaves, dynamic/inexact/integer split, outputs, the flat rules):
     # pytrees with integer inputs and static kwargs first, then single-array rules
@@ -219,7 +219,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "options_select or options_reject or report_fields or rule_check_error_is "
         "or failing_eager_call or no_derivative_check_is_skipped or wrong_sign "
         "or raises_is_reported or nondeterministic or pickle or first_step or later_row "
-        "or spelled_out",
+        "or spelled_out or common_wording or default_options",
     ),
     "jaxbridge/_testing/strategies.py": (
         "tests/test_testing_strategies.py tests/test_testing.py", "strategies",
