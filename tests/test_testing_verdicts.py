@@ -344,3 +344,23 @@ def test_the_default_options_check_three_directions_and_batches_of_three():
     opts = CheckOptions()
     assert (opts.n_directions, opts.batch_size, opts.jacobian_max_size) == (3, 3, 50)
     assert opts.complex_step and opts.upcast and opts.seed == 0
+
+
+def test_a_correct_rule_passes_where_a_jacobian_row_is_small_by_cancellation():
+    # M = A @ B, whose second row is ~1e-13 by cancellation. The forward applies M
+    # rounded once (from extended precision); the rules apply A and B in turn, as an
+    # adjoint or tangent code would, with rounding errors of a few ulps of the columns'
+    # largest entries: far more than the small row's own ulps, and still correct.
+    A = np.array([[1.0, 0.0], [1 / 3, -1 / 3]])
+    B = np.array([[1.1, 2.3], [1.1 + 3e-13, 2.3 - 5e-13]])
+    M = (A.astype(np.longdouble) @ B.astype(np.longdouble)).astype(np.float64)
+
+    @jb.foreign(lambda x: x)
+    def f(x):
+        return M @ x
+
+    f.defjvp(lambda p, out, t: A @ (B @ t[0]))
+    f.defvjp(lambda p, out, ct: (B.T @ (A.T @ ct),))
+    report = check_rules(f, np.array([0.7, 1.3]),
+                         check_options=CheckOptions(checks=("jvp_jacobian", "vjp_jacobian")))
+    assert report.passed, str(report)
