@@ -158,8 +158,73 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "declared_dtype or options_select or wrong_sign or jvp_only_rules "
         "or no_derivative_check_is_skipped or report_fields or gammaln_vjp_only",
     ),
-    "jaxbridge/_testing/_transforms.py": ("tests/test_testing.py", None),
-    "jaxbridge/_testing/_report.py": ("tests/test_testing.py", None),
+    # The checks without finite differences (jit, vmap, batched_grad, deterministic,
+    # no_retrace, export, inputs_unchanged): the tests whose broken rule only these catch
+    # first, then correct rules of every shape that must pass them (pytrees, integer
+    # inputs, complex, jvp-only, float32 at its own tolerances).
+    "jaxbridge/_testing/_transforms.py": (
+        "tests/test_testing.py tests/test_testing_verdicts.py",
+        "hardcoding_breaks_vmap or does_not_broadcast or nondeterministic "
+        "or batched_gradients or compiles_on_every or writes_into or round_trip "
+        "or vectorized_vmap or non_square or jvp_only_rules or complex_holomorphic "
+        "or float32_upcast or pytree_args or first_batch_element or forcing_export "
+        "or vmap_of_its_cotangents or positive_inputs or nan_that or vmap_of_grad",
+    ),
+    # The run's comparisons, finite differences and skips: the check_rules tests that
+    # catch a planted bug by its value (sign, factor, transpose, 3% errors, a small error
+    # of a large function, zero references, raising rules), then correct rules that must
+    # pass (non-square and 3-D, complex, float32, full Jacobians). 103 s at load 12
+    # before trimming to these.
+    "jaxbridge/_testing/_run.py": (
+        "tests/test_testing.py tests/test_testing_verdicts.py",
+        "wrong_sign or missing_factor or transposed_cotangent or jvp_wrong_is_caught "
+        "or small_relative_error or relative_errors_stay_finite or raises_is_reported "
+        "or symbolic_zeros_says or jvp_disagreeing or (3_percent and float64) "
+        "or non_square or complex_holomorphic or float32_upcast or full_jacobians "
+        "or complex_step_makes or worst_entry or without_derivative_rules or vmap_of_grad",
+    ),
+    # Which modes a function has (asked or probed) and every tolerance: correct rules
+    # that must pass in float64 and float32 over wide ranges, the 3% errors that must
+    # fail in both, the small error of a large function, the probing tests, what each
+    # kind of function says it has. 126 s at load 12 before trimming to these.
+    "jaxbridge/_testing/_plan.py": (
+        "tests/test_testing.py",
+        "3_percent or correct_special or float32_upcast or gammaln_vjp_only "
+        "or plain_function_over or no_derivative_check_is_skipped or missing_factor "
+        "or small_relative_error or complex_holomorphic or report_fields "
+        "or small_by_cancellation",
+    ),
+    # The flat call (leaves, dynamic/inexact/integer split, outputs, the flat rules):
+    # pytrees with integer inputs and static kwargs first, then single-array rules
+    # (62 s at load 12 before dropping four slower tests of the same paths).
+    "jaxbridge/_testing/_flat.py": (
+        "tests/test_testing.py",
+        "pytree_args or static_kwargs or non_square or wrong_sign or jvp_only_rules "
+        "or writes_into",
+    ),
+    # The hints read from the numbers: the mutant table (each planted bug must be named
+    # by its hint; not the kernel kinds, which compile C++ on every run, nor the score
+    # test, which runs them), then the check_rules tests that assert a hint.
+    "jaxbridge/_testing/_hints.py": (
+        "tests/test_checker_mutants.py tests/test_testing.py tests/test_testing_verdicts.py",
+        "(test_checker_mutants and every_mutant and not kernel) or (test_testing and "
+        "(wrong_sign or transposed_cotangent or missing_factor or swapped_arguments "
+        "or relative_errors_stay_finite or output_shapes or declared_dtype "
+        "or longer_cotangent or jvp_disagreeing)) or (test_testing_verdicts and "
+        "(non_square_jacobian or exact_zeros or not_called_a_constant or slightly_inexact))",
+    ),
+    # Options (which checks run, validation), a result's ok, the report's verdict and
+    # summary, the failure message.
+    "jaxbridge/_testing/_report.py": (
+        "tests/test_testing.py tests/test_testing_verdicts.py",
+        "options_select or options_reject or report_fields or rule_check_error_is "
+        "or failing_eager_call or no_derivative_check_is_skipped or wrong_sign "
+        "or raises_is_reported or nondeterministic or pickle or first_step or later_row "
+        "or spelled_out or common_wording or default_options",
+    ),
+    "jaxbridge/_testing/strategies.py": (
+        "tests/test_testing_strategies.py tests/test_testing.py", "strategies",
+    ),
     # How a raised error becomes a row's hint and note: the classification test first,
     # then the check_rules tests whose rules raise or return the wrong shape or dtype.
     "jaxbridge/_testing/_diagnose.py": (
@@ -238,6 +303,23 @@ RULES = {
     "jaxbridge/_testing/_derivative_checks.py": r".",
     "jaxbridge/_testing/_checker.py": r".",
     "jaxbridge/_testing/_diagnose.py": r".",
+    # The checks, the run (comparisons, finite differences, skips) and the plan (modes,
+    # precision, tolerances): every function decides a verdict.
+    "jaxbridge/_testing/_transforms.py": r".",
+    "jaxbridge/_testing/_run.py": r".",
+    "jaxbridge/_testing/_plan.py": r".",
+    # The flat call, but for the argument names (labels in the report, not verdicts).
+    "jaxbridge/_testing/_flat.py": r"^(?!_arg_names$|function_name$).",
+    # guess names the bug in a failed row; it never turns a fail into a pass (the status
+    # is decided by _run.compare), but its hint is what the user is told to fix.
+    "jaxbridge/_testing/_hints.py": r"^guess$",
+    # What decides a verdict or what is reported: the options (defaults, validation,
+    # which checks run), a result's ok, the report's passed/failures/summary/by_name,
+    # the failure message. Not the table's and a row's text (__str__, describe, _num).
+    "jaxbridge/_testing/_report.py": r"^(CheckOptions|__post_init__|enabled|coerce|ok"
+    r"|passed|failures|skipped|by_name|summary|failure_message)$",
+    # The input strategies (ranges, shapes, dtypes, conditioning), whole.
+    "jaxbridge/_testing/strategies.py": r".",
     "jaxbridge/torch/_wrap.py": r"_rule$|^_autograd_vjp|^_torch_vjp|^_torch_jvp|^_restricted"
     r"|^_conj",
     # What a derivative's host call runs (the derived torch functions go through

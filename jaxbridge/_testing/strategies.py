@@ -85,9 +85,20 @@ def arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = -2.
         elements = st.booleans()
     else:
         width = 8 * dtype.itemsize
-        elements = st.floats(min_value, max_value, allow_nan=False, allow_infinity=False,
-                             width=width)
+        lo, hi = _inward(min_value, max_value, dtype)
+        elements = st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
     return hnp.arrays(dtype, shape, elements=elements)
+
+
+def _inward(lo: float, hi: float, dtype: np.dtype) -> tuple[float, float]:
+    """[lo, hi] narrowed to the nearest values of floating `dtype` inside it: Hypothesis
+    refuses bounds a float32 or float16 cannot represent exactly (0.1, say)."""
+    a, b = dtype.type(lo), dtype.type(hi)
+    if a < lo:
+        a = np.nextafter(a, dtype.type(np.inf))
+    if b > hi:
+        b = np.nextafter(b, dtype.type(-np.inf))
+    return float(a), float(b)
 
 
 def positive_arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: float = 0.1,
@@ -106,8 +117,9 @@ def positive_arrays(dtype: Any = np.float64, shape: Any = None, *, min_value: fl
 def well_conditioned_matrices(n: int | st.SearchStrategy[int] | None = None, *,
                               dtype: Any = np.float64,
                               batch_shape: tuple[int, ...] = ()) -> st.SearchStrategy[np.ndarray]:
-    """Square matrices ``I * n + A`` with ``|A_ij| <= 1``: diagonally dominant, so
-    invertible with condition number at most about 3.
+    """Square matrices ``I * n + A`` with ``|A_ij| <= 1/2``: strictly diagonally
+    dominant (each row's diagonal exceeds the rest of the row by at least ``n / 2``), so
+    invertible with condition number (in the infinity norm) at most 3.
 
     Args:
       n: the size: an int, a strategy of ints, or None (1 to 4).
@@ -124,7 +136,7 @@ def well_conditioned_matrices(n: int | st.SearchStrategy[int] | None = None, *,
     sizes = st.integers(1, 4) if n is None else (st.just(n) if isinstance(n, int) else n)
 
     def build(k: int) -> st.SearchStrategy[np.ndarray]:
-        return arrays(dtype, (*batch_shape, k, k), min_value=-1.0, max_value=1.0).map(
+        return arrays(dtype, (*batch_shape, k, k), min_value=-0.5, max_value=0.5).map(
             lambda a: (a + k * np.eye(k, dtype=a.dtype)).astype(dtype))
 
     return sizes.flatmap(build)
