@@ -179,6 +179,27 @@ def test_closure_and_args_together_and_mixed_dtypes():
     np.testing.assert_allclose(np.array(g), ref, rtol=1e-6)
 
 
+def test_only_calling_convention_errors_get_the_note_on_how_scipy_calls_the_function():
+    """A TypeError while tracing (args forgotten) gets a note saying how SciPy calls the
+    function; the user's own error (a ValueError of their model) reaches them
+    unchanged, not blamed on the calling convention."""
+    def forgot_args(x, p):
+        return jnp.sum((x - p) ** 2)
+
+    with pytest.raises(TypeError) as info:
+        minimize(forgot_args, jnp.zeros(2))
+    assert "traced `fun` as fun(x, *args), as SciPy calls it" in "".join(info.value.__notes__)
+
+    def own_error(x):
+        raise ValueError("negative concentration")
+
+    for call in (lambda: minimize(own_error, jnp.zeros(2)), lambda: quad(own_error, 0.0, 1.0)):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == "negative concentration"
+        assert not any("jaxbridge" in n for n in getattr(info.value, "__notes__", []))
+
+
 # ------------------------------------------------------------------ memory (#13)
 @pytest.mark.slow
 def test_fresh_closures_reuse_programs_and_are_collectable():
