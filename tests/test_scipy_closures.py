@@ -240,6 +240,21 @@ def test_host_cache_is_bounded(monkeypatch):
         assert _common.host_cache_info()["size"] <= 4
 
 
+def test_python_floats_in_args_are_operands_one_program_for_every_value():
+    """A Python float in `args` is an operand (as an array is), not a constant baked
+    into the program: new values reuse the compiled program (unlike a closed-over
+    Python float, above), and the values are right."""
+    def f(x, c):
+        return jnp.exp(-c * x)
+
+    quad(f, 0.0, 1.0, (0.5,))
+    misses = _common.host_cache_info()["misses"]
+    for c in (1.0, 1.5, 2.0):
+        assert float(quad(f, 0.0, 1.0, (c,))[0]) == pytest.approx((1 - np.exp(-c)) / c,
+                                                                  rel=1e-12)
+    assert _common.host_cache_info()["misses"] == misses
+
+
 def test_memory_stays_bounded_with_fresh_closures():
     """Eager `grad` through the compiled solve_ivp path with a fresh closure per call
     reuses one program (bug: every call traced and compiled a new loop, +13 MiB and
