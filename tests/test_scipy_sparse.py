@@ -226,6 +226,27 @@ def test_eigsh_degenerate_eigenvector_gradient_is_an_error():
         eigsh(A, k=2, M=jnp.eye(6))
 
 
+def test_eigsh_degeneracy_is_diagnosed_in_a_rotated_basis():
+    """A double eigenvalue off the axes: in floating point A - lambda I is then nearly,
+    not exactly, singular (the bordered solves return huge finite numbers, not an
+    exact-singularity error). Each case still gets its own diagnosis, and a gap within
+    round-off of the eigenvalues' scale (1e-11) is degenerate, not a huge derivative."""
+    Q = np.linalg.qr(np.random.default_rng(0).normal(size=(6, 6)))[0]
+    A = Q @ np.diag([1.0, 2.0, 3.0, 3.0, 5.0, 6.0]) @ Q.T
+    A = jnp.asarray((A + A.T) / 2)
+    # both copies computed, weighted equally: the jnp twin's gradient
+    g = jax.grad(lambda A: jnp.sum(eigsh(A, k=4, which="LA")[0]))(A)
+    twin = jax.grad(lambda A: jnp.sum(jnp.linalg.eigvalsh(A)[2:]))(A)
+    np.testing.assert_allclose(g, twin, atol=1e-12)
+    with pytest.raises(SolverError, match="degenerate with an eigenvalue that was not computed"):
+        jax.grad(lambda A: jnp.sum(eigsh(A, k=3, which="LA")[0]))(A)
+    with pytest.raises(SolverError, match=r"another computed eigenvalue is \S+ away"):
+        jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum())(A)
+    near = jnp.diag(jnp.array([1.0, 2.0, 3.0, 3.0 + 1e-11, 5.0, 6.0]))
+    with pytest.raises(SolverError, match="another computed eigenvalue is 1e-11 away"):
+        jax.jacfwd(lambda A: eigsh(A, k=4, which="LA")[1][:, 0])(near)
+
+
 def test_eigsh_arpack_failure_policies():
     A = laplacian_like(TH_E)
     with pytest.raises(SolverError, match="eigsh: SciPy reported failure: ARPACK"):
