@@ -127,12 +127,14 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # Dense output (OdeSolution): the closed-form gradients in w and t (the Hermite
     # correction and the interpolant's own t-derivative, DOP853/Radau/BDF/LSODA) first,
     # then the one-step solve's values and gradient, then SciPy's values for every
-    # method in both directions (each kind's branch of _segment, extrapolation). Node
-    # ids, so that pytest runs them in this order. 50 s here at load 5 (file order).
+    # method in both directions (each kind's branch of _segment, extrapolation), then
+    # the zero-length span (dt == 0). Node ids, so that pytest runs them in this order.
+    # 50 s here at load 5 (file order, before the zero-length test).
     "jaxbridge/scipy/_dense.py": (
         "tests/test_scipy_events.py::test_dense_output_gradients_closed_form "
         "tests/test_scipy_events.py::test_dense_output_of_a_one_step_solve_matches_scipy "
         "tests/test_scipy_events.py::test_dense_output_matches_scipy "
+        "tests/test_scipy_events.py::test_dense_output_of_a_zero_length_span_is_scipys_constant "
         "-m 'not docs and not slow'",
         None,
     ),
