@@ -255,6 +255,20 @@ def test_python_floats_in_args_are_operands_one_program_for_every_value():
     assert _common.host_cache_info()["misses"] == misses
 
 
+def test_python_ints_and_bools_in_args_stay_python_values():
+    """Sizes, counts and flags in `args` reach the function as the Python values SciPy
+    would pass (a `range`, an `if`, a shape), not as traced arrays."""
+    def f(x, n, squared, c):
+        terms = jnp.stack([c * x ** i for i in range(n)])  # a count and a shape
+        total = jnp.sum(terms.reshape(n))
+        return total ** 2 if squared else total  # a flag
+
+    # int_0^1 c (1 + x + x^2) dx = 11 c / 6; squared: c^2 int (1 + x + x^2)^2 = 37 c^2 / 10
+    assert float(quad(f, 0.0, 1.0, (3, False, 2.0))[0]) == pytest.approx(11 / 3, rel=1e-12)
+    g = jax.grad(lambda c: quad(f, 0.0, 1.0, (3, True, c))[0])(2.0)
+    assert float(g) == pytest.approx(2 * 2.0 * 37 / 10, rel=1e-12)
+
+
 def test_memory_stays_bounded_with_fresh_closures():
     """Eager `grad` through the compiled solve_ivp path with a fresh closure per call
     reuses one program (bug: every call traced and compiled a new loop, +13 MiB and
