@@ -66,6 +66,11 @@ def test_gradients_vs_dense_jax(system):
     np.testing.assert_allclose(g, jax.grad(lambda d: jnp.linalg.solve(dense(d, row, col),
                                                                       B).sum())(data),
                                rtol=1e-10, atol=1e-13)
+    # forward mode with the matrix right-hand side (N, 2), w.r.t. A's data and B
+    ours_B = jax.jacfwd(lambda d, B: spsolve((d, (row, col)), B), (0, 1))(data, B)
+    ref_B = jax.jacfwd(lambda d, B: jnp.linalg.solve(dense(d, row, col), B), (0, 1))(data, B)
+    for o, r in zip(ours_B, ref_B):
+        np.testing.assert_allclose(o, r, rtol=1e-10, atol=1e-13)
 
 
 def test_finite_differences_and_csr_gradient(system):
