@@ -225,6 +225,12 @@ def test_eigsh_degenerate_eigenvector_gradient_is_an_error():
         jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum())(A)
     with pytest.raises(SolverError, match="degenerate"):
         jax.jit(jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum()))(A)
+    # the eigenvector of a copy whose twin was not computed (k=3): here A - 3 I is exactly
+    # singular on the complement of v (splu fails): an error, or NaN with on_failure="nan"
+    with pytest.raises(SolverError, match="not computed .A - lambda I is singular"):
+        jax.jacfwd(lambda A: eigsh(A, k=3, which="LA")[1][:, 0])(A)
+    J = jax.jacrev(lambda A: eigsh(A, k=3, which="LA", on_failure="nan")[1][:, 0])(A)
+    assert J.shape == (6, 6, 6) and np.isnan(J).all()
     with pytest.raises(ValueError, match=r"eigsh: k must satisfy 0 < k < n = 6"):
         eigsh(A, k=6)
     with pytest.raises(NotImplementedError, match="`M` is not supported"):
