@@ -179,6 +179,27 @@ def test_closure_and_args_together_and_mixed_dtypes():
     np.testing.assert_allclose(np.array(g), ref, rtol=1e-6)
 
 
+def test_only_calling_convention_errors_get_the_note_on_how_scipy_calls_the_function():
+    """A TypeError while tracing (args forgotten) gets a note saying how SciPy calls the
+    function; the user's own error (a ValueError of their model) reaches them
+    unchanged, not blamed on the calling convention."""
+    def forgot_args(x, p):
+        return jnp.sum((x - p) ** 2)
+
+    with pytest.raises(TypeError) as info:
+        minimize(forgot_args, jnp.zeros(2))
+    assert "traced `fun` as fun(x, *args), as SciPy calls it" in "".join(info.value.__notes__)
+
+    def own_error(x):
+        raise ValueError("negative concentration")
+
+    for call in (lambda: minimize(own_error, jnp.zeros(2)), lambda: quad(own_error, 0.0, 1.0)):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == "negative concentration"
+        assert not any("jaxbridge" in n for n in getattr(info.value, "__notes__", []))
+
+
 # ------------------------------------------------------------------ memory (#13)
 @pytest.mark.slow
 def test_fresh_closures_reuse_programs_and_are_collectable():
@@ -217,6 +238,35 @@ def test_host_cache_is_bounded(monkeypatch):
         c = 1.0 + 0.1 * i  # a Python float: a different program each time
         quad(lambda x: jnp.exp(-c * x), 0.0, 1.0)
         assert _common.host_cache_info()["size"] <= 4
+
+
+def test_python_floats_in_args_are_operands_one_program_for_every_value():
+    """A Python float in `args` is an operand (as an array is), not a constant baked
+    into the program: new values reuse the compiled program (unlike a closed-over
+    Python float, above), and the values are right."""
+    def f(x, c):
+        return jnp.exp(-c * x)
+
+    quad(f, 0.0, 1.0, (0.5,))
+    misses = _common.host_cache_info()["misses"]
+    for c in (1.0, 1.5, 2.0):
+        assert float(quad(f, 0.0, 1.0, (c,))[0]) == pytest.approx((1 - np.exp(-c)) / c,
+                                                                  rel=1e-12)
+    assert _common.host_cache_info()["misses"] == misses
+
+
+def test_python_ints_and_bools_in_args_stay_python_values():
+    """Sizes, counts and flags in `args` reach the function as the Python values SciPy
+    would pass (a `range`, an `if`, a shape), not as traced arrays."""
+    def f(x, n, squared, c):
+        terms = jnp.stack([c * x ** i for i in range(n)])  # a count and a shape
+        total = jnp.sum(terms.reshape(n))
+        return total ** 2 if squared else total  # a flag
+
+    # int_0^1 c (1 + x + x^2) dx = 11 c / 6; squared: c^2 int (1 + x + x^2)^2 = 37 c^2 / 10
+    assert float(quad(f, 0.0, 1.0, (3, False, 2.0))[0]) == pytest.approx(11 / 3, rel=1e-12)
+    g = jax.grad(lambda c: quad(f, 0.0, 1.0, (3, True, c))[0])(2.0)
+    assert float(g) == pytest.approx(2 * 2.0 * 37 / 10, rel=1e-12)
 
 
 def test_memory_stays_bounded_with_fresh_closures():

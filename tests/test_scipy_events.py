@@ -238,6 +238,28 @@ def test_dense_output_gradients_closed_form(method):
     np.testing.assert_allclose(jac, -ts * np.sin(w * ts), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow)
+                                    if m not in ("RK45", "BDF") else m for m in METHODS])
+def test_dense_output_of_a_zero_length_span_is_scipys_constant(method):
+    """t_span = (1, 1): SciPy's dense output is one constant segment (its
+    ConstantDenseOutput, which has no polynomial coefficients: this raised an
+    AttributeError). Ours is y0 at every t, with d/dy0 = I and zero derivatives in the
+    parameter and in t. RK45 and BDF by default: one method of each way to store the
+    constant (`y_old`, or the first row of C)."""
+    def sol_at(k, y0, t):
+        return solve_ivp(lambda t, y: -k * y, (1.0, 1.0), y0, method,
+                         dense_output=True).sol(t)
+
+    y0, ts = jnp.array([1.0, 2.0]), jnp.array([0.5, 1.0, 1.5])
+    ref = scipy_reference(lambda t, y, k: -k * y, (1.0, 1.0), [1.0, 2.0], method, (0.7,),
+                          dense_output=True)
+    np.testing.assert_array_equal(sol_at(0.7, y0, ts), ref.sol(np.asarray(ts)))
+    jk, jy, jt = jax.jacfwd(sol_at, argnums=(0, 1, 2))(0.7, y0, 1.5)
+    np.testing.assert_array_equal(jk, np.zeros(2))
+    np.testing.assert_array_equal(jy, np.eye(2))
+    np.testing.assert_array_equal(jt, np.zeros(2))
+
+
 @pytest.mark.slow  # ~10 s alone: five DOP853 solves at rtol 1e-11 plus a jit
 def test_dense_output_gradient_vs_finite_differences_and_from_jit():
     def sol_of(cd, v):

@@ -66,6 +66,11 @@ def test_gradients_vs_dense_jax(system):
     np.testing.assert_allclose(g, jax.grad(lambda d: jnp.linalg.solve(dense(d, row, col),
                                                                       B).sum())(data),
                                rtol=1e-10, atol=1e-13)
+    # forward mode with the matrix right-hand side (N, 2), w.r.t. A's data and B
+    ours_B = jax.jacfwd(lambda d, B: spsolve((d, (row, col)), B), (0, 1))(data, B)
+    ref_B = jax.jacfwd(lambda d, B: jnp.linalg.solve(dense(d, row, col), B), (0, 1))(data, B)
+    for o, r in zip(ours_B, ref_B):
+        np.testing.assert_allclose(o, r, rtol=1e-10, atol=1e-13)
 
 
 def test_finite_differences_and_csr_gradient(system):
@@ -220,10 +225,37 @@ def test_eigsh_degenerate_eigenvector_gradient_is_an_error():
         jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum())(A)
     with pytest.raises(SolverError, match="degenerate"):
         jax.jit(jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum()))(A)
+    # the eigenvector of a copy whose twin was not computed (k=3): here A - 3 I is exactly
+    # singular on the complement of v (splu fails): an error, or NaN with on_failure="nan"
+    with pytest.raises(SolverError, match="not computed .A - lambda I is singular"):
+        jax.jacfwd(lambda A: eigsh(A, k=3, which="LA")[1][:, 0])(A)
+    J = jax.jacrev(lambda A: eigsh(A, k=3, which="LA", on_failure="nan")[1][:, 0])(A)
+    assert J.shape == (6, 6, 6) and np.isnan(J).all()
     with pytest.raises(ValueError, match=r"eigsh: k must satisfy 0 < k < n = 6"):
         eigsh(A, k=6)
     with pytest.raises(NotImplementedError, match="`M` is not supported"):
         eigsh(A, k=2, M=jnp.eye(6))
+
+
+def test_eigsh_degeneracy_is_diagnosed_in_a_rotated_basis():
+    """A double eigenvalue off the axes: in floating point A - lambda I is then nearly,
+    not exactly, singular (the bordered solves return huge finite numbers, not an
+    exact-singularity error). Each case still gets its own diagnosis, and a gap within
+    round-off of the eigenvalues' scale (1e-11) is degenerate, not a huge derivative."""
+    Q = np.linalg.qr(np.random.default_rng(0).normal(size=(6, 6)))[0]
+    A = Q @ np.diag([1.0, 2.0, 3.0, 3.0, 5.0, 6.0]) @ Q.T
+    A = jnp.asarray((A + A.T) / 2)
+    # both copies computed, weighted equally: the jnp twin's gradient
+    g = jax.grad(lambda A: jnp.sum(eigsh(A, k=4, which="LA")[0]))(A)
+    twin = jax.grad(lambda A: jnp.sum(jnp.linalg.eigvalsh(A)[2:]))(A)
+    np.testing.assert_allclose(g, twin, atol=1e-12)
+    with pytest.raises(SolverError, match="degenerate with an eigenvalue that was not computed"):
+        jax.grad(lambda A: jnp.sum(eigsh(A, k=3, which="LA")[0]))(A)
+    with pytest.raises(SolverError, match=r"another computed eigenvalue is \S+ away"):
+        jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum())(A)
+    near = jnp.diag(jnp.array([1.0, 2.0, 3.0, 3.0 + 1e-11, 5.0, 6.0]))
+    with pytest.raises(SolverError, match="another computed eigenvalue is 1e-11 away"):
+        jax.jacfwd(lambda A: eigsh(A, k=4, which="LA")[1][:, 0])(near)
 
 
 def test_eigsh_arpack_failure_policies():

@@ -118,8 +118,35 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or failure_raises or bad_input_errors or (dense_output_matches_scipy and RK45) "
         "or nan_derivatives or both_modes_and_directions or one_step",
     ),
+    # spsolve's and eigsh's rules: the matrix's sparse cells (every mode and dtype,
+    # against the jnp twins) first, then the whole default file (values, gradients vs
+    # dense JAX and finite differences, vmap, the singular and degenerate policies).
+    # 41 s here at load 2-5.
     "jaxbridge/scipy/sparse/linalg.py": (f"{_M} tests/test_scipy_sparse.py",
                                          "(test_cell and sparse) or test_scipy_sparse"),
+    # Dense output (OdeSolution): the closed-form gradients in w and t (the Hermite
+    # correction and the interpolant's own t-derivative, DOP853/Radau/BDF/LSODA) first,
+    # then the one-step solve's values and gradient, then SciPy's values for every
+    # method in both directions (each kind's branch of _segment, extrapolation), then
+    # the zero-length span (dt == 0). Node ids, so that pytest runs them in this order.
+    # 50 s here at load 5 (file order, before the zero-length test).
+    "jaxbridge/scipy/_dense.py": (
+        "tests/test_scipy_events.py::test_dense_output_gradients_closed_form "
+        "tests/test_scipy_events.py::test_dense_output_of_a_one_step_solve_matches_scipy "
+        "tests/test_scipy_events.py::test_dense_output_matches_scipy "
+        "tests/test_scipy_events.py::test_dense_output_of_a_zero_length_span_is_scipys_constant "
+        "-m 'not docs and not slow'",
+        None,
+    ),
+    # Closure conversion: every wrapper but solve_ivp (the slowest to compile; it
+    # converts its function through the same `convert`) differentiated with parameters
+    # closed over and through `args`, concrete arrays and Python floats, integer
+    # operands beside float ones. Not the cache tests (they test the structural keys,
+    # outside RULES).
+    "jaxbridge/scipy/_trace.py": (
+        "tests/test_scipy_closures.py -m 'not docs and not slow'",
+        "not solve_ivp and not memory_stays and not host_cache",
+    ),
     "jaxbridge/_core/pair.py": (
         "tests/test_inplace_and_linear.py tests/test_foreign.py",
         "dropped or in_place_function_and or under_vmap or jointly or jacobians_equal "
@@ -282,8 +309,27 @@ RULES = {
     # assembly of events and steps: name-only selection cannot split it).
     "jaxbridge/scipy/_events.py": r"^(__init__|sensitivities|_pad_rows|_points|_sens_at"
     r"|_trajectory_jvp|_trajectory_vjp|_ift)$",
+    # sparse.linalg: spsolve's and eigsh's JVP and VJP rules and what only they call
+    # (the symmetrized products, the bordered solve for eigenvector derivatives, the
+    # degeneracy tests that decide between a derivative and an error). Not the forward
+    # solves (_spsolve, _eigsh: values, checked against SciPy), the factor cache
+    # (_factor, _digest: shared with the forward), nor the input conversion (_as_coo).
     "jaxbridge/scipy/sparse/linalg.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
     r"|^_degenerate|^_sym_",
+    # _dense: what carries OdeSolution's derivatives: the quintic Hermite correction
+    # (_hermite, `zero`, _single: the derivative in parameters, y0 and t0) and the
+    # interpolant that JAX differentiates in t (_segment). Not the host-side coefficient
+    # extraction (`coefficients`), the segment choice (_index), nor the properties and
+    # __call__'s shape handling: values, checked against SciPy.
+    "jaxbridge/scipy/_dense.py": r"^(_hermite|zero|_single|_segment)$",
+    # _trace: what makes closed-over values and `args` differentiable operands: convert
+    # (and its nested `traced`), _is_dynamic (which `args` leaves become operands),
+    # HostFun's __init__ (which operands are differentiable), __call__, split, merge,
+    # array_aval. Not the structural cache keys (_array_key, _value_key, jaxpr_key,
+    # __eq__: which compiled program is reused), nor the `args` conventions and their
+    # messages (check_args, _describe_args).
+    "jaxbridge/scipy/_trace.py": r"^(convert|traced|_is_dynamic|__init__|__call__|split"
+    r"|merge|array_aval)$",
     # _rk: the discrete adjoint (_sweep and its nested rerun/step_vjp/segment/back), the
     # custom JVP and its transpose, the recording loop and tape; not the forward
     # stepping (_Rk: values, checked by every solve) nor checkpoint_sizes (memory).

@@ -50,6 +50,15 @@ def coefficients(method: str, interpolant: Any, n: int) -> tuple[float, float, n
     C = np.zeros((_ROWS[method], n))
     y_old = np.zeros(n)
     kind = _KIND[method]
+    if type(interpolant).__name__ == "ConstantDenseOutput":
+        # A zero-length span (t0 == t1): SciPy's one segment is the constant y0, for
+        # every method. As this method's polynomial: the constant term alone (h is
+        # then arbitrary; 1 keeps every power of (t - t_ref)/h finite).
+        value = np.asarray(interpolant.value, np.float64)
+        if kind in ("bdf", "lsoda"):
+            C[0] = value
+            return interpolant.t_old, 1.0, y_old, C
+        return interpolant.t_old, 1.0, value, C
     if kind in ("rk", "radau"):
         Q = np.asarray(interpolant.Q)
         C[:Q.shape[1]] = Q.T
