@@ -125,17 +125,22 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # DEQ gradients against a jnp twin and FD (dense and GMRES tangent solves; slow
     # stage), the failure policies (NaN/raise, the cg breakdown; slow stage), the
     # closed-form gradient under jit, Armijo's status and nit, the matrix's two default
-    # cells (vmap of jacfwd/jacrev). 61 s here at load 4 on the unmutated code.
+    # cells (vmap of jacfwd/jacrev), and the DEQ of 512 unknowns (a residual size
+    # above CPython's small-int cache: the size check compares values, not objects).
+    # 155 s here at load 13-16 on the unmutated code (before the DEQ and this session's
+    # five new compiled_root tests were added).
     "jaxbridge/scipy/_compiled_root.py": (
         f"tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py {_M} -m 'not docs'",
         "(test_root_value_matches_scipy and (krylov or df-sane)) or compiled_root "
         "or closed_form_gradient_under_jit or (test_scipy_root_krylov and test_bad_input) "
+        "or (deq_16x32 and not kw1) "
         "or armijo_backtracking or (test_cell and root and float64 and "
         "((krylov and vmap.jacrev) or (df-sane and vmap.jacfwd)))",
     ),
     # _dfsane: the value against the exact root, SciPy's own x, nfev and nit with default
     # and non-default options (slow stage), maxfev's exhaustion (slow stage), the
-    # matrix's df-sane cell. 31 s here at load 4.
+    # matrix's df-sane cell. 88 s here at load 14 (before the two new compiled_dfsane
+    # tests of survivors: SciPy's default tolerance, long line searches).
     "jaxbridge/scipy/_dfsane.py": (
         f"tests/test_scipy_optimize.py {_M} -m 'not docs'",
         "(matches_scipy and df-sane) or compiled_dfsane or compiled_root_bad_input "
@@ -145,7 +150,8 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # _newton_krylov: SciPy's root, status and nit (the DEQ of 512, the Bratu problem with
     # SciPy's options, slow stage), the evaluation count, the closed form, Armijo's
     # backtracking, maxiter and nit failures (slow stage). Not the slow DEQ derivatives
-    # (the implicit function theorem's, _compiled_root's). 55 s here at load 4.
+    # (the implicit function theorem's, _compiled_root's). 136 s here at load 15 (before
+    # the two new tests of survivors: Armijo's trial steps, the inner cycle's size).
     "jaxbridge/scipy/_newton_krylov.py": (
         "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
         "(test_root_value_matches_scipy and krylov) "
@@ -155,7 +161,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # _gmres: Newton's inner cycle (the DEQ of 512, the evaluation count, Armijo), its
     # equality with JAX's incremental GMRES for both Gram-Schmidt variants and the
     # restarted solve (slow stage), the GMRES tangent solve of the 96-unknown DEQ
-    # (slow stage). 52 s here at load 4.
+    # (slow stage). 160 s here at load 16.
     "jaxbridge/scipy/_gmres.py": (
         "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
         "(compiled_root_deq_gradients and 6-16) or (deq_16x32 and not kw1) "
