@@ -550,6 +550,31 @@ def test_compiled_dfsane_reproduces_scipys_iterates(options):
         np.testing.assert_allclose(sol.fun, F(sol.x, W, U), rtol=1e-12)
 
 
+def test_compiled_dfsane_default_tolerance_matches_scipys_iterates():
+    """Without `tol` the compiled DF-SANE stops by SciPy's default test (ftol=1e-8
+    relative to ||F(x0)||): the same x, nfev and nit as scipy.optimize.root."""
+    b = np.array([1.0, 2.0, 3.0])
+    ref = scipy.optimize.root(lambda x: x ** 3 + 2.0 * x - b, np.zeros(3), method="df-sane")
+    assert ref.success, ref.message
+    sol = root(lambda x: x ** 3 + 2.0 * x - jnp.asarray(b), jnp.zeros(3), method="df-sane")
+    assert bool(sol.success)
+    assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit)
+    np.testing.assert_allclose(sol.x, ref.x, rtol=1e-12)
+
+
+def test_compiled_dfsane_long_line_searches_match_scipys_iterates():
+    """arctan from far out (x0 = (10, -3, 5)): the spectral steps overshoot and La Cruz's
+    line search backtracks several trials deep (its quadratic step lengths after the
+    first two), still SciPy's x, nfev (71) and nit (28)."""
+    x0 = np.array([10.0, -3.0, 5.0])
+    ref = scipy.optimize.root(np.arctan, x0, method="df-sane")
+    assert ref.success, ref.message
+    sol = root(jnp.arctan, jnp.asarray(x0), method="df-sane")
+    assert bool(sol.success)
+    assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit) == (71, 28)
+    np.testing.assert_allclose(sol.x, ref.x, rtol=1e-10, atol=1e-14)
+
+
 @pytest.mark.slow  # 6-17 s on the loaded 2-core machine (compiles); the derivative
 # matrix's default cell covers the compiled root's jacfwd + vmap meanwhile
 @pytest.mark.parametrize("batch,width", [(2, 4), (6, 16)])  # 8 unknowns: dense; 96: GMRES
@@ -660,6 +685,68 @@ def test_compiled_root_failures():
     g = jax.grad(lambda p: root(skew, p, (p,), method="df-sane", linear_solver="cg",
                                 on_failure="nan").x.sum())(p)
     assert np.isnan(g).all()
+
+
+@pytest.mark.parametrize("linear_solver", ["direct", "gmres", "cg"])
+def test_compiled_root_tangent_solves_at_every_scale(linear_solver):
+    """The compiled root's implicit derivatives through each tangent solver, on
+    x^3 + a x = b (10 unknowns; dx/db = diag(1 / (3x^2 + a))): jvp along db, along a
+    zero tangent (exactly zero, not NaN: the solve's residual is relative to a zero
+    right-hand side), and the gradient of a loss scaled by 1e12 (the solve is judged
+    relative to its right-hand side, not in absolute terms)."""
+    b = jnp.linspace(0.5, 3.0, 10)
+    db = jnp.linspace(1.0, -1.0, 10)
+
+    def x_of(a, b):
+        return root(lambda x: x ** 3 + a * x - b, jnp.ones(10), method="df-sane",
+                    tol=1e-13, linear_solver=linear_solver).x
+
+    @jax.jit
+    def derivatives(a, b):
+        return (x_of(a, b), jax.jvp(x_of, (a, b), (0.0, db))[1],
+                jax.jvp(x_of, (a, b), (0.0, jnp.zeros(10)))[1],
+                jax.grad(lambda b: 1e12 * jnp.sum(x_of(a, b)))(b))
+    x, t, t0, g = derivatives(2.0, b)
+    d = 3 * x ** 2 + 2.0
+    np.testing.assert_allclose(x ** 3 + 2.0 * x, b, rtol=1e-12)
+    np.testing.assert_allclose(t, db / d, rtol=1e-10)
+    np.testing.assert_array_equal(t0, np.zeros(10))
+    np.testing.assert_allclose(g, 1e12 / d, rtol=1e-10)
+
+
+def test_compiled_root_failed_tangent_solve_is_judged_relative_to_the_cotangent():
+    """CG breaks down on a skew Jacobian (relative residual ~1): a SolverError
+    however small the cotangent (1e-9 here: its absolute residual is below the 1e-6
+    acceptance), and NaN with on_failure="nan"."""
+    R = jnp.array([[0.0, 1.0], [-1.0, 0.0]])
+    p = jnp.array([0.3, -0.2])
+
+    def loss(p, on_failure):
+        x = root(lambda x, p: R @ (x - p), p, (p,), method="df-sane", linear_solver="cg",
+                 on_failure=on_failure).x
+        return 1e-9 * x.sum()
+    with pytest.raises(SolverError, match="implicit differentiation: the cg solve"):
+        jax.block_until_ready(jax.grad(loss)(p, "raise"))
+    assert np.isnan(jax.grad(loss)(p, "nan")).all()
+
+def test_compiled_root_stalled_gmres_tangent_solve_is_reported():
+    """Restarted GMRES(20) stalls on a shifted cyclic permutation of 21 unknowns: after
+    its 210 cycles the relative residual is ~0.35, so the gradient is a SolverError
+    naming it, or NaN, never the partial solve; the dense solve gives the closed form
+    (x* = p: dx*/dp = I)."""
+    n = 21
+    A = jnp.roll(jnp.eye(n), 1, axis=0) + 0.1 * jnp.eye(n)
+    p = jnp.linspace(-1.0, 1.0, n)
+
+    def first(p, linear_solver, on_failure="raise"):
+        return root(lambda x, p: A @ (x - p), p, (p,), method="df-sane",
+                    linear_solver=linear_solver, on_failure=on_failure).x[0]
+    np.testing.assert_allclose(jax.grad(first)(p, "direct"), jnp.eye(n)[0], atol=1e-12)
+    with pytest.raises(SolverError, match=r"the gmres solve did not converge "
+                                          r"\(relative residual 3\.5e-01\)"):
+        jax.block_until_ready(jax.grad(first)(p, "gmres"))
+    assert np.isnan(jax.grad(first)(p, "gmres", "nan")).all()
+
 
 
 def test_each_bound_of_a_box_gets_the_gradient_of_the_coordinate_it_holds():

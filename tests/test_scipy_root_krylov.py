@@ -260,3 +260,56 @@ def test_armijo_backtracking_as_scipy():
             np.testing.assert_allclose(sol.x, 0.0, atol=1e-14)
         else:
             assert ref.nit == 400 and np.isnan(sol.x).all()
+
+
+def test_armijo_trial_steps_are_scipys():
+    """The step lengths the compiled Armijo search tries along the first Newton step
+    are those of SciPy's scalar_search_armijo on the same phi(s) = ||F(x0 + s dx)||^2
+    (arctan from 10: the full step, the quadratic trial, then two cubic ones, the
+    second after SciPy's safeguard halves the step). One unknown: GMRES's one step is
+    the exact Newton direction dx = -F(x0) / F'(x0)."""
+    from scipy.optimize._linesearch import scalar_search_armijo
+    points = []
+
+    def F(x):
+        jax.debug.callback(lambda x: points.append(float(x[0])), x, ordered=True)
+        return jnp.arctan(x)
+    x0 = 10.0
+    sol = root(F, jnp.array([x0]), method="krylov", tol=1e-12)
+    jax.effects_barrier()
+    assert bool(sol.success)
+    np.testing.assert_allclose(sol.x, 0.0, atol=1e-12)
+    dx = -np.arctan(x0) * (1 + x0 ** 2)
+    trials = []
+
+    def phi(s):
+        trials.append(s)
+        return np.arctan(x0 + s * dx) ** 2
+    scalar_search_armijo(phi, np.arctan(x0) ** 2, -np.arctan(x0) ** 2, amin=1e-2)
+    assert len(trials) == 4  # 1, quadratic, cubic, cubic
+    # points: x0 (the start), x0 (the linearization), then the trials
+    assert points[:2] == [x0, x0]
+    steps = (np.array(points[2:2 + len(trials)]) - x0) / dx
+    np.testing.assert_allclose(steps, trials, rtol=1e-10)
+
+
+def test_newton_step_is_one_gmres_cycle_of_scipys_default_size():
+    """One Newton step on a linear residual A x - b (60 unknowns, condition 100) is one
+    GMRES cycle from 0 of SciPy's default inner subspace: 30 Arnoldi steps for LGMRES
+    (its inner_m; SciPy's first cycle has no outer vectors yet), 20 for GMRES (its
+    restart, jac_options' inner_maxiter). Neither cycle converges here, so the step is
+    exactly the cycle's iterate: JAX's incremental GMRES with that restart, one cycle."""
+    from jaxbridge.scipy import _newton_krylov
+    n = 60
+    A = jnp.diag(jnp.linspace(1.0, 100.0, n)) + 0.1 * jax.random.normal(
+        jax.random.PRNGKey(0), (n, n)) / np.sqrt(n)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n,))
+    for method, m in (("lgmres", 30), ("gmres", 20)):
+        x, st = _newton_krylov.solve(lambda x: A @ x - b, jnp.zeros(n), maxiter=1,
+                                     jac_options={"method": method, "inner_rtol": 1e-14})
+        ref = jax.scipy.sparse.linalg.gmres(lambda v: A @ v, b, tol=1e-14, atol=0.0,
+                                            restart=m, maxiter=1,
+                                            solve_method="incremental")[0]
+        assert int(st.status) == 2 and int(st.nit) == 1
+        assert jnp.linalg.norm(A @ x - b) > 1e-6 * jnp.linalg.norm(b)  # not converged
+        np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-12)

@@ -118,6 +118,55 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or failure_raises or bad_input_errors or (dense_output_matches_scipy and RK45) "
         "or nan_derivatives or both_modes_and_directions or one_step",
     ),
+    # The compiled root (root(method="df-sane"/"krylov"), SciPy's loops in JAX, with
+    # derivatives by the implicit function theorem through custom_root). The tests are
+    # selected in file order (-x stops at the first failure), slow-stage ones named:
+    # _compiled_root: SciPy's values and status (both methods), the bad-input paths, the
+    # DEQ gradients against a jnp twin and FD (dense and GMRES tangent solves; slow
+    # stage), the failure policies (NaN/raise, the cg breakdown; slow stage), the
+    # closed-form gradient under jit, Armijo's status and nit, the matrix's two default
+    # cells (vmap of jacfwd/jacrev), and the DEQ of 512 unknowns (a residual size
+    # above CPython's small-int cache: the size check compares values, not objects).
+    # 155 s here at load 13-16 on the unmutated code (before the DEQ and this session's
+    # five new compiled_root tests were added).
+    "jaxbridge/scipy/_compiled_root.py": (
+        f"tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py {_M} -m 'not docs'",
+        "(test_root_value_matches_scipy and (krylov or df-sane)) or compiled_root "
+        "or closed_form_gradient_under_jit or (test_scipy_root_krylov and test_bad_input) "
+        "or (deq_16x32 and not kw1) "
+        "or armijo_backtracking or (test_cell and root and float64 and "
+        "((krylov and vmap.jacrev) or (df-sane and vmap.jacfwd)))",
+    ),
+    # _dfsane: the value against the exact root, SciPy's own x, nfev and nit with default
+    # and non-default options (slow stage), maxfev's exhaustion (slow stage), the
+    # matrix's df-sane cell. 88 s here at load 14 (before the two new compiled_dfsane
+    # tests of survivors: SciPy's default tolerance, long line searches).
+    "jaxbridge/scipy/_dfsane.py": (
+        f"tests/test_scipy_optimize.py {_M} -m 'not docs'",
+        "(matches_scipy and df-sane) or compiled_dfsane or compiled_root_bad_input "
+        "or compiled_root_failures "
+        "or (test_cell and root and df-sane and float64 and vmap.jacfwd)",
+    ),
+    # _newton_krylov: SciPy's root, status and nit (the DEQ of 512, the Bratu problem with
+    # SciPy's options, slow stage), the evaluation count, the closed form, Armijo's
+    # backtracking, maxiter and nit failures (slow stage). Not the slow DEQ derivatives
+    # (the implicit function theorem's, _compiled_root's). 136 s here at load 15 (before
+    # the two new tests of survivors: Armijo's trial steps, the inner cycle's size).
+    "jaxbridge/scipy/_newton_krylov.py": (
+        "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
+        "(test_root_value_matches_scipy and krylov) "
+        "or (test_scipy_root_krylov and not deq_derivatives "
+        "and not lean_gmres and not kw1)",
+    ),
+    # _gmres: Newton's inner cycle (the DEQ of 512, the evaluation count, Armijo), its
+    # equality with JAX's incremental GMRES for both Gram-Schmidt variants and the
+    # restarted solve (slow stage), the GMRES tangent solve of the 96-unknown DEQ
+    # (slow stage). 160 s here at load 16.
+    "jaxbridge/scipy/_gmres.py": (
+        "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
+        "(compiled_root_deq_gradients and 6-16) or (deq_16x32 and not kw1) "
+        "or no_finite_differences or armijo_backtracking or lean_gmres",
+    ),
     # spsolve's and eigsh's rules: the matrix's sparse cells (every mode and dtype,
     # against the jnp twins) first, then the whole default file (values, gradients vs
     # dense JAX and finite differences, vmap, the singular and degenerate policies).
@@ -309,6 +358,19 @@ RULES = {
     # assembly of events and steps: name-only selection cannot split it).
     "jaxbridge/scipy/_events.py": r"^(__init__|sensitivities|_pad_rows|_points|_sens_at"
     r"|_trajectory_jvp|_trajectory_vjp|_ift)$",
+    # The compiled root: the custom_root around the loop and its tangent solves
+    # (_root, F, solve, _tangent_solve with checked/krylov/direct/tangent_solve, root);
+    # not unsupported() (which loop runs: argument dispatch) nor the failure messages
+    # (_check_root, _check_linear: what an error says, not a value).
+    "jaxbridge/scipy/_compiled_root.py": r"^(root|_root|F|solve|_tangent_solve|checked"
+    r"|krylov|direct|tangent_solve)$",
+    # The loops (their values are the roots the derivatives are taken at) and the
+    # tolerance they are given; not supported()/unsupported() (which loop runs).
+    "jaxbridge/scipy/_dfsane.py": r"^(with_tol|solve|direction|body)$",
+    "jaxbridge/scipy/_newton_krylov.py": r"^(with_tol|solve|merit|maxnorm|check|armijo"
+    r"|cubic|body|step)$",
+    # Every function: Newton's inner solve and the GMRES tangent solve of the IFT.
+    "jaxbridge/scipy/_gmres.py": r".",
     # sparse.linalg: spsolve's and eigsh's JVP and VJP rules and what only they call
     # (the symmetrized products, the bordered solve for eigenvector derivatives, the
     # degeneracy tests that decide between a derivative and an error). Not the forward
