@@ -83,14 +83,15 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # _common's tangent/cotangent plumbing (fill_zeros, np_ravel/np_unravel, jnp_ravel,
     # tangent_like, nan_like, f64, host_jit): the SciPy loop's derivatives in both modes
     # against closed forms, quad's gradients and failure policy, closures against args
-    # under jit(grad) (every wrapper's parameter pytree), mixed and float32 dtypes (slow
-    # stage), the bvp's forward-mode cell (its fill_zeros).
+    # under jit(grad) for quad, root, minimize and least_squares (their parameter
+    # pytrees), mixed dtypes, the bvp's forward-mode cell (its fill_zeros). 150 s at
+    # load 12 with the solve_ivp closures and the float32 test, trimmed from that.
     "jaxbridge/scipy/_common.py": (
         f"tests/test_scipy_integrate.py tests/test_scipy_closures.py {_M} -m 'not docs'",
         "scipy_loop_derivatives_match or scipy_loop_gradients_with_one or quad_value_and "
         "or quad_failure_policy or quad_gradient_that_does_not "
-        "or (closure_gradient_equals_args and not equinox) or mixed_dtypes "
-        "or float32_inputs_keep or (test_cell and solve_bvp and jacfwd and not vmap)",
+        "or (closure_gradient_equals_args and lambda and not solve_ivp) or mixed_dtypes "
+        "or (test_cell and solve_bvp and jacfwd and not vmap)",
     ),
     # ode_functions (right-hand side, Jacobian, forward-sensitivity system and its
     # Jacobian): the SciPy loop's forward sensitivities against the closed form (RK45,
