@@ -126,3 +126,34 @@ def test_failure_raises_with_scipys_message_and_bad_input():
         solve_bvp(fun, bc, X0, jnp.zeros((2, 5)))
     with pytest.raises(NotImplementedError, match="`S`"):
         solve_bvp(fun, bc, X0, jnp.zeros((2, 11)), S=jnp.zeros((2, 2)))
+
+
+def test_forward_mode_in_the_interval_end_moves_the_mesh():
+    """jvp/jacfwd w.r.t. x[-1] (the final mesh scales with the interval: x_i = b xi_i),
+    against the closed form d/db sin(k x) / sin(k b) and the mesh's own motion."""
+    k, x = 1.3, 0.5
+
+    def mid(b):
+        return wave(k, b).sol(x)[0]
+
+    want = -k * np.sin(k * x) * np.cos(k * 1.2) / np.sin(k * 1.2) ** 2
+    np.testing.assert_allclose(jax.jacfwd(mid)(1.2), want, rtol=1e-6)
+    res, dres = jax.jvp(lambda b: wave(k, b), (1.2,), (1.0,))
+    m = int(res.n_nodes)
+    np.testing.assert_allclose(dres.x[:m], res.x[:m] / 1.2, rtol=1e-12, atol=1e-15)
+
+
+def test_failed_solve_has_nan_derivatives_in_both_modes_with_the_nan_policy():
+    """on_failure="nan": a solve SciPy gives up on (too many nodes) has NaN derivatives
+    w.r.t. everything `fun` closes over and the interval's end, in forward and reverse
+    mode, and raises nothing."""
+    def mid(a, b):
+        res = solve_bvp(lambda x, y: jnp.stack([y[1], a * y[0]]),
+                        lambda ya, yb: jnp.stack([ya[0] - 1.0, yb[0]]),
+                        jnp.linspace(0.0, b, 11), jnp.zeros((2, 11)), tol=1e-10,
+                        max_nodes=20, on_failure="nan")
+        return res.sol(0.5)[0]
+
+    for mode in (jax.jacfwd, jax.jacrev):
+        ga, gb = mode(mid, argnums=(0, 1))(1e4, 1.0)
+        assert np.isnan(ga) and np.isnan(gb), (mode.__name__, ga, gb)
