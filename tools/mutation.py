@@ -88,7 +88,8 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # load 12 with the solve_ivp closures and the float32 test, trimmed from that.
     "jaxbridge/scipy/_common.py": (
         f"tests/test_scipy_integrate.py tests/test_scipy_closures.py {_M} -m 'not docs'",
-        "scipy_loop_derivatives_match or scipy_loop_gradients_with_one or quad_value_and "
+        "scipy_loop_derivatives_match or scipy_loop_gradients_with_one "
+        "or scipy_loop_derivatives_of_a_function_without or quad_value_and "
         "or quad_failure_policy or quad_gradient_that_does_not "
         "or (closure_gradient_equals_args and lambda and not solve_ivp) or mixed_dtypes "
         "or (test_cell and solve_bvp and jacfwd and not vmap)",
