@@ -84,14 +84,16 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # tangent_like, nan_like, f64, host_jit): the SciPy loop's derivatives in both modes
     # against closed forms, quad's gradients and failure policy, closures against args
     # under jit(grad) for quad, root, minimize and least_squares (their parameter
-    # pytrees), mixed dtypes, the bvp's forward-mode cell (its fill_zeros). 150 s at
-    # load 12 with the solve_ivp closures and the float32 test, trimmed from that.
+    # pytrees), mixed and float32 dtypes (the float32 test is slow-stage: it alone kills
+    # as_float_array's `not`), the bvp's forward-mode cell (its fill_zeros). 112 s at
+    # load 14 without the float32 test (150 s at load 12 with the solve_ivp closures too).
     "jaxbridge/scipy/_common.py": (
         f"tests/test_scipy_integrate.py tests/test_scipy_closures.py {_M} -m 'not docs'",
         "scipy_loop_derivatives_match or scipy_loop_gradients_with_one "
         "or scipy_loop_derivatives_of_a_function_without or quad_value_and "
         "or quad_failure_policy or quad_gradient_that_does_not "
         "or (closure_gradient_equals_args and lambda and not solve_ivp) or mixed_dtypes "
+        "or float32_inputs_keep "
         "or (test_cell and solve_bvp and jacfwd and not vmap)",
     ),
     # ode_functions (right-hand side, Jacobian, forward-sensitivity system and its
@@ -105,8 +107,9 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or (stiff_robertson and forward) or user_jacobians_may_close",
     ),
     # solve_bvp: the matrix's float64 cells in jacrev, jacfwd and their vmaps (the IFT
-    # solve both ways), then the whole file with its slow closed-form test (the only one
-    # differentiating w.r.t. the interval's end in forward mode, and sol(x) in x).
+    # solve both ways), then the whole file with its slow closed-form test (sol(x) in x,
+    # vmap, the interval's end in reverse mode). 45 s at load 6 before session 10's
+    # three tests (about 4 s of CPU each).
     "jaxbridge/scipy/_bvp.py": (
         f"{_M} tests/test_scipy_bvp.py -m 'not docs'",
         "(test_cell and solve_bvp and not vjp and not jvp) or test_scipy_bvp",
