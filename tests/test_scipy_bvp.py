@@ -160,21 +160,22 @@ def test_failed_solve_has_nan_derivatives_in_both_modes_with_the_nan_policy():
 
 
 def test_nonlinear_boundary_condition_closing_over_a_parameter():
-    """y'' = a, y(0) = 0, y(1)^2 = c: y = a x^2 / 2 + (sqrt(c) - a / 2) x (SciPy's
-    collocation and spline are exact for it), so y(1/2) = sqrt(c) / 2 - a / 8. `bc` is
-    nonlinear in y(1), so its Jacobian must be taken at the last node; both modes and
-    both parameters (a in `fun`, c in `bc`) against the closed form."""
+    """y'' = a, y(0) = 0, c y(1)^2 = 2: y = a x^2 / 2 + (sqrt(2 / c) - a / 2) x (SciPy's
+    collocation and spline are exact for it), so y(1/2) = sqrt(2 / c) / 2 - a / 8. `bc`
+    is nonlinear in y(1) and its derivative in c depends on y(1), so both must be taken
+    at the last node; both modes and both parameters (a in `fun`, c in `bc`) against the
+    closed form."""
     def mid(a, c):
         x = jnp.linspace(0.0, 1.0, 5)
         res = solve_bvp(lambda x, y: jnp.stack([y[1], a + 0.0 * y[0]]),
-                        lambda ya, yb: jnp.stack([ya[0], yb[0] ** 2 - c]),
+                        lambda ya, yb: jnp.stack([ya[0], c * yb[0] ** 2 - 2.0]),
                         x, jnp.stack([x, jnp.ones(5)]), tol=1e-8, max_nodes=50)
         return res.sol(0.5)[0]
 
-    np.testing.assert_allclose(mid(0.8, 2.0), np.sqrt(2.0) / 2 - 0.1, rtol=1e-10)
-    want = (-1 / 8, 1 / (4 * np.sqrt(2.0)))
+    np.testing.assert_allclose(mid(0.8, 1.0), np.sqrt(2.0) / 2 - 0.1, rtol=1e-10)
+    want = (-1 / 8, -np.sqrt(2.0) / 4)
     for mode in (jax.jacrev, jax.jacfwd):
-        got = mode(mid, argnums=(0, 1))(0.8, 2.0)
+        got = mode(mid, argnums=(0, 1))(0.8, 1.0)
         np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=mode.__name__)
 
 
