@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+import scipy.optimize
 from conftest import fd
 
 from jaxbridge.scipy import SolverError
@@ -180,18 +181,21 @@ def test_nonlinear_boundary_condition_closing_over_a_parameter():
 
 
 def test_first_order_problem_with_an_unknown_rate():
-    """y' = -p y, y(0) = 1, y(1) = c with the rate p unknown: p = -log(c) and
-    y(1/2) = sqrt(c). One state and one parameter on an odd `max_nodes`, so the
-    collocation Jacobian's size n M + k is odd; both modes against the closed form."""
+    """y' = -p y, y(0) = 1, y(1) = c p with the rate p unknown: e^-p = c p, and
+    y(1/2) = e^(-p/2). One state and one parameter on an odd `max_nodes`, so the
+    collocation Jacobian's size n M + k is odd, and `bc` depends on p; both modes
+    against the implicit function theorem on e^-p = c p: dp/dc = -p / (c + e^-p)."""
     def solve(c):
         x = jnp.linspace(0.0, 1.0, 5)
         res = solve_bvp(lambda x, y, p: -p[0] * y, lambda ya, yb, p: jnp.stack(
-            [ya[0] - 1.0, yb[0] - c]), x, jnp.ones((1, 5)), p=[0.5], tol=1e-6,
+            [ya[0] - 1.0, yb[0] - c * p[0]]), x, jnp.ones((1, 5)), p=[0.5], tol=1e-6,
             max_nodes=51)
         return jnp.stack([res.p[0], res.sol(0.5)[0]])
 
     c = 0.3
-    np.testing.assert_allclose(solve(c), [-np.log(c), np.sqrt(c)], rtol=1e-6)
-    want = [-1 / c, 0.5 / np.sqrt(c)]
+    p = scipy.optimize.brentq(lambda p: np.exp(-p) - c * p, 0.0, 5.0, xtol=1e-15)
+    np.testing.assert_allclose(solve(c), [p, np.exp(-p / 2)], rtol=1e-6)
+    dp = -p / (c + np.exp(-p))
+    want = [dp, -0.5 * np.exp(-p / 2) * dp]
     for mode in (jax.jacrev, jax.jacfwd):
         np.testing.assert_allclose(mode(solve)(c), want, rtol=1e-6, err_msg=mode.__name__)
