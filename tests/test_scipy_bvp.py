@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+import scipy.optimize
 from conftest import fd
 
 from jaxbridge.scipy import SolverError
@@ -126,3 +127,75 @@ def test_failure_raises_with_scipys_message_and_bad_input():
         solve_bvp(fun, bc, X0, jnp.zeros((2, 5)))
     with pytest.raises(NotImplementedError, match="`S`"):
         solve_bvp(fun, bc, X0, jnp.zeros((2, 11)), S=jnp.zeros((2, 2)))
+
+
+def test_forward_mode_in_the_interval_end_moves_the_mesh():
+    """jvp/jacfwd w.r.t. x[-1] (the final mesh scales with the interval: x_i = b xi_i),
+    against the closed form d/db sin(k x) / sin(k b) and the mesh's own motion."""
+    k, x = 1.3, 0.5
+
+    def mid(b):
+        return wave(k, b).sol(x)[0]
+
+    want = -k * np.sin(k * x) * np.cos(k * 1.2) / np.sin(k * 1.2) ** 2
+    np.testing.assert_allclose(jax.jacfwd(mid)(1.2), want, rtol=1e-6)
+    res, dres = jax.jvp(lambda b: wave(k, b), (1.2,), (1.0,))
+    m = int(res.n_nodes)
+    np.testing.assert_allclose(dres.x[:m], res.x[:m] / 1.2, rtol=1e-12, atol=1e-15)
+
+
+def test_failed_solve_has_nan_derivatives_in_both_modes_with_the_nan_policy():
+    """on_failure="nan": a solve SciPy gives up on (too many nodes) has NaN derivatives
+    w.r.t. everything `fun` and `bc` close over and the interval's end, in forward and
+    reverse mode, and raises nothing."""
+    def mid(a, b, c):
+        res = solve_bvp(lambda x, y: jnp.stack([y[1], a * y[0]]),
+                        lambda ya, yb: jnp.stack([ya[0] - 1.0, yb[0] - c]),
+                        jnp.linspace(0.0, b, 11), jnp.zeros((2, 11)), tol=1e-10,
+                        max_nodes=20, on_failure="nan")
+        return res.sol(0.5)[0]
+
+    for mode in (jax.jacfwd, jax.jacrev):
+        grads = mode(mid, argnums=(0, 1, 2))(1e4, 1.0, 0.0)
+        assert np.all(np.isnan(grads)), (mode.__name__, grads)
+
+
+def test_nonlinear_boundary_condition_closing_over_a_parameter():
+    """y'' = a, y(0) = 0, c y(1)^2 = 2: y = a x^2 / 2 + (sqrt(2 / c) - a / 2) x (SciPy's
+    collocation and spline are exact for it), so y(1/2) = sqrt(2 / c) / 2 - a / 8. `bc`
+    is nonlinear in y(1) and its derivative in c depends on y(1), so both must be taken
+    at the last node; both modes and both parameters (a in `fun`, c in `bc`) against the
+    closed form."""
+    def mid(a, c):
+        x = jnp.linspace(0.0, 1.0, 5)
+        res = solve_bvp(lambda x, y: jnp.stack([y[1], a + 0.0 * y[0]]),
+                        lambda ya, yb: jnp.stack([ya[0], c * yb[0] ** 2 - 2.0]),
+                        x, jnp.stack([x, jnp.ones(5)]), tol=1e-8, max_nodes=50)
+        return res.sol(0.5)[0]
+
+    np.testing.assert_allclose(mid(0.8, 1.0), np.sqrt(2.0) / 2 - 0.1, rtol=1e-10)
+    want = (-1 / 8, -np.sqrt(2.0) / 4)
+    for mode in (jax.jacrev, jax.jacfwd):
+        got = mode(mid, argnums=(0, 1))(0.8, 1.0)
+        np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=mode.__name__)
+
+
+def test_first_order_problem_with_an_unknown_rate():
+    """y' = -p y, y(0) = 1, y(1) = c p with the rate p unknown: e^-p = c p, and
+    y(1/2) = e^(-p/2). One state and one parameter on an odd `max_nodes`, so the
+    collocation Jacobian's size n M + k is odd, and `bc` depends on p; both modes
+    against the implicit function theorem on e^-p = c p: dp/dc = -p / (c + e^-p)."""
+    def solve(c):
+        x = jnp.linspace(0.0, 1.0, 5)
+        res = solve_bvp(lambda x, y, p: -p[0] * y, lambda ya, yb, p: jnp.stack(
+            [ya[0] - 1.0, yb[0] - c * p[0]]), x, jnp.ones((1, 5)), p=[0.5], tol=1e-6,
+            max_nodes=51)
+        return jnp.stack([res.p[0], res.sol(0.5)[0]])
+
+    c = 0.3
+    p = scipy.optimize.brentq(lambda p: np.exp(-p) - c * p, 0.0, 5.0, xtol=1e-15)
+    np.testing.assert_allclose(solve(c), [p, np.exp(-p / 2)], rtol=1e-6)
+    dp = -p / (c + np.exp(-p))
+    want = [dp, -0.5 * np.exp(-p / 2) * dp]
+    for mode in (jax.jacrev, jax.jacfwd):
+        np.testing.assert_allclose(mode(solve)(c), want, rtol=1e-6, err_msg=mode.__name__)

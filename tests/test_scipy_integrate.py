@@ -890,3 +890,26 @@ def test_scipy_loop_adjoint_of_a_reverse_mode_only_right_hand_side_with_jac_fals
         return jnp.sum(sol.y)
 
     np.testing.assert_allclose(jax.jit(jax.grad(L))(0.7), -3.0 * np.exp(-0.7), rtol=1e-6)
+
+
+def test_scipy_loop_derivatives_of_a_function_without_parameters():
+    """stepping="scipy" with a right-hand side that closes over no array and takes no
+    args (an empty parameter pytree): both reverse-mode strategies and forward mode,
+    w.r.t. y0 and t_eval, against y(t) = y0 exp(-t / 2)."""
+    te = jnp.array([0.5, 1.5])
+
+    def ys(y0, te, sensitivity="auto"):
+        return solve_ivp(lambda t, y: -0.5 * y, (0.0, 2.0), y0, "RK45", te, rtol=1e-10,
+                         atol=1e-12, stepping="scipy", sensitivity=sensitivity).y
+
+    def exact(y0, te):
+        return y0[:, None] * jnp.exp(-0.5 * te)[None, :]
+
+    x = (jnp.array([1.0, -2.0]), te)
+    want = jax.jacfwd(exact, argnums=(0, 1))(*x)
+    runs = {s: jax.jacrev(functools.partial(ys, sensitivity=s), argnums=(0, 1))(*x)
+            for s in ("adjoint", "forward")}
+    runs["jacfwd"] = jax.jacfwd(ys, argnums=(0, 1))(*x)
+    for name, got in runs.items():
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=1e-7, atol=1e-10, err_msg=name)

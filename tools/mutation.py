@@ -80,8 +80,40 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or (linear_stiff and Radau))) "
         "or (test_cell and integrate and float64 and (quad or implicit))",
     ),
-    "jaxbridge/scipy/_common.py": ("tests/test_scipy_closures.py tests/test_scipy_optimize.py",
-                                   None),
+    # _common's tangent/cotangent plumbing (fill_zeros, np_ravel/np_unravel, jnp_ravel,
+    # tangent_like, nan_like, f64, host_jit): the SciPy loop's derivatives in both modes
+    # against closed forms, quad's gradients and failure policy, closures against args
+    # under jit(grad) for quad, root, minimize and least_squares (their parameter
+    # pytrees), mixed and float32 dtypes (the float32 test is slow-stage: it alone kills
+    # as_float_array's `not`), the bvp's forward-mode cell (its fill_zeros). 112 s at
+    # load 14 without the float32 test (150 s at load 12 with the solve_ivp closures too).
+    "jaxbridge/scipy/_common.py": (
+        f"tests/test_scipy_integrate.py tests/test_scipy_closures.py {_M} -m 'not docs'",
+        "scipy_loop_derivatives_match or scipy_loop_gradients_with_one "
+        "or scipy_loop_derivatives_of_a_function_without or quad_value_and "
+        "or quad_failure_policy or quad_gradient_that_does_not "
+        "or (closure_gradient_equals_args and lambda and not solve_ivp) or mixed_dtypes "
+        "or float32_inputs_keep "
+        "or (test_cell and solve_bvp and jacfwd and not vmap)",
+    ),
+    # ode_functions (right-hand side, Jacobian, forward-sensitivity system and its
+    # Jacobian): the SciPy loop's forward sensitivities against the closed form (RK45,
+    # and Radau with `jac` and `sens_jac`), SciPy's values of the implicit methods (their
+    # `jac`), Robertson's forward sensitivities (BDF, LSODA), a user `jac` closing over a
+    # traced value (slow stage). 45 s here at load 4-6.
+    "jaxbridge/scipy/_ivp_common.py": (
+        "tests/test_scipy_integrate.py tests/test_scipy_closures.py -m 'not docs'",
+        "scipy_loop_derivatives_match or (values_match_scipy and (Radau or BDF)) "
+        "or (stiff_robertson and forward) or user_jacobians_may_close",
+    ),
+    # solve_bvp: the matrix's float64 cells in jacrev, jacfwd and their vmaps (the IFT
+    # solve both ways), then the whole file with its slow closed-form test (sol(x) in x,
+    # vmap, the interval's end in reverse mode). 45 s at load 6 before session 10's
+    # three tests (about 4 s of CPU each).
+    "jaxbridge/scipy/_bvp.py": (
+        f"{_M} tests/test_scipy_bvp.py -m 'not docs'",
+        "(test_cell and solve_bvp and not vjp and not jvp) or test_scipy_bvp",
+    ),
     # The compiled RK loop (RK45 here) in both modes: the matrix's jvp cells (JAX's
     # tangent of the loop) and vjp cells (the discrete adjoint, and reverse mode by
     # forward sensitivities), then SciPy's values and the two-level checkpointing (slow
@@ -404,6 +436,22 @@ RULES = {
     # _stiff: the whole module is derivative code (SciPy runs the solve), but for
     # max_states (how many steps the recording may hold: memory).
     "jaxbridge/scipy/_stiff.py": r"^(?!max_states$).",
+    # _bvp: the derivative side (the tangent and adjoint of the collocation system, its
+    # sparse Jacobian, the final mesh's motion with the interval's ends) and what JAX
+    # differentiates on the device (BvpSolution's spline: _single, __call__; `__call__`
+    # is only BvpSolution's here). Not the forward glue (_bvp, _padded, fun, bc, fun_jac,
+    # bc_jac: what SciPy's Newton runs; values checked against SciPy), the argument
+    # checks in solve_bvp, nor _Static/_result (the cache key, result shapes).
+    "jaxbridge/scipy/_bvp.py": r"^(_single|__call__|col|residual|blocks|tangent|adjoint"
+    r"|jacobian|_x_tangent|_bvp_jvp|_bvp_vjp|_none)$",
+    # _common: the tangent and cotangent plumbing every scipy wrapper's rules use, and
+    # the host-side compile cache they run through; not the LRU bookkeeping, the Result
+    # mapping and its messages, the policy/error texts, nor static_options.
+    "jaxbridge/scipy/_common.py": r"^(fill_zeros|np_ravel|np_unravel|jnp_ravel|tangent_like"
+    r"|nan_like|f64|host_jit|as_float_array)$",
+    # _ivp_common: ode_functions and its nested f, jac_y, sens (with column), sens_jac;
+    # not OdeResult (field names and messages).
+    "jaxbridge/scipy/_ivp_common.py": r"^(ode_functions|f|jac_y|sens|column|sens_jac)$",
     "jaxbridge/_core/pair.py": r".",
     "jaxbridge/_foreign/runners.py": r"^run_|^filler",
     "jaxbridge/ops.py": r".",
