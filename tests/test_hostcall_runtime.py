@@ -390,8 +390,11 @@ def test_keyboard_interrupt_and_system_exit_surface_as_themselves():
 def test_ctrl_c_during_a_host_call_interrupts_a_retry_loop(tmp_path):
     script = tmp_path / "ctrl_c.py"
     script.write_text(textwrap.dedent("""
-        import time, jax, jax.numpy as jnp, numpy as np
+        import signal, time, jax, jax.numpy as jnp, numpy as np
         import jaxbridge as jb
+        # Python's own Ctrl-C handler, as in a terminal: a launcher that runs the tests
+        # in the background (bash `&` without job control) leaves SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         @jb.foreign(lambda x: x)
         def slow(x):
             time.sleep(0.05)

@@ -729,6 +729,7 @@ def test_compiled_root_failed_tangent_solve_is_judged_relative_to_the_cotangent(
         jax.block_until_ready(jax.grad(loss)(p, "raise"))
     assert np.isnan(jax.grad(loss)(p, "nan")).all()
 
+@pytest.mark.slow  # ~5 s (restarted GMRES run to its stall)
 def test_compiled_root_stalled_gmres_tangent_solve_is_reported():
     """Restarted GMRES(20) stalls on a shifted cyclic permutation of 21 unknowns: after
     its 210 cycles the relative residual is ~0.35, so the gradient is a SolverError

@@ -293,6 +293,7 @@ def test_armijo_trial_steps_are_scipys():
     np.testing.assert_allclose(steps, trials, rtol=1e-10)
 
 
+@pytest.mark.slow  # ~7 s (two compiled Newton-Krylov loops)
 def test_newton_step_is_one_gmres_cycle_of_scipys_default_size():
     """One Newton step on a linear residual A x - b (60 unknowns, condition 100) is one
     GMRES cycle from 0 of SciPy's default inner subspace: 30 Arnoldi steps for LGMRES

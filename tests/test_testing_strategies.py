@@ -51,6 +51,7 @@ def test_real_arrays_are_finite_in_range_and_of_their_dtype(dtype):
            lambda x: x.dtype != dtype or np.any((x < 0.1) | (x > 3.0)))
 
 
+@pytest.mark.slow  # ~4 s each (Hypothesis searching for both parts at their bounds)
 @pytest.mark.parametrize("dtype, part", [(np.complex128, np.float64),
                                          (np.complex64, np.float32)])
 def test_complex_arrays_have_both_parts_in_range(dtype, part):

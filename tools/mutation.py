@@ -331,7 +331,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or spelled_out or common_wording or default_options",
     ),
     "jaxbridge/_testing/strategies.py": (
-        "tests/test_testing_strategies.py tests/test_testing.py", "strategies",
+        "tests/test_testing_strategies.py tests/test_testing.py -m 'not docs'", "strategies",
     ),
     # How a raised error becomes a row's hint and note: the classification test first,
     # then the check_rules tests whose rules raise or return the wrong shape or dtype.
