@@ -347,7 +347,7 @@ def _weakly_held(active: np.ndarray, x: np.ndarray, g: np.ndarray, lb: np.ndarra
 
     Interior and derivative-free methods (least_squares' "trf", minimize's
     "trust-constr" and "Powell") stop short of a bound that holds only weakly, the
-    unconstrained optimum just beyond it: 4e-7 to 8e-4 inside at SciPy's default
+    unconstrained optimum just beyond it: 4e-10 to 8e-4 inside at SciPy's default
     tolerances, where a fixed tolerance cannot tell a held bound from a free
     coordinate, and the derivative with respect to the bound would be a silent zero.
     A bound near x* holds if the gradient pushes outwards and the Newton step on the
