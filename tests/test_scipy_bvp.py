@@ -180,6 +180,27 @@ def test_nonlinear_boundary_condition_closing_over_a_parameter():
         np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=mode.__name__)
 
 
+def test_two_unknown_parameters():
+    """y' = p0 + p1 x, y(0) = 0, y(1) = a, p1 = c: y = p0 x + p1 x^2 / 2, so p0 = a - c/2
+    and y(1/2) = p0 / 2 + c / 8. Two parameters put a block of two columns after the
+    states in the collocation Jacobian (one parameter cannot tell its column offsets
+    apart); both modes against the closed form."""
+    def solve(a, c):
+        x = jnp.linspace(0.0, 1.0, 5)
+        res = solve_bvp(lambda x, y, p: jnp.broadcast_to(p[0] + p[1] * x, y.shape),
+                        lambda ya, yb, p: jnp.stack([ya[0], yb[0] - a, p[1] - c]),
+                        x, jnp.zeros((1, 5)), p=[0.0, 0.0], tol=1e-8)
+        return jnp.stack([res.p[0], res.p[1], res.sol(0.5)[0]])
+
+    a, c = 0.7, 0.4
+    np.testing.assert_allclose(solve(a, c), [a - c / 2, c, (a - c / 2) / 2 + c / 8],
+                               rtol=1e-10)
+    want = np.array([[1.0, -0.5], [0.0, 1.0], [0.5, -0.25 + 0.125]])
+    for mode in (jax.jacrev, jax.jacfwd):
+        got = np.stack(mode(solve, (0, 1))(a, c), axis=-1)
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12, err_msg=mode.__name__)
+
+
 def test_first_order_problem_with_an_unknown_rate():
     """y' = -p y, y(0) = 1, y(1) = c p with the rate p unknown: e^-p = c p, and
     y(1/2) = e^(-p/2). One state and one parameter on an odd `max_nodes`, so the
