@@ -12,6 +12,15 @@ from jaxbridge.testing import CheckOptions, RuleCheckError, check_rules
 FAST = CheckOptions(n_directions=2)
 
 
+def _host_sin():
+    """A fresh host function sin(x), without rules: each test gives it its own."""
+    @jb.foreign(lambda x: x)
+    def host_sin(x):
+        return np.sin(x)
+
+    return host_sin
+
+
 def _failed(err: RuleCheckError) -> dict:
     out: dict = {}
     for r in err.report.failures:
@@ -37,9 +46,7 @@ def test_a_vmap_that_returns_the_first_batch_element_everywhere_is_caught():
 
 
 def test_forcing_export_of_a_host_function_reports_why_it_cannot_be_exported():
-    @jb.foreign(lambda x: x)
-    def host_sin(x):
-        return np.sin(x)
+    host_sin = _host_sin()
 
     host_sin.defvjp(lambda p, out, ct: (np.cos(p[0]) * ct,))
     x = np.array([0.5, 1.0, 1.5])
@@ -158,9 +165,7 @@ def test_a_transposed_cotangent_is_named_where_the_jacobian_has_exact_zeros():
 def _sin_vjp_failure(factor: float) -> object:
     """The failing row of the checker for sin with a VJP `factor` times the derivative
     and its first element off by a further 3e-6 (relative)."""
-    @jb.foreign(lambda x: x)
-    def host_sin(x):
-        return np.sin(x)
+    host_sin = _host_sin()
 
     def vjp(primals, out, ct):
         g = factor * np.cos(primals[0]) * ct
@@ -221,9 +226,7 @@ def test_a_report_sent_through_pickle_keeps_its_verdicts_and_skips():
     # the report that comes back must say what the original says.
     import pickle
 
-    @jb.foreign(lambda x: x)
-    def host_sin(x):
-        return np.sin(x)
+    host_sin = _host_sin()
 
     host_sin.defvjp(lambda p, out, ct: (-np.cos(p[0]) * ct,))  # wrong sign
     with pytest.raises(RuleCheckError) as info:
@@ -284,9 +287,7 @@ def test_a_check_fails_in_the_summary_when_a_later_row_fails():
 
 
 def test_the_same_exception_in_several_checks_is_spelled_out_once():
-    @jb.foreign(lambda x: x)
-    def host_sin(x):
-        return np.sin(x)
+    host_sin = _host_sin()
 
     def vjp(primals, out, ct):
         raise ValueError("the adjoint solver diverged")
@@ -301,9 +302,7 @@ def test_the_same_exception_in_several_checks_is_spelled_out_once():
 
 
 def test_a_function_without_derivative_rules_has_its_rule_checks_skipped():
-    @jb.foreign(lambda x: x)
-    def host_sin(x):
-        return np.sin(x)
+    host_sin = _host_sin()
 
     report = check_rules(host_sin, np.array([0.3, 1.1]),
                          check_options=CheckOptions(checks=("vjp_fd", "batched_grad")))
@@ -313,9 +312,7 @@ def test_a_function_without_derivative_rules_has_its_rule_checks_skipped():
 
 
 def test_different_exceptions_with_a_common_wording_are_each_spelled_out():
-    @jb.foreign(lambda x: x)
-    def host_sin(x):
-        return np.sin(x)
+    host_sin = _host_sin()
 
     def vjp(primals, out, ct):
         raise ValueError("the adjoint solve raised an overflow")
