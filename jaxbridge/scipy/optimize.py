@@ -325,15 +325,19 @@ def _active(kind: str, sol: Any, x: Any, lb: Any, ub: Any, pr: Any, dtype: Any) 
     # float32), and its `active_mask` (relative tolerance `xtol`) misses that for a
     # tight xtol; the derivative w.r.t. the bound would be a silent zero.
     rel = max(1e-10, 4 * float(np.finfo(dtype).eps)) if kind == "lsq" else 1e-10
-    tol_lb = rel * (1 + np.abs(np.where(np.isfinite(lb), lb, 0)))
-    tol_ub = rel * (1 + np.abs(np.where(np.isfinite(ub), ub, 0)))
-    at_lb = (x <= lb + tol_lb) & (g > 0)
-    at_ub = (x >= ub - tol_ub) & (g < 0)
+    at_lb = (x <= lb + rel * _scale(lb)) & (g > 0)
+    at_ub = (x >= ub - rel * _scale(ub)) & (g < 0)
     ours = _weakly_held(at_ub.astype(np.int8) - at_lb.astype(np.int8), x, g, lb, ub, pr)
     if kind == "lsq":  # SciPy's mask too, as before: it also holds bounds where g ~ 0
         scipy_mask = np.asarray(sol.active_mask, np.int8)
         return np.where(scipy_mask != 0, scipy_mask, ours).astype(np.int8)
     return ours
+
+
+def _scale(bound: np.ndarray) -> np.ndarray:
+    """1 + |bound|, the scale of the distances to a bound (1 where it is infinite: the
+    distance to an infinite bound is infinite, so no tolerance reaches it)."""
+    return 1 + np.abs(np.where(np.isfinite(bound), bound, 0))
 
 
 #: How far inside a bound (relative to 1 + |bound|) a solver may have stopped for the
@@ -355,11 +359,8 @@ def _weakly_held(active: np.ndarray, x: np.ndarray, g: np.ndarray, lb: np.ndarra
     held in the next step, until no step crosses a new one (an active-set search: one
     linear solve per round, none when no bound is near).
     """
-    fin_lb, fin_ub = np.isfinite(lb), np.isfinite(ub)
-    near_lb = fin_lb & (g > 0) & (x - np.where(fin_lb, lb, 0) <=
-                                  _WEAK_WINDOW * (1 + np.abs(np.where(fin_lb, lb, 0))))
-    near_ub = fin_ub & (g < 0) & (np.where(fin_ub, ub, 0) - x <=
-                                  _WEAK_WINDOW * (1 + np.abs(np.where(fin_ub, ub, 0))))
+    near_lb = (g > 0) & (x - lb <= _WEAK_WINDOW * _scale(lb))
+    near_ub = (g < 0) & (ub - x <= _WEAK_WINDOW * _scale(ub))
     candidate = (near_lb | near_ub) & (active == 0)
     active = active.copy()
     while candidate.any():
