@@ -575,6 +575,30 @@ def test_compiled_dfsane_long_line_searches_match_scipys_iterates():
     np.testing.assert_allclose(sol.x, ref.x, rtol=1e-10, atol=1e-14)
 
 
+_EDGE = 1 + np.sqrt(2 - 1.5e-4)  # (1 - c)^2 = 2 - 1.5e-4: see the test below
+
+
+@pytest.mark.parametrize("case", ["decreasing", "threshold_edge"])
+def test_compiled_dfsane_nonmonotone_line_searches_match_scipys_iterates(case):
+    """Two line-search branches a monotone residual never takes, against SciPy's x, nfev
+    and nit, on linear residuals (exact arithmetic, no chaos from rounding):
+    - decreasing F(x) = 1 - x from 3: the spectral step x - F moves away from the root,
+      so the plus trial fails and La Cruz's minus trial x + F is accepted at the root;
+    - F(x) = c x with (1 - c)^2 = 2 - 1.5e-4: the first step's merit lands 5e-5 f0 inside
+      the acceptance bound f_bar + eta - gamma alpha^2 f (2 f0 - 1e-4 f0), so a bound
+      off by 1e-4 f0 would reject it."""
+    if case == "decreasing":
+        F, F_np, x0, expected = (lambda x: 1.0 - x), (lambda x: 1.0 - x), 3.0, (3, 1)
+    else:
+        F, F_np, x0, expected = (lambda x: _EDGE * x), (lambda x: _EDGE * x), 1.0, (3, 2)
+    ref = scipy.optimize.root(F_np, np.array([x0]), method="df-sane")
+    assert ref.success, ref.message
+    sol = root(F, jnp.array([x0]), method="df-sane")
+    assert bool(sol.success)
+    assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit) == expected
+    np.testing.assert_allclose(sol.x, ref.x, rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.slow  # 6-17 s on the loaded 2-core machine (compiles); the derivative
 # matrix's default cell covers the compiled root's jacfwd + vmap meanwhile
 @pytest.mark.parametrize("batch,width", [(2, 4), (6, 16)])  # 8 unknowns: dense; 96: GMRES
