@@ -157,6 +157,19 @@ def test_swapped_arguments_are_named_in_the_hint(rng):
     assert (row.arg, row.hint) == ("a", "off by a constant factor ~2"), row
 
 
+def test_a_factor_near_one_prints_with_the_digits_that_show_it(rng):
+    """A rule 0.2% too large is reported as "~1.002", not as a factor "~1" (a hint that
+    would contradict the failure it explains)."""
+    @jax.custom_vjp
+    def h(a):
+        return jnp.sum(jnp.sin(a))
+
+    h.defvjp(lambda a: (h(a), a), lambda a, ct: (1.002 * jnp.cos(a) * ct,))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(h, _x(rng, 3), check_options=FAST)
+    assert {r.hint for r in _failed(info.value)["vjp_fd"]} == {"off by a constant factor ~1.002"}
+
+
 def test_output_shapes_tells_the_declared_from_the_actual(rng):
     """A function whose shape changes between calls (it reads global state): the eager
     call gives [1], the later trace of its declared shapes [2]; the row says both."""

@@ -59,7 +59,9 @@ def guess(rule: np.ndarray, ref: np.ndarray, tol: np.ndarray | float,
     k = np.median((rule[big] / ref[big]).real)
     if np.isfinite(k) and abs(k - 1) > 1e-3 and k != 0 and \
             np.all(np.abs(rule - k * ref) <= np.asarray(tol) * max(1.0, abs(k)) * 10):
-        return f"off by a constant factor ~{k:.3g}"
+        # enough digits that the factor does not print as 1 (1.002, not "~1")
+        digits = max(3, 1 + int(np.ceil(-np.log10(abs(k - 1)))))
+        return f"off by a constant factor ~{k:.{digits}g}"
     if np.iscomplexobj(rule) and np.all(np.abs(rule - np.conj(ref)) <= tol):
         return "looks complex-conjugated"
     if entries:
