@@ -87,6 +87,40 @@ def test_short_signal_longer_state_and_no_zi():
     np.testing.assert_allclose(jax.grad(h)(x), fd(h, x), rtol=1e-8)
 
 
+# N > K, and N < K (the state outlives the signal: the case that reaches every branch,
+# ~5 s; the other is slow)
+@pytest.mark.parametrize("N", [pytest.param(5, marks=pytest.mark.slow), 2])
+def test_gradients_of_n_d_signals_with_a_state_per_row(N):
+    """Two signals filtered along their last axis, with and without an initial state
+    per row (zi of shape (2, K), K = 3: not the number of rows, so a rule that took
+    one for the other would show): the rules' padding and slicing of the state keep
+    the rows apart. grad and jacfwd in all four arguments against the twin mapped
+    over rows."""
+    b, a = jnp.array([0.5, 0.1, 0.2, 0.3]), jnp.array([1.1, 0.2, -0.1])
+    x = jnp.sin(jnp.arange(2.0 * N)).reshape(2, N) + 1.0
+    zi = jnp.array([[0.3, 0.2, -0.4], [0.1, -0.5, 0.2]])
+    w = jnp.cos(jnp.arange(2.0 * N)).reshape(2, N)
+
+    def loss(filt):
+        def f(b, a, x, zi):
+            y, zf = filt(b, a, x, zi)
+            return jnp.sum(w * y) + jnp.sum(jnp.arange(1.0, 7.0).reshape(2, 3) * zf ** 2)
+        return f
+    rows = jax.vmap(twin, (None, None, 0, 0))
+    cases = [(loss(lambda b, a, x, zi: lfilter(b, a, x, zi=zi)), loss(rows), zi),
+             # without zi, the rules see the signal itself (N < K: zero state past it)
+             (lambda b, a, x, zi: jnp.sum(w * lfilter(b, a, x) ** 2),
+              lambda b, a, x, zi: jnp.sum(w * rows(b, a, x, zi)[0] ** 2), jnp.zeros((2, 3)))]
+    for ours, twin_loss, z in cases:
+        ref = jax.grad(twin_loss, (0, 1, 2))(b, a, x, z)
+        for got in (jax.grad(ours, (0, 1, 2))(b, a, x, z),
+                    jax.jacfwd(ours, (0, 1, 2))(b, a, x, z)):
+            for g, r in zip(got, ref):
+                np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-14)
+    got = jax.grad(cases[0][0], 3)(b, a, x, zi)
+    np.testing.assert_allclose(got, jax.grad(cases[0][1], 3)(b, a, x, zi), rtol=1e-12)
+
+
 @pytest.mark.slow  # every check of check_rules on four arguments (~11 s)
 def test_vmap_and_check_rules():
     xs = jnp.stack([X, X ** 2 / 10, -X])
