@@ -575,28 +575,45 @@ def test_compiled_dfsane_long_line_searches_match_scipys_iterates():
     np.testing.assert_allclose(sol.x, ref.x, rtol=1e-10, atol=1e-14)
 
 
-_EDGE = 1 + np.sqrt(2 - 1.5e-4)  # (1 - c)^2 = 2 - 1.5e-4: see the test below
+# F = c x from 1 with these slopes puts a trial's merit just inside La Cruz's acceptance
+# bound f_bar + eta - gamma alpha^2 f (here 2 f0 - 1e-4 alpha^2 f0): see the test below
+_EDGE = 1 + np.sqrt(2 - 1.5e-4)                 # the first trial, alpha = 1
+_EDGE_SHRUNK = 10 * (1 + np.sqrt(2 - 5.5e-6))   # the third, alpha = 0.1
 
 
-@pytest.mark.parametrize("case", ["decreasing", "threshold_edge"])
+@pytest.mark.parametrize("case", ["decreasing", "threshold_edge", "threshold_edge_shrunk"])
 def test_compiled_dfsane_nonmonotone_line_searches_match_scipys_iterates(case):
-    """Two line-search branches a monotone residual never takes, against SciPy's x, nfev
-    and nit, on linear residuals (exact arithmetic, no chaos from rounding):
+    """Line-search branches a monotone residual never takes, against SciPy's x, nfev and
+    nit, on linear residuals (exact arithmetic, no chaos from rounding):
     - decreasing F(x) = 1 - x from 3: the spectral step x - F moves away from the root,
       so the plus trial fails and La Cruz's minus trial x + F is accepted at the root;
-    - F(x) = c x with (1 - c)^2 = 2 - 1.5e-4: the first step's merit lands 5e-5 f0 inside
-      the acceptance bound f_bar + eta - gamma alpha^2 f (2 f0 - 1e-4 f0), so a bound
-      off by 1e-4 f0 would reject it."""
-    if case == "decreasing":
-        F, F_np, x0, expected = (lambda x: 1.0 - x), (lambda x: 1.0 - x), 3.0, (3, 1)
-    else:
-        F, F_np, x0, expected = (lambda x: _EDGE * x), (lambda x: _EDGE * x), 1.0, (3, 2)
-    ref = scipy.optimize.root(F_np, np.array([x0]), method="df-sane")
+    - F(x) = c x from 1 with (1 - c)^2 = 2 - 1.5e-4: the first trial's merit lands
+      5e-5 f0 inside the acceptance bound 2 f0 - 1e-4 alpha^2 f0 (alpha = 1), so a bound
+      off by 1e-4 f0 would reject it;
+    - with (1 - c / 10)^2 = 2 - 5.5e-6: both first trials fail, the step shrinks to
+      alpha = 0.1 (SciPy's clip), and that trial lands between the bound with alpha^2
+      (1e-6 f0) and one with alpha (1e-5 f0)."""
+    slope, x0, expected = {"decreasing": (-1.0, 3.0, (3, 1)),
+                           "threshold_edge": (_EDGE, 1.0, (3, 2)),
+                           "threshold_edge_shrunk": (_EDGE_SHRUNK, 1.0, (5, 2))}[case]
+    shift = 1.0 if case == "decreasing" else 0.0
+    ref = scipy.optimize.root(lambda x: slope * x + shift, np.array([x0]), method="df-sane")
     assert ref.success, ref.message
-    sol = root(F, jnp.array([x0]), method="df-sane")
+    sol = root(lambda x: slope * x + shift, jnp.array([x0]), method="df-sane")
     assert bool(sol.success)
     assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit) == expected
     np.testing.assert_allclose(sol.x, ref.x, rtol=1e-12, atol=1e-14)
+
+
+def test_compiled_dfsane_stops_at_scipys_default_maxfev():
+    """x^2 + 1 has no real root: SciPy's DF-SANE stops at its default maxfev (1000
+    evaluations) and reports failure; so does the compiled loop (its nit may differ:
+    that line search amplifies rounding), with NaN under on_failure="nan"."""
+    ref = scipy.optimize.root(lambda x: x ** 2 + 1, np.array([0.5]), method="df-sane")
+    assert not ref.success and ref.nfev == 1000
+    sol = root(lambda x: x ** 2 + 1, jnp.array([0.5]), method="df-sane", on_failure="nan")
+    assert not bool(sol.success) and int(sol.nfev) == 1000
+    assert np.isnan(np.asarray(sol.x)).all()
 
 
 @pytest.mark.slow  # 6-17 s on the loaded 2-core machine (compiles); the derivative
