@@ -259,6 +259,27 @@ def test_lean_gmres_reorthogonalizes_where_gram_schmidt_cancels(scale):
     assert np.linalg.norm(b - A @ np.asarray(x)) <= 1e-7 * np.linalg.norm(b)
 
 
+def test_lean_gmres_restarts_at_most_maxiter_times():
+    """Restarted GMRES stops after `maxiter` cycles even when the tolerance is not met:
+    with cycles of 2 steps on a 6-unknown system, one, two and three cycles are each
+    the previous result plus one cycle on its residual, and none has converged yet."""
+    from jaxbridge.scipy import _gmres
+    rng = np.random.default_rng(3)
+    A = jnp.asarray(np.eye(6) * 3 + rng.standard_normal((6, 6)))
+    b = jnp.asarray(rng.standard_normal(6))
+
+    def matvec(v):
+        return A @ v
+    solve = jax.jit(_gmres.solve, static_argnums=(0, 3, 4))
+    cycle = jax.jit(_gmres.cycle, static_argnums=(0, 4))
+    x = jnp.zeros(6)
+    for maxiter in (1, 2, 3):
+        x = x + cycle(matvec, b - A @ x, 0.0, 0.0, 2)
+        got = solve(matvec, b, 1e-12, 2, maxiter)
+        np.testing.assert_allclose(got, x, rtol=1e-12, atol=1e-14)
+        assert jnp.linalg.norm(b - A @ got) > 1e-6 * jnp.linalg.norm(b)
+
+
 def test_armijo_backtracking_as_scipy():
     """arctan(x) + 0.1 x from |x0| >= 2.5: the full Newton step overshoots, so SciPy's
     Armijo search must backtrack (its quadratic and cubic trials) to converge, in

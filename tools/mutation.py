@@ -247,7 +247,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     "jaxbridge/_testing/_fd.py": (
         "tests/test_testing.py",
         "complex or (caught and not writes_into) or steps_are_relative or erfcx "
-        "or trusts or correct_special",
+        "or trusts or correct_special or ridders_reaches",
     ),
     # The checks that compare rules with references: every check_rules test but the
     # strategies, kernel, export, finite-difference and options-only ones (65 s here, at
