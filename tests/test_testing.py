@@ -5,6 +5,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -923,6 +924,11 @@ def test_the_complex_step_is_refused_where_the_function_is_not_analytic():
     off = complex_step(lambda z: [np.exp(x + z * t) + 1e-3], [np.exp(x)], e, 1e-20, 2.2e-16)
     np.testing.assert_array_equal(off.value[0], e.value[0])
     np.testing.assert_array_equal(off.error[0], e.error[0])
+    # an infinite complex step is refused quietly (no warning escapes the checker)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        inf = complex_step(lambda z: [np.exp(x) + 1j * np.inf], [np.exp(x)], e, 1e-20, 2.2e-16)
+    np.testing.assert_array_equal(inf.value[0], e.value[0])
 
 
 def test_steps_are_relative_to_each_element_and_zeros_borrow_a_scale():
