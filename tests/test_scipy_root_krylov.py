@@ -262,7 +262,8 @@ def test_lean_gmres_reorthogonalizes_where_gram_schmidt_cancels(scale):
 def test_lean_gmres_restarts_at_most_maxiter_times():
     """Restarted GMRES stops after `maxiter` cycles even when the tolerance is not met:
     with cycles of 2 steps on a 6-unknown system, one, two and three cycles are each
-    the previous result plus one cycle on its residual, and none has converged yet."""
+    the previous result plus one cycle on its residual, and none has converged yet.
+    Otherwise it stops at the first cycle that meets tol ||b||."""
     from jaxbridge.scipy import _gmres
     rng = np.random.default_rng(3)
     A = jnp.asarray(np.eye(6) * 3 + rng.standard_normal((6, 6)))
@@ -278,6 +279,13 @@ def test_lean_gmres_restarts_at_most_maxiter_times():
         got = solve(matvec, b, 1e-12, 2, maxiter)
         np.testing.assert_allclose(got, x, rtol=1e-12, atol=1e-14)
         assert jnp.linalg.norm(b - A @ got) > 1e-6 * jnp.linalg.norm(b)
+    # the tolerance is relative to ||b||: with b 1e4 times larger, 1e-2 stops at the first
+    # cycle whose residual is below 1e-2 ||b|| = ~2e2, not below 1e-2
+    big, x, cycles = 1e4 * b, jnp.zeros(6), 0
+    while jnp.linalg.norm(big - A @ x) > 1e-2 * jnp.linalg.norm(big):
+        x, cycles = x + cycle(matvec, big - A @ x, 0.0, 0.0, 2), cycles + 1
+    assert jnp.linalg.norm(big - A @ x) > 1e-2
+    np.testing.assert_allclose(solve(matvec, big, 1e-2, 2, 100), x, rtol=1e-12)
 
 
 def test_armijo_backtracking_as_scipy():
