@@ -259,6 +259,15 @@ def test_lean_gmres_reorthogonalizes_where_gram_schmidt_cancels(scale):
     assert np.linalg.norm(b - A @ np.asarray(x)) <= 1e-7 * np.linalg.norm(b)
 
 
+def test_lean_gmres_of_a_zero_right_hand_side_is_zero():
+    """b = 0 (a zero tangent or cotangent reaches the compiled root's linear solves):
+    GMRES returns 0, not the 0 / 0 of normalizing b."""
+    from jaxbridge.scipy import _gmres
+    A = jnp.eye(4) * 2.0
+    x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(lambda v: A @ v, jnp.zeros(4), 0.0, 0.0, 4)
+    np.testing.assert_array_equal(x, np.zeros(4))
+
+
 def test_lean_gmres_restarts_at_most_maxiter_times():
     """Restarted GMRES stops after `maxiter` cycles even when the tolerance is not met:
     with cycles of 2 steps on a 6-unknown system, one, two and three cycles are each

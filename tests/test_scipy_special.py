@@ -58,6 +58,10 @@ def test_broadcasting_vmap_and_order_derivative_is_nan():
     assert np.isnan(jax.grad(lambda v: js.kv(v, 2.0))(1.0))  # not provided, never silent 0
     assert np.isnan(jax.grad(lambda a: js.hyp1f1(a, 1.5, 2.0))(0.5))
     assert np.isfinite(jax.grad(lambda x: js.kv(1.0, x))(2.0))
+    # tangents in the order and in x together: still NaN (the x term does not hide it)
+    for f in (js.kv, js.kve, js.iv, js.ive):
+        assert np.isnan(jax.jvp(f, (1.0, 2.0), (1.0, 1.0))[1]), f
+    assert np.isnan(jax.jvp(js.hyp1f1, (0.5, 1.5, 2.0), (1.0, 0.0, 1.0))[1])
     np.testing.assert_allclose(jax.grad(js.ellipk)(0.0), np.pi / 8)
     np.testing.assert_allclose(jax.grad(js.ellipe)(0.0), -np.pi / 8)
 
