@@ -605,6 +605,22 @@ def test_compiled_dfsane_nonmonotone_line_searches_match_scipys_iterates(case):
     np.testing.assert_allclose(sol.x, ref.x, rtol=1e-12, atol=1e-14)
 
 
+def test_compiled_dfsane_stagnating_line_searches_match_scipys_iterates():
+    """F(x) = 1 + 1e-16 x barely decreases (the spectral step is clipped at 1e10): after
+    ~400 iterations eta = ||F_0||^2 / (1 + k)^2 is too small to accept even shrunk
+    trials that do decrease the merit, and the search shrinks alpha more than once, where
+    SciPy's clip of the next step to [0.1, 0.5] alpha binds. Same x (to 1e-12), nfev and
+    nit as SciPy after 5000 evaluations (the loop itself, no failure policy)."""
+    from jaxbridge.scipy import _dfsane
+    ref = scipy.optimize.root(lambda x: 1.0 + 1e-16 * x, np.zeros(1), method="df-sane",
+                              options={"maxfev": 5000})
+    assert (ref.success, ref.nfev, ref.nit) == (False, 5000, 1075)
+    x, stats = jax.jit(lambda x0: _dfsane.solve(lambda x: 1.0 + 1e-16 * x, x0,
+                                                maxfev=5000))(jnp.zeros(1))
+    assert (int(stats.nfev), int(stats.nit), bool(stats.converged)) == (5000, 1075, False)
+    np.testing.assert_allclose(x, ref.x, rtol=1e-12)
+
+
 def test_compiled_dfsane_stops_at_scipys_default_maxfev():
     """x^2 + 1 has no real root: SciPy's DF-SANE stops at its default maxfev (1000
     evaluations) and reports failure; so does the compiled loop (its nit may differ:
