@@ -171,6 +171,21 @@ def test_a_factor_near_one_prints_with_the_digits_that_show_it(rng):
     assert {r.hint for r in _failed(info.value)["vjp_fd"]} == {"off by a constant factor ~1.002"}
 
 
+def test_hint_guesses_from_the_numbers_alone():
+    """guess() on its own: a rule of zeros is "returns zeros" even when another input's
+    derivative is zero too (a zero derivative is no evidence of swapped arguments), and
+    a constant factor is named when it explains the rule to within 10 tolerances."""
+    from jaxbridge._testing._hints import HINTS, guess
+    ref, tol = np.array([1.0, -2.0, 3.0]), np.full(3, 1e-6)
+    zeros = np.zeros(3)
+    assert guess(zeros, ref, tol, swapped=[("b", zeros, tol)]) == HINTS["zeros"]
+    assert guess(-ref, ref, tol, swapped=[("b", -ref, tol)]) == HINTS["sign"]
+    one = np.array([1.0, 0.0, 0.0])  # one entry off 2 ref, so the median ratio stays 2
+    near, far = 2 * ref + one * 9.5 * 2 * tol, 2 * ref + one * 10.5 * 2 * tol  # (|k| tol)
+    assert guess(near, ref, tol) == "off by a constant factor ~2"
+    assert guess(far, ref, tol) == ""
+
+
 def test_output_shapes_tells_the_declared_from_the_actual(rng):
     """A function whose shape changes between calls (it reads global state): the eager
     call gives [1], the later trace of its declared shapes [2]; the row says both."""

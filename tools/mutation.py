@@ -318,7 +318,8 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "(test_checker_mutants and every_mutant and not kernel) or (test_testing and "
         "(wrong_sign or transposed_cotangent or missing_factor or swapped_arguments "
         "or relative_errors_stay_finite or output_shapes or declared_dtype "
-        "or longer_cotangent or jvp_disagreeing or factor_near_one)) or (test_testing_verdicts and "
+        "or longer_cotangent or jvp_disagreeing or factor_near_one or hint_guesses)) "
+        "or (test_testing_verdicts and "
         "(non_square_jacobian or exact_zeros or not_called_a_constant or slightly_inexact))",
     ),
     # Options (which checks run, validation), a result's ok, the report's verdict and
