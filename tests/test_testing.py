@@ -908,6 +908,17 @@ def test_ridders_reaches_near_full_precision_on_a_polynomial():
     big = np.abs(truth) > 1e-3
     assert np.max(np.abs(d.value[0] - truth)[big] / np.abs(truth[big])) < 7e-14
     assert np.all(np.abs(d.value[0] - truth) <= d.error[0])
+    # central differences of a quadratic are exact: the tableau's differences are 0, no
+    # worse than the error estimate 0, so every element settles after three levels (six
+    # evaluations; each may be a solver run), not LEVELS
+    steps, y = [], np.array([0.5, 1.0, -2.0])
+
+    def quadratic(h):
+        steps.append(h)
+        return [(y + h) ** 2]
+    d = ridders(quadratic, 0.1, 2.2e-16)
+    np.testing.assert_allclose(d.value[0], 2 * y, rtol=1e-13)
+    assert len(steps) == 6, steps
 
 
 def test_complex_directions_have_the_elements_magnitude():
