@@ -407,6 +407,8 @@ def test_bad_shape_and_rank_messages():
         ops.rbf_kernel(np.ones(3), np.ones((2, 3)), 1.0)
     with pytest.raises(TypeError, match=r"rbf_kernel: argument 'y': expected shape \(m, 3\)"):
         ops.rbf_kernel(np.ones((2, 3)), np.ones((2, 4)), 1.0)
+    with pytest.raises(TypeError, match=r"'y': expected shape \(5, 2, m, 3\) \(batch dims"):
+        ops.rbf_kernel(np.ones((5, 2, 4, 3)), np.ones((5, 3, 4, 3)), 1.0)
     with pytest.raises(TypeError, match=r"'length_scale': expected a scalar or shape \(2,\)"):
         ops.rbf_kernel(np.ones((2, 2, 3)), np.ones((2, 4, 3)), np.ones(3))
     with pytest.raises(TypeError, match=r"'beta': expected a positive"):
@@ -641,6 +643,24 @@ def test_gpu_handlers_reject_bad_shapes_and_take_empty_inputs(gpu):
         assert out.size == 0
         assert all(g.size == 0 or np.all(np.isfinite(g)) for g in jax.tree.leaves(
             jax.grad(lambda *a: op(*a).sum(), argnums=tuple(range(len(args))))(*_on(gpu, args))))
+
+
+def test_instruction_set_variable_warns_only_when_it_names_no_instruction_set(monkeypatch):
+    """The check behind JAXBRIDGE_CPU_ISA (the fresh-interpreter test below covers the
+    kernels' choice): silent when unset, empty or valid in any case, a RuntimeWarning
+    naming the value otherwise."""
+    import warnings
+    for value in (None, "", "avx2", "AVX512", "baseline"):
+        if value is None:
+            monkeypatch.delenv("JAXBRIDGE_CPU_ISA", raising=False)
+        else:
+            monkeypatch.setenv("JAXBRIDGE_CPU_ISA", value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ops._check_isa_env()
+    monkeypatch.setenv("JAXBRIDGE_CPU_ISA", "sse9")
+    with pytest.warns(RuntimeWarning, match="JAXBRIDGE_CPU_ISA='sse9' is not one of"):
+        ops._check_isa_env()
 
 
 def test_cpu_isa_environment_variable(tmp_path):
