@@ -66,6 +66,25 @@ def explicit_axes(sin_mul) -> None:
         np.testing.assert_allclose(jax.jit(ops.softplus)(x), np.logaddexp(0, np.asarray(x)))
 
 
+def kernels_split_only_their_batch_dims(mesh) -> None:
+    """Built-in kernels declare which axes are independent: elementwise softplus splits
+    along every axis of x (here the second), while a tridiagonal system is coupled along
+    n: sharded along n, its inputs are gathered and each system solved whole (the
+    declared batch dims are the leading ones), never solved per shard in pieces."""
+    cols = NamedSharding(mesh, P(None, "batch"))
+    x = jax.device_put(jnp.linspace(-2, 2, 3 * 16).reshape(3, 16), cols)
+    np.testing.assert_allclose(jax.jit(ops.softplus)(x), np.logaddexp(0, np.asarray(x)))
+    hlo = jax.jit(ops.softplus).lower(x).compile().as_text()
+    shapes = custom_call_operand_shapes(hlo, "jaxbridge_softplus_fwd")
+    assert shapes and all(s.startswith("f64[3,2,") for s in shapes), shapes
+    assert "all-gather" not in hlo
+    d, off = jax.device_put(jnp.full((2, 16), 4.0), cols), jax.device_put(jnp.ones((2, 16)), cols)
+    b = jax.device_put(jnp.arange(32.0).reshape(2, 16), cols)
+    A = np.diag(np.full(16, 4.0)) + np.diag(np.ones(15), 1) + np.diag(np.ones(15), -1)
+    np.testing.assert_allclose(jax.jit(ops.tridiagonal_solve)(off, d, off, b),
+                               np.linalg.solve(A, np.asarray(b).T).T, rtol=1e-12)
+
+
 def main() -> None:
     assert jax.device_count() == 8
     mesh = Mesh(np.array(jax.devices()), ("batch",))
@@ -134,6 +153,7 @@ def main() -> None:
     g = jax.jit(jax.grad(lambda x: jnp.sum(per_shard(x))))(x)
     np.testing.assert_allclose(g, jax.nn.sigmoid(x), rtol=1e-12)
     explicit_axes(sin_mul)
+    kernels_split_only_their_batch_dims(mesh)
 
     # Per-shard calls run on XLA's worker threads, where the calling Python thread cannot
     # be reached: the exception crosses XLA as a status, and JAX's runtime error for it
