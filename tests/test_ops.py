@@ -103,6 +103,8 @@ def test_rbf_scalar_length_scale_broadcasts(rng):
     x, y, _ = rbf_args(rng, (3,), 2, 4, 2, np.float64)
     np.testing.assert_allclose(ops.rbf_kernel(x, y, 0.7),
                                np_rbf(x, y, np.full(3, 0.7)), rtol=1e-12)
+    # the default length scale is 1
+    np.testing.assert_allclose(ops.rbf_kernel(x, y), np_rbf(x, y, np.ones(3)), rtol=1e-12)
 
 
 # ----------------------------------------------------------------- vectorized CPU paths
