@@ -184,6 +184,18 @@ def test_hint_guesses_from_the_numbers_alone():
     near, far = 2 * ref + one * 9.5 * 2 * tol, 2 * ref + one * 10.5 * 2 * tol  # (|k| tol)
     assert guess(near, ref, tol) == "off by a constant factor ~2"
     assert guess(far, ref, tol) == ""
+    # below |k| = 1 the allowance is 10 tolerances, unscaled
+    assert guess(0.5 * ref + one * 10.5 * tol, ref, tol) == ""
+    # three significant digits, more only where they are needed to differ from 1
+    assert guess(1.0312 * ref, ref, tol) == "off by a constant factor ~1.03"
+    # the factor is the median ratio over the entries that matter (above 1e-3 of the
+    # largest): tiny entries the rule zeroed do not drag it to 0
+    small = np.array([1.0, 1e-5, 1e-5, 1e-5, 2.0])
+    assert guess(np.array([2.0, 0, 0, 0, 4.0]), small, np.full(5, 1e-5)) == \
+        "off by a constant factor ~2"
+    # complex conjugation, compared inclusively (an exact conjugate at tolerance 0)
+    c = np.array([1 + 2j, -1j, 3.0])
+    assert guess(np.conj(c), c, np.zeros(3)) == "looks complex-conjugated"
 
 
 def test_output_shapes_tells_the_declared_from_the_actual(rng):
