@@ -92,25 +92,25 @@ def test_short_signal_longer_state_and_no_zi():
 @pytest.mark.parametrize("N", [pytest.param(5, marks=pytest.mark.slow), 2])
 def test_gradients_of_n_d_signals_with_a_state_per_row(N):
     """Two signals filtered along their last axis, with and without an initial state
-    per row (zi of shape (2, K), K = 3: not the number of rows, so a rule that took
-    one for the other would show): the rules' padding and slicing of the state keep
-    the rows apart. grad and jacfwd in all four arguments against the twin mapped
+    per row (zi of shape (2, K), K = 4: not the number of rows, so a rule that took
+    one for the other would show; and K ^ N != K - N): the rules' padding and slicing
+    of the state keep the rows apart. grad and jacfwd in all four arguments against the twin mapped
     over rows."""
-    b, a = jnp.array([0.5, 0.1, 0.2, 0.3]), jnp.array([1.1, 0.2, -0.1])
+    b, a = jnp.array([0.5, 0.1, 0.2, 0.3, -0.2]), jnp.array([1.1, 0.2, -0.1])
     x = jnp.sin(jnp.arange(2.0 * N)).reshape(2, N) + 1.0
-    zi = jnp.array([[0.3, 0.2, -0.4], [0.1, -0.5, 0.2]])
+    zi = jnp.array([[0.3, 0.2, -0.4, 0.1], [0.1, -0.5, 0.2, 0.3]])
     w = jnp.cos(jnp.arange(2.0 * N)).reshape(2, N)
 
     def loss(filt):
         def f(b, a, x, zi):
             y, zf = filt(b, a, x, zi)
-            return jnp.sum(w * y) + jnp.sum(jnp.arange(1.0, 7.0).reshape(2, 3) * zf ** 2)
+            return jnp.sum(w * y) + jnp.sum(jnp.arange(1.0, 9.0).reshape(2, 4) * zf ** 2)
         return f
     rows = jax.vmap(twin, (None, None, 0, 0))
     cases = [(loss(lambda b, a, x, zi: lfilter(b, a, x, zi=zi)), loss(rows), zi),
              # without zi, the rules see the signal itself (N < K: zero state past it)
              (lambda b, a, x, zi: jnp.sum(w * lfilter(b, a, x) ** 2),
-              lambda b, a, x, zi: jnp.sum(w * rows(b, a, x, zi)[0] ** 2), jnp.zeros((2, 3)))]
+              lambda b, a, x, zi: jnp.sum(w * rows(b, a, x, zi)[0] ** 2), jnp.zeros((2, 4)))]
     for ours, twin_loss, z in cases:
         ref = jax.grad(twin_loss, (0, 1, 2))(b, a, x, z)
         for got in (jax.grad(ours, (0, 1, 2))(b, a, x, z),

@@ -355,3 +355,25 @@ def test_a_correct_rule_passes_where_a_jacobian_row_is_small_by_cancellation():
     report = check_rules(f, np.array([0.7, 1.3]),
                          check_options=CheckOptions(checks=("jvp_jacobian", "vjp_jacobian")))
     assert report.passed, str(report)
+
+
+def test_a_report_built_by_hand_keeps_its_verdict_rules():
+    """The report's own rules, on rows built by hand: a check's summary is its worst
+    row (a pass outranks a skip in either order), the failure message names a repeated
+    exception once (by what follows "raised "), and lists failed rows with notes in
+    full. Options reject an unknown name even when it is both run and skipped."""
+    from jaxbridge._testing._report import CheckResult, RuleReport, failure_message
+    rows = [CheckResult("vjp_fd", "skip", note="no float inputs"),
+            CheckResult("vjp_fd", "pass"),
+            CheckResult("jvp_fd", "error", arg="x", note="tangent rule raised ValueError: bad"),
+            CheckResult("jit", "error", arg="x", note="the jitted call raised ValueError: bad"),
+            CheckResult("vmap", "fail", arg="x", note="compared raised ValueError: bad"),
+            CheckResult("batched_grad", "fail", arg="x", note="compared raised ValueError: bad")]
+    report = RuleReport("f", "float64", rows, CheckOptions())
+    assert report.summary() == {"vjp_fd": "pass", "jvp_fd": "error", "jit": "error",
+                                "vmap": "fail", "batched_grad": "fail"}
+    message = failure_message(report)
+    assert message.count("the same error as jvp_fd") == 1, message
+    assert "the same error as vmap" not in message and message.count("compared raised") == 2
+    with pytest.raises(ValueError, match=r"unknown check name\(s\) \['bogus'\]"):
+        CheckOptions(checks=("bogus",), skip=("bogus",))

@@ -332,7 +332,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "options_select or options_reject or report_fields or rule_check_error_is "
         "or failing_eager_call or no_derivative_check_is_skipped or wrong_sign "
         "or raises_is_reported or nondeterministic or pickle or first_step or later_row "
-        "or spelled_out or common_wording or default_options",
+        "or spelled_out or common_wording or default_options or built_by_hand",
     ),
     "jaxbridge/_testing/strategies.py": (
         "tests/test_testing_strategies.py tests/test_testing.py -m 'not docs'", "strategies",
