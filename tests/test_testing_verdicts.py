@@ -377,3 +377,4 @@ def test_a_report_built_by_hand_keeps_its_verdict_rules():
     assert "the same error as vmap" not in message and message.count("compared raised") == 2
     with pytest.raises(ValueError, match=r"unknown check name\(s\) \['bogus'\]"):
         CheckOptions(checks=("bogus",), skip=("bogus",))
+    assert CheckOptions(batch_size=1, n_directions=1).batch_size == 1  # the smallest valid
