@@ -48,7 +48,30 @@ def test_real_arrays_are_finite_in_range_and_of_their_dtype(dtype):
            lambda x: np.any((x < 0.5) | (x > 1.0)))
     # bounds the dtype cannot represent (0.1 in float32 and float16) are kept, inward
     _never(jst.positive_arrays(dtype, (3,)),
-           lambda x: x.dtype != dtype or np.any((x < 0.1) | (x > 3.0)))
+           lambda x: x.dtype != dtype or np.any((x.astype(np.float64) < 0.1)
+                                                 | (x.astype(np.float64) > 3.0)))
+
+
+def test_float32_bounds_are_narrowed_inward_by_one_step_at_most():
+    """Bounds a float32 cannot represent are replaced by the nearest float32 inside them
+    (0.7 rounds down and 1.1 up, so both move), and bounds it can (0.5, 1.0) are kept:
+    every value a float32 has in [min_value, max_value] can be drawn, no other."""
+    f32 = np.float32
+    # compared in float64: NumPy compares float32 with 0.7 in float32 (NEP 50), where
+    # the float32 below 0.7 equals it
+    _never(jst.arrays(f32, (3,), min_value=0.7, max_value=1.1),
+           lambda x: np.any((x.astype(np.float64) < 0.7) | (x.astype(np.float64) > 1.1)))
+    inside_lo, inside_hi = np.nextafter(f32(0.7), f32(np.inf)), np.nextafter(f32(1.1), f32(0))
+    assert find(jst.arrays(f32, (1,), min_value=0.7, max_value=1.1),
+                lambda x: x[0] == inside_lo, settings=SEARCH) is not None
+    assert find(jst.arrays(f32, (1,), min_value=0.7, max_value=1.1),
+                lambda x: x[0] == inside_hi, settings=SEARCH) is not None
+    for bound in (0.5, 1.0):
+        assert find(jst.arrays(f32, (1,), min_value=0.5, max_value=1.0),
+                    lambda x, b=bound: x[0] == b, settings=SEARCH) is not None
+    # the largest float32 below a bound that rounds down (0.7) is the largest value drawn
+    assert find(jst.arrays(f32, (1,), min_value=0.5, max_value=0.7),
+                lambda x: x[0] == f32(0.7), settings=SEARCH) is not None
 
 
 @pytest.mark.slow  # ~4 s each (Hypothesis searching for both parts at their bounds)
@@ -69,6 +92,12 @@ def test_complex_arrays_have_both_parts_in_range(dtype, part):
     # each part is a value of the real dtype of that width (complex64: float32 parts),
     # and complex128 uses float64's precision, not only float32's values
     _never(jst.arrays(dtype, (2,)), lambda z: np.any(z.imag.astype(part) != z.imag))
+    # bounds the part's dtype cannot represent are narrowed in that dtype (0.7 and 1.1
+    # round outward in float32)
+    def outside(z):
+        parts = np.stack([z.real, z.imag]).astype(np.float64)
+        return np.any((parts < 0.7) | (parts > 1.1))
+    _never(jst.arrays(dtype, (2,), min_value=0.7, max_value=1.1), outside)
     # a one-signed range is kept by both parts (complex positive_arrays: Re, Im > 0)
     _never(jst.positive_arrays(dtype, (2,)),
            lambda z: np.any((z.real < 0.1) | (z.real > 3.0) | (z.imag < 0.1) | (z.imag > 3.0)))
@@ -115,8 +144,12 @@ def test_well_conditioned_matrices_are_diagonally_dominant(dtype):
         is not None
     assert find(jst.well_conditioned_matrices(), lambda a: a.shape == (4, 4), settings=SEARCH) \
         is not None
+    assert find(jst.well_conditioned_matrices(), lambda a: a.shape == (1, 1), settings=SEARCH) \
+        is not None
     # the off-diagonal part spans [-1/2, 1/2]
     assert find(jst.well_conditioned_matrices(2), lambda a: a[0, 1] < -0.4, settings=SEARCH) \
+        is not None
+    assert find(jst.well_conditioned_matrices(2), lambda a: a[0, 1] > 0.4, settings=SEARCH) \
         is not None
 
 

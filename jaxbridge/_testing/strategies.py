@@ -94,9 +94,11 @@ def _inward(lo: float, hi: float, dtype: np.dtype) -> tuple[float, float]:
     """[lo, hi] narrowed to the nearest values of floating `dtype` inside it: Hypothesis
     refuses bounds a float32 or float16 cannot represent exactly (0.1, say)."""
     a, b = dtype.type(lo), dtype.type(hi)
-    if a < lo:
+    # compared as Python floats: NumPy compares a float32 with a Python float in float32
+    # (NEP 50), where 0.7 rounded down still equals 0.7
+    if float(a) < lo:
         a = np.nextafter(a, dtype.type(np.inf))
-    if b > hi:
+    if float(b) > hi:
         b = np.nextafter(b, dtype.type(-np.inf))
     return float(a), float(b)
 
