@@ -378,3 +378,41 @@ def test_a_report_built_by_hand_keeps_its_verdict_rules():
     with pytest.raises(ValueError, match=r"unknown check name\(s\) \['bogus'\]"):
         CheckOptions(checks=("bogus",), skip=("bogus",))
     assert CheckOptions(batch_size=1, n_directions=1).batch_size == 1  # the smallest valid
+
+
+def test_a_rule_wrong_only_under_jit_is_caught():
+    """A VJP rule that is right eagerly and doubles its result when traced (it branches
+    on whether it is being traced) passes the eager checks; the jit check compares the
+    jitted VJP with the eager one and fails it."""
+    @jax.custom_vjp
+    def f(x):
+        return jax.numpy.sin(x)
+
+    def bwd(x, ct):
+        scale = 2.0 if isinstance(ct, jax.core.Tracer) else 1.0
+        return (scale * jax.numpy.cos(x) * ct,)
+
+    f.defvjp(lambda x: (f(x), x), bwd)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, np.array([0.3, 1.1, -0.7]), check_options=FAST)
+    assert "jit" in _failed(info.value)
+
+
+def test_functions_with_only_integer_outputs_or_only_integer_inputs_pass():
+    """No differentiable output (a count), or no differentiable input (an index): the
+    checks that need both skip their derivative halves; nothing fails or raises."""
+    @jb.foreign(lambda x: jax.ShapeDtypeStruct(x.shape, np.int32))
+    def signs(x):
+        return (x > 0).astype(np.int32)
+
+    report = check_rules(signs, np.array([0.5, -1.0, 2.0]), check_options=FAST)
+    assert report.passed, report
+
+    @jb.foreign(lambda n: jax.ShapeDtypeStruct(n.shape, np.float64))
+    def halves(n):
+        return n / 2.0
+
+    report = check_rules(halves, np.array([1, 2, 3], np.int32), check_options=FAST)
+    assert report.passed, report
+    # no derivative is checked under vmap where there is none to take
+    assert [r.note for r in report.by_name("vmap")] == ["values: vmap over n vs a loop"]
