@@ -414,5 +414,9 @@ def test_functions_with_only_integer_outputs_or_only_integer_inputs_pass():
 
     report = check_rules(halves, np.array([1, 2, 3], np.int32), check_options=FAST)
     assert report.passed, report
-    # no derivative is checked under vmap where there is none to take
+    # a JAX function of an integer (JAX's own derivatives, exported too): no derivative
+    # is checked under vmap where there is none to take
+    report = check_rules(lambda n: n / 2.0, np.array([1, 2, 3], np.int32),
+                         check_options=CheckOptions(n_directions=2, export=True))
+    assert report.passed, report
     assert [r.note for r in report.by_name("vmap")] == ["values: vmap over n vs a loop"]
