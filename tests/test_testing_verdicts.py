@@ -434,3 +434,30 @@ def test_jit_rounding_differences_of_a_correct_function_pass():
         # (on x86-64 with FMA the two differ for some of these x; elsewhere they may not)
         report = check_rules(f, x, check_options=CheckOptions(n_directions=2, checks=("jit",)))
         assert report.passed, report
+
+
+def test_vmap_batch_copies_stay_in_a_strict_domain():
+    """The vmap checks batch perturbed copies of the input, each element moved by at
+    most 5% of itself: a host function that refuses x <= 0 outright (not a NaN that
+    both sides would share) passes on 30 positive elements."""
+    @jb.foreign(lambda x: x, vmap="vectorized")
+    def strict_log(x):
+        if np.any(x <= 0):
+            raise ValueError(f"strict_log: x must be positive, got {x.min()}")
+        return np.log(x)
+
+    strict_log.defvjp(lambda p, out, ct: (ct / p[0],))
+    report = check_rules(strict_log, np.linspace(0.5, 3.0, 30),
+                         check_options=CheckOptions(checks=("vmap", "batched_grad")))
+    assert report.passed, str(report)
+
+
+def test_compile_counts_nest():
+    """count_compiles (behind the no_retrace check) inside another: the inner count is
+    the inner block's compiles, and the outer one includes them."""
+    from jaxbridge._testing._transforms import count_compiles
+    with count_compiles() as outer:
+        jax.jit(lambda x: x * 5.0 - 2.0)(np.arange(4.0))
+        with count_compiles() as inner:
+            jax.jit(lambda x: x * 7.0 - 3.0)(np.arange(5.0))
+    assert inner[0] >= 1 and outer[0] >= inner[0] + 1, (outer, inner)
