@@ -420,6 +420,12 @@ def test_functions_with_only_integer_outputs_or_only_integer_inputs_pass():
                          check_options=CheckOptions(n_directions=2, export=True))
     assert report.passed, report
     assert [r.note for r in report.by_name("vmap")] == ["values: vmap over n vs a loop"]
+    # two integer inputs: the values are checked under vmap over each of them
+    report = check_rules(lambda n, m: n / 2.0 + m, np.array([1, 2, 3], np.int32),
+                         np.array([4, 5, 6], np.int32), check_options=FAST)
+    assert report.passed, report
+    notes = {r.note for r in report.by_name("vmap")}
+    assert {"values: vmap over n vs a loop", "values: vmap over m vs a loop"} <= notes, notes
 
 
 def test_jit_rounding_differences_of_a_correct_function_pass():
