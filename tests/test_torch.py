@@ -311,6 +311,18 @@ def test_kept_tensor_is_caught():
     close(f(jnp.full(3, 2.0)), np.full(3, 4.0))  # from now on: copies, no error
     close(kept[-1], np.full(3, 2.0))
     close(kept[-2], np.ones(3))
+    # a function with a static leaf (a string) gets copies of its tensors only
+    def keep_scaled(args):
+        x, how = args
+        kept.append(x)
+        return x * (3 if how == "triple" else 2)
+
+    w = jt.wrap(keep_scaled)
+    g = jax.jit(lambda x: w((x, "triple")))
+    with pytest.raises(KeptViewError, match="'keep_scaled' kept input tensor"):
+        g(jnp.ones(3))
+    close(g(jnp.full(3, 2.0)), np.full(3, 6.0))
+    close(kept[-1], np.full(3, 2.0))
 
 
 def test_writing_into_an_input_is_an_error():
@@ -390,6 +402,9 @@ def test_a_result_of_another_shape_or_dtype_is_an_error_even_where_it_would_fit(
         jax.jit(one)(x)
     with pytest.raises(ResultMismatchError, match="shape \\[1\\], but \\[3\\] was declared"):
         jax.jit(two)(x, x)
+    longer = jt.wrap(lambda x: torch.cat([x, x[:1]]), result=declared)  # [4], not [3]
+    with pytest.raises(ResultMismatchError, match="shape \\[4\\], but \\[3\\] was declared"):
+        jax.jit(longer)(x)
     declared = jax.ShapeDtypeStruct((3,), jnp.float64)
     one = jt.wrap(lambda x: x.float(), result=declared)
     two = jt.wrap(lambda x, y: (x * y).float(), result=declared)
