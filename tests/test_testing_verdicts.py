@@ -378,6 +378,9 @@ def test_a_report_built_by_hand_keeps_its_verdict_rules():
     with pytest.raises(ValueError, match=r"unknown check name\(s\) \['bogus'\]"):
         CheckOptions(checks=("bogus",), skip=("bogus",))
     assert CheckOptions(batch_size=1, n_directions=1).batch_size == 1  # the smallest valid
+    for bad in ({"batch_size": 0}, {"n_directions": 0}):
+        with pytest.raises(ValueError, match="n_directions and batch_size must be >= 1"):
+            CheckOptions(**bad)
 
 
 def test_a_rule_wrong_only_under_jit_is_caught():

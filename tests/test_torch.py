@@ -402,6 +402,10 @@ def test_a_result_of_another_shape_or_dtype_is_an_error_even_where_it_would_fit(
         jax.jit(one)(x)
     with pytest.raises(ResultMismatchError, match="shape \\[1\\], but \\[3\\] was declared"):
         jax.jit(two)(x, x)
+    # a pytree of another structure: two results where one pair of three was declared
+    pair = jt.wrap(lambda x, y: (x * y, x + y), result=(declared, declared, declared))
+    with pytest.raises(ResultMismatchError, match="returned a pytree of structure"):
+        jax.jit(pair)(x, x)
     longer = jt.wrap(lambda x: torch.cat([x, x[:1]]), result=declared)  # [4], not [3]
     with pytest.raises(ResultMismatchError, match="shape \\[4\\], but \\[3\\] was declared"):
         jax.jit(longer)(x)
