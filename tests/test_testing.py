@@ -389,6 +389,7 @@ def test_jvp_only_rules(rng):
     (row,) = report.by_name("vjp_fd")
     assert row.status == "skip" and "no reverse rule" in row.note
     assert report.summary()["jvp_fd"] == "pass"
+    assert report.summary()["jvp_vjp_consistency"] == "skip"  # it needs both modes
 
 
 def test_vectorized_vmap_passes(rng):

@@ -470,3 +470,27 @@ def test_compile_counts_nest():
         with count_compiles() as inner:
             jax.jit(lambda x: x * 7.0 - 3.0)(np.arange(5.0))
     assert inner[0] >= 1 and outer[0] >= inner[0] + 1, (outer, inner)
+
+
+def test_exact_zero_derivatives_report_zero_relative_error():
+    """A function whose derivative is exactly zero (x * 0): every comparison is exact,
+    at a scale of 0, and reports a relative error of 0, not 0 / 0."""
+    report = check_rules(lambda x: x * 0.0, np.array([0.5, -1.0, 2.0]),
+                         check_options=CheckOptions(n_directions=2, checks=(
+                             "vjp_fd", "jvp_fd", "jvp_vjp_consistency")))
+    rows = [r for r in report.results if r.rel_err is not None]
+    assert rows and all(r.rel_err == 0.0 for r in rows), report
+
+
+def test_empty_arguments_and_outputs_pass_with_zero_error():
+    """A zero-size argument and a zero-size output (an empty batch, say) have nothing to
+    compare: their rows pass with zero error and zero tolerance, and the full Jacobians
+    have zero columns or rows rather than failing on shapes."""
+    def f(x, e):
+        return jax.numpy.sin(x) + jax.numpy.sum(e), e * 2.0
+
+    report = check_rules(f, np.array([0.5, -1.0]), np.zeros((0,)), check_options=FAST)
+    assert report.passed, report
+    empty = [r for r in report.results if r.name in ("vjp_jacobian", "jvp_jacobian")
+             and (r.arg == "e" or r.output == "out[1]")]
+    assert len(empty) == 6 and all(r.abs_err == r.tol == 0.0 for r in empty), empty
