@@ -495,3 +495,23 @@ def test_empty_arguments_and_outputs_pass_with_zero_error():
     empty = [r for r in report.results if r.name in ("vjp_jacobian", "jvp_jacobian")
              and (r.arg == "e" or r.output == "out[1]")]
     assert len(empty) == 6 and all(r.abs_err == r.tol == 0.0 for r in empty), empty
+
+
+def test_a_vectorized_rule_that_uses_the_first_cotangent_row_is_caught():
+    """vmap over every input at once also gives each batch element its own cotangent:
+    a vectorized VJP rule that reads only the first cotangent row is right for a shared
+    cotangent and wrong for per-element ones, and the vmap check over "*" fails it."""
+    @jb.foreign(lambda x, y: x, vmap="vectorized")
+    def prod(x, y):
+        return np.sin(x) * y
+
+    def vjp(p, out, ct):
+        if ct.ndim == 2:  # batched: the bug reads row 0 for every row
+            ct = np.broadcast_to(ct[:1], ct.shape)
+        return np.cos(p[0]) * p[1] * ct, np.sin(p[0]) * ct
+
+    prod.defvjp(vjp)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(prod, np.array([0.3, 1.2, -0.4]), np.array([1.5, -0.5, 2.0]),
+                    check_options=CheckOptions(checks=("vmap",)))
+    assert any(r.arg == "*" for r in _failed(info.value)["vmap"])

@@ -283,7 +283,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or float32_upcast or pytree_args or first_batch_element or forcing_export "
         "or vmap_of_its_cotangents or positive_inputs or nan_that or vmap_of_grad "
         "or only_under_jit or only_integer or jit_rounding or strict_domain "
-        "or compile_counts_nest",
+        "or compile_counts_nest or first_cotangent_row",
     ),
     # The run's comparisons, finite differences and skips: the check_rules tests that
     # catch a planted bug by its value (sign, factor, transpose, 3% errors, a small error
