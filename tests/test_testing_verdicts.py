@@ -515,3 +515,18 @@ def test_a_vectorized_rule_that_uses_the_first_cotangent_row_is_caught():
         check_rules(prod, np.array([0.3, 1.2, -0.4]), np.array([1.5, -0.5, 2.0]),
                     check_options=CheckOptions(checks=("vmap",)))
     assert any(r.arg == "*" for r in _failed(info.value)["vmap"])
+
+
+def test_a_complex_rule_that_drops_the_cotangents_imaginary_part_is_caught():
+    """A holomorphic f(z) = z^2 whose VJP rule uses only Re(ct): right for real
+    cotangents, wrong for complex ones. The checker draws complex cotangents for
+    complex outputs, so the rule fails."""
+    @jax.custom_vjp
+    def sq(z):
+        return z * z
+
+    sq.defvjp(lambda z: (sq(z), z), lambda z, ct: (2 * z * ct.real,))
+    z = np.array([0.3 + 0.4j, -1.0 + 0.2j])
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(sq, z, check_options=CheckOptions(n_directions=2, checks=("vjp_fd",)))
+    assert "vjp_fd" in _failed(info.value)

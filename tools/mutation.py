@@ -297,7 +297,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or symbolic_zeros_says or jvp_disagreeing or (3_percent and float64) "
         "or non_square or complex_holomorphic or float32_upcast or full_jacobians "
         "or complex_step_makes or worst_entry or without_derivative_rules or vmap_of_grad "
-        "or jvp_only_rules or exact_zero_derivatives or empty_arguments",
+        "or jvp_only_rules or exact_zero_derivatives or empty_arguments or imaginary_part",
     ),
     # Which modes a function has (asked or probed) and every tolerance: correct rules
     # that must pass in float64 and float32 over wide ranges, the 3% errors that must
