@@ -370,3 +370,22 @@ def test_newton_step_is_one_gmres_cycle_of_scipys_default_size():
         assert int(st.status) == 2 and int(st.nit) == 1
         assert jnp.linalg.norm(A @ x - b) > 1e-6 * jnp.linalg.norm(b)  # not converged
         np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("line_search", [None, "armijo"])
+def test_compiled_krylov_nfev_counts_every_residual_evaluation(line_search):
+    """`nfev` of the compiled Newton-Krylov is the number of times the loop ran F:
+    counted here by a callback inside F, with and without the line search (whose
+    trials and reuse of the last trial's F change the count). One more call computes
+    the result's `fun` at x*."""
+    calls = []
+
+    def F(x):
+        jax.debug.callback(lambda: calls.append(1), ordered=True)
+        return jnp.arctan(x) + 0.1 * x - 0.3
+
+    sol = root(F, jnp.array([3.0, 1.0, -2.5]), method="krylov",
+               options={"line_search": line_search})
+    jax.effects_barrier()
+    assert bool(sol.success)
+    assert int(sol.nfev) + 1 == len(calls) > 4, (int(sol.nfev), len(calls))
