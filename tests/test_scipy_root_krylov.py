@@ -268,6 +268,41 @@ def test_lean_gmres_of_a_zero_right_hand_side_is_zero():
     np.testing.assert_array_equal(x, np.zeros(4))
 
 
+def test_lean_gmres_takes_no_step_where_zero_already_meets_the_target():
+    """An absolute tolerance above ||b||: x = 0 already meets it, so a cycle returns 0
+    (as JAX's GMRES does), not b."""
+    from jaxbridge.scipy import _gmres
+    rng = np.random.default_rng(0)
+    A = jnp.asarray(np.eye(5) * 3 + rng.standard_normal((5, 5)) * 0.3)
+    b = jnp.asarray(rng.standard_normal(5))
+
+    def mv(v):
+        return A @ v
+    x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(mv, b, 0.0, 10.0, 5)
+    ref = jax.scipy.sparse.linalg.gmres(mv, b, atol=10.0, restart=5, maxiter=1,
+                                        solve_method="incremental")[0]
+    np.testing.assert_array_equal(x, np.zeros(5))
+    np.testing.assert_array_equal(ref, np.zeros(5))
+
+
+def test_compiled_krylov_fails_where_the_inner_solve_returns_zero():
+    """jac_options inner_atol above ||F||: the inner GMRES returns a zero Newton step,
+    where SciPy raises "Jacobian inversion yielded zero vector". The compiled loop stops
+    with its bad-step status: a SolverError saying so, NaN under on_failure="nan"."""
+    def F(x):
+        return jnp.arctan(x) + 0.1 * x - 0.3
+
+    opts = {"jac_options": {"inner_atol": 10.0}}
+    with pytest.raises(ValueError, match="Jacobian inversion yielded zero vector"):
+        scipy.optimize.root(lambda x: np.arctan(x) + 0.1 * x - 0.3, np.array([3.0, 1.0]),
+                            method="krylov", options=opts)
+    with pytest.raises(SolverError, match="zero or non-finite Newton step"):
+        root(F, jnp.array([3.0, 1.0]), method="krylov", options=opts)
+    sol = root(F, jnp.array([3.0, 1.0]), method="krylov", options=opts, on_failure="nan")
+    assert not bool(sol.success) and int(sol.status) == 3
+    assert np.isnan(np.asarray(sol.x)).all()
+
+
 def test_lean_gmres_restarts_at_most_maxiter_times():
     """Restarted GMRES stops after `maxiter` cycles even when the tolerance is not met:
     with cycles of 2 steps on a 6-unknown system, one, two and three cycles are each

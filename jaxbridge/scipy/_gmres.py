@@ -96,9 +96,11 @@ def cycle(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, atol
 
     k, V, R, Q = jax.lax.while_loop(cond, step, (jnp.zeros((), jnp.int32), V, R, Q))
     g = Q @ g0
-    # rows of R past k are the identity's and g is zero there: y is zero there too
+    # rows of R past k are the identity's and g is zero past k: y is zero there too
     y = jax.scipy.linalg.solve_triangular(R[:, :m].T, g[:m], lower=False)
-    return y @ V[:m]
+    # no step taken (the target met by x = 0 already): 0, as JAX's GMRES returns, not
+    # the ||b|| v_0 = b that the identity row 0 would give
+    return jnp.where(k > 0, y @ V[:m], 0.0)
 
 
 def solve(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, m: int,
