@@ -436,6 +436,10 @@ def test_jit_rounding_differences_of_a_correct_function_pass():
     fewer than eager's: results differ in the last bit. The jit check allows the
     dtype's rounding relative to the values, so this correct function passes."""
     x = np.random.default_rng(0).uniform(-3.0, 3.0, 64)
+    # and to their dtype: float32's rounding, not float64's
+    report = check_rules(lambda x: x * np.float32(3.1) + np.float32(1.7), x.astype(np.float32),
+                         check_options=CheckOptions(n_directions=2, checks=("jit",)))
+    assert report.passed, report
     for scale in (1.0, 1e6):  # the allowance is relative to the values' size
         def f(x, scale=scale):
             return x * (3.1 * scale) + 1.7 * scale
@@ -530,3 +534,19 @@ def test_a_complex_rule_that_drops_the_cotangents_imaginary_part_is_caught():
     with pytest.raises(RuleCheckError) as info:
         check_rules(sq, z, check_options=CheckOptions(n_directions=2, checks=("vjp_fd",)))
     assert "vjp_fd" in _failed(info.value)
+
+
+def test_the_precision_of_the_finite_difference_checks_is_reported():
+    """float32 inputs are upcast to float64 for the finite differences where the
+    function allows it, also for a rule with no reverse mode (nothing to upcast there);
+    complex128 is already the widest and is reported as it is."""
+    @jb.foreign(lambda x: x)
+    def sin32(x):
+        return np.sin(x)
+
+    sin32.defjvp(lambda p, out, t: np.cos(p[0]) * t[0])
+    report = check_rules(sin32, np.array([0.3, 1.2], np.float32), check_options=FAST)
+    assert report.passed and report.precision == "float64 (upcast from float32)", report
+    report = check_rules(lambda z: z * z, np.array([0.3 + 0.4j, -1.0 + 0.2j]),
+                         check_options=FAST)
+    assert report.passed and report.precision == "complex128", report.precision
