@@ -550,3 +550,53 @@ def test_the_precision_of_the_finite_difference_checks_is_reported():
     report = check_rules(lambda z: z * z, np.array([0.3 + 0.4j, -1.0 + 0.2j]),
                          check_options=FAST)
     assert report.passed and report.precision == "complex128", report.precision
+
+
+def test_the_complex_step_makes_a_float64_reference_exact_to_rounding():
+    """In float64 the complex step (a step of 1e-20) gives the reference to rounding:
+    a correct rule's Jacobian is within an ulp of it (a step of 1 would leave an error
+    of 8e-15), and the tolerance is near float64's precision."""
+    @jax.custom_vjp
+    def sin64(x):
+        return jax.numpy.sin(x)
+
+    sin64.defvjp(lambda x: (jax.numpy.sin(x), x), lambda x, ct: (jax.numpy.cos(x) * ct,))
+    report = check_rules(sin64, np.array([0.3, 1.1, 2.0]),
+                         check_options=CheckOptions(checks=("vjp_jacobian",)))
+    (row,) = report.results
+    assert row.status == "pass" and row.abs_err < 1e-15 and row.tol < 1e-14, row
+
+
+def test_float16_functions_are_held_to_float16_tolerances():
+    """A function that only computes in float16 (it returns float16 whatever it gets,
+    so nothing is upcast) is checked at float16's tolerances: 5% for a rule against
+    finite differences, 1% between its own VJP and JVP. A VJP twice too large fails both."""
+    @jb.foreign(lambda x: x)
+    def sin16(x):
+        return np.sin(x).astype(np.float16)
+
+    sin16.defjvp(lambda p, out, t: (np.cos(p[0]) * t[0]).astype(np.float16))
+    sin16.defvjp(lambda p, out, ct: ((2.0 * np.cos(p[0]) * ct).astype(np.float16),))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(sin16, np.array([0.3, 1.1, 2.0], np.float16), check_options=FAST)
+    assert info.value.report.precision.startswith("float16"), info.value.report.precision
+    assert {"vjp_fd", "jvp_vjp_consistency"} <= set(_failed(info.value))
+
+
+def test_a_tiny_error_only_under_jit_is_caught_at_a_small_scale():
+    """A VJP rule off by 1e-11 only when traced, on values of size 1e-3: the jit check's
+    allowance is relative to the values plus a tiny absolute floor (1e-3 of the relative
+    tolerance), so it fails."""
+    @jax.custom_vjp
+    def f(x):
+        return 1e-3 * jax.numpy.sin(x)
+
+    def bwd(x, ct):
+        extra = 1e-11 if isinstance(ct, jax.core.Tracer) else 0.0
+        return (1e-3 * jax.numpy.cos(x) * ct + extra,)
+
+    f.defvjp(lambda x: (f(x), x), bwd)
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, np.array([0.3, 1.1, -0.7]), check_options=CheckOptions(
+            n_directions=2, checks=("jit",)))
+    assert "jit" in _failed(info.value)
