@@ -557,8 +557,8 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         "compiled": SciPy's algorithm as a loop inside the caller's JAX program (no
         host round trip; `vmap` batches the loop), without `callback` and with
         jax_enable_x64 on, for method "df-sane" (same iterates, `nfev` and `nit` up to
-        rounding, which a chaotic line search can amplify; options ftol, fatol, maxfev, M, sigma_eps, sigma_0, line_search
-        "cruz") and method "krylov" (SciPy's Newton-Krylov: its termination test,
+        rounding, which a chaotic line search can amplify; options ftol, fatol,
+        maxfev, M, sigma_eps, sigma_0, line_search "cruz") and method "krylov" (SciPy's Newton-Krylov: its termination test,
         forcing terms and Armijo line search, but exact Jacobian-vector products
         from `jax.linearize` and GMRES instead of finite differences and LGMRES, so
         the iterates differ slightly while the accepted root passes SciPy's test;
