@@ -558,10 +558,11 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         host round trip; `vmap` batches the loop), without `callback` and with
         jax_enable_x64 on, for method "df-sane" (same iterates, `nfev` and `nit` up to
         rounding, which a chaotic line search can amplify; options ftol, fatol,
-        maxfev, M, sigma_eps, sigma_0, line_search "cruz") and method "krylov" (SciPy's Newton-Krylov: its termination test,
-        forcing terms and Armijo line search, but exact Jacobian-vector products
-        from `jax.linearize` and GMRES instead of finite differences and LGMRES, so
-        the iterates differ slightly while the accepted root passes SciPy's test;
+        maxfev, M, sigma_eps, sigma_0, line_search "cruz") and method "krylov"
+        (SciPy's Newton-Krylov: its termination test, forcing terms and Armijo line
+        search, but exact Jacobian-vector products from `jax.linearize` and GMRES
+        instead of finite differences and LGMRES, so the iterates differ slightly
+        while the accepted root passes SciPy's test;
         options nit, maxiter, ftol, fatol, xtol, xatol, line_search "armijo" or None,
         jac_options method "lgmres"/"gmres", inner_maxiter, inner_inner_m,
         inner_rtol, inner_atol; `nfev` counts residual evaluations, none for the
