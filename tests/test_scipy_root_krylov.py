@@ -11,8 +11,13 @@ import pytest
 import scipy.optimize
 from conftest import deq_layer, fd
 
-from jaxbridge.scipy import SolverError
+from jaxbridge.scipy import SolverError, _gmres
 from jaxbridge.scipy.optimize import root
+
+# the lean GMRES (the compiled root's inner and tangent solver), jitted once: the
+# matvec and the cycle length are static
+_cycle = jax.jit(_gmres.cycle, static_argnums=(0, 4))
+_solve = jax.jit(_gmres.solve, static_argnums=(0, 3, 4))
 
 
 def _deq_residual(x):
@@ -226,18 +231,17 @@ def test_failures():
 def test_lean_gmres_equals_jax_gmres(n):
     """_gmres (the compiled root's inner and tangent solver) has the iterates of JAX's
     incremental GMRES, one cycle, and restarted it meets its tolerance."""
-    from jaxbridge.scipy import _gmres
     d = 1 + jax.random.uniform(jax.random.PRNGKey(0), (n,))
 
     def A(v):
         return d * v + 0.3 * jnp.roll(v, 1) - 0.2 * jnp.roll(v, -3)
     b = jax.random.normal(jax.random.PRNGKey(1), (n,))
     for tol, m in ((1e-3, 30), (1e-12, 5)):
-        x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(A, b, tol, 0.0, m)
+        x = _cycle(A, b, tol, 0.0, m)
         ref = jax.scipy.sparse.linalg.gmres(A, b, tol=tol, restart=m, maxiter=1,
                                             solve_method="incremental")[0]
         np.testing.assert_allclose(x, ref, rtol=1e-10, atol=1e-13)
-    x = jax.jit(_gmres.solve, static_argnums=(0, 3, 4))(A, b, 1e-12, 10, 100)
+    x = _solve(A, b, 1e-12, 10, 100)
     assert jnp.linalg.norm(A(x) - b) <= 1e-12 * jnp.linalg.norm(b)
 
 
@@ -247,14 +251,13 @@ def test_lean_gmres_reorthogonalizes_where_gram_schmidt_cancels(scale):
     and its basis loses orthogonality, so one pass alone leaves a residual of 1e-2 to
     4e-1. DGKS's second pass (taken when the norm drops below 1/sqrt(2) of itself, a
     test that is scale-free: hence the same system times 1e9) keeps full GMRES at 1e-9."""
-    from jaxbridge.scipy import _gmres
     rng = np.random.default_rng(0)
     n = 20
     Q1, _ = np.linalg.qr(rng.standard_normal((n, n)))
     Q2, _ = np.linalg.qr(rng.standard_normal((n, n)))
     A = scale * (Q1 @ np.diag(np.logspace(0, -8, n)) @ Q2.T)
     b = rng.standard_normal(n)
-    x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(lambda v: jnp.asarray(A) @ v,
+    x = _cycle(lambda v: jnp.asarray(A) @ v,
                                                       jnp.asarray(b), 0.0, 0.0, n)
     assert np.linalg.norm(b - A @ np.asarray(x)) <= 1e-7 * np.linalg.norm(b)
 
@@ -262,23 +265,21 @@ def test_lean_gmres_reorthogonalizes_where_gram_schmidt_cancels(scale):
 def test_lean_gmres_of_a_zero_right_hand_side_is_zero():
     """b = 0 (a zero tangent or cotangent reaches the compiled root's linear solves):
     GMRES returns 0, not the 0 / 0 of normalizing b."""
-    from jaxbridge.scipy import _gmres
     A = jnp.eye(4) * 2.0
-    x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(lambda v: A @ v, jnp.zeros(4), 0.0, 0.0, 4)
+    x = _cycle(lambda v: A @ v, jnp.zeros(4), 0.0, 0.0, 4)
     np.testing.assert_array_equal(x, np.zeros(4))
 
 
 def test_lean_gmres_takes_no_step_where_zero_already_meets_the_target():
     """An absolute tolerance above ||b||: x = 0 already meets it, so a cycle returns 0
     (as JAX's GMRES does), not b."""
-    from jaxbridge.scipy import _gmres
     rng = np.random.default_rng(0)
     A = jnp.asarray(np.eye(5) * 3 + rng.standard_normal((5, 5)) * 0.3)
     b = jnp.asarray(rng.standard_normal(5))
 
     def mv(v):
         return A @ v
-    x = jax.jit(_gmres.cycle, static_argnums=(0, 4))(mv, b, 0.0, 10.0, 5)
+    x = _cycle(mv, b, 0.0, 10.0, 5)
     ref = jax.scipy.sparse.linalg.gmres(mv, b, atol=10.0, restart=5, maxiter=1,
                                         solve_method="incremental")[0]
     np.testing.assert_array_equal(x, np.zeros(5))
@@ -308,28 +309,25 @@ def test_lean_gmres_restarts_at_most_maxiter_times():
     with cycles of 2 steps on a 6-unknown system, one, two and three cycles are each
     the previous result plus one cycle on its residual, and none has converged yet.
     Otherwise it stops at the first cycle that meets tol ||b||."""
-    from jaxbridge.scipy import _gmres
     rng = np.random.default_rng(3)
     A = jnp.asarray(np.eye(6) * 3 + rng.standard_normal((6, 6)))
     b = jnp.asarray(rng.standard_normal(6))
 
     def matvec(v):
         return A @ v
-    solve = jax.jit(_gmres.solve, static_argnums=(0, 3, 4))
-    cycle = jax.jit(_gmres.cycle, static_argnums=(0, 4))
     x = jnp.zeros(6)
     for maxiter in (1, 2, 3):
-        x = x + cycle(matvec, b - A @ x, 0.0, 0.0, 2)
-        got = solve(matvec, b, 1e-12, 2, maxiter)
+        x = x + _cycle(matvec, b - A @ x, 0.0, 0.0, 2)
+        got = _solve(matvec, b, 1e-12, 2, maxiter)
         np.testing.assert_allclose(got, x, rtol=1e-12, atol=1e-14)
         assert jnp.linalg.norm(b - A @ got) > 1e-6 * jnp.linalg.norm(b)
     # the tolerance is relative to ||b||: with b 1e4 times larger, 1e-2 stops at the first
     # cycle whose residual is below 1e-2 ||b|| = ~2e2, not below 1e-2
     big, x, cycles = 1e4 * b, jnp.zeros(6), 0
     while jnp.linalg.norm(big - A @ x) > 1e-2 * jnp.linalg.norm(big):
-        x, cycles = x + cycle(matvec, big - A @ x, 0.0, 0.0, 2), cycles + 1
+        x, cycles = x + _cycle(matvec, big - A @ x, 0.0, 0.0, 2), cycles + 1
     assert jnp.linalg.norm(big - A @ x) > 1e-2
-    np.testing.assert_allclose(solve(matvec, big, 1e-2, 2, 100), x, rtol=1e-12)
+    np.testing.assert_allclose(_solve(matvec, big, 1e-2, 2, 100), x, rtol=1e-12)
 
 
 def test_armijo_backtracking_as_scipy():
