@@ -348,7 +348,9 @@ def test_exception_on_an_xla_worker_thread_is_raised_as_itself_under_jit_grad():
         try:
             jax.block_until_ready(loss(x, 2 * x))
         except MyError as exc:
-            assert exc is log[-1] and "on a worker" in str(exc)
+            # Both forward calls (or both adjoints) may raise, each on its own worker, in
+            # either order: XLA reports one of them, which must be one of those objects.
+            assert any(exc is raised for raised in log) and "on a worker" in str(exc)
             break
     else:
         pytest.fail("XLA ran no host call on a worker thread in 40 runs")
@@ -553,6 +555,50 @@ def test_views_in_an_exception_traceback_stay_readable():
         jnp.full(4, -1.0).block_until_ready()
     frame = [tb for tb in traceback.walk_tb(info.value.__traceback__)][-1][0]
     np.testing.assert_allclose(frame.f_locals["x"], np.arange(4.0))
+
+
+def test_a_failing_call_runs_no_full_garbage_collection():
+    """The views a raising function was given live on in its traceback, which no
+    collection frees: a failing call must not pay for a full one (~0.3 s a call in a
+    process of a few million objects, measured), while a call that returns and keeps a
+    view still collects before it calls that an error. Automatic collections are off
+    here, so every full collection counted is one the bridge asked for."""
+    full = []
+
+    def count(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    @jb.foreign(lambda x: x)
+    def raises(x):
+        raise MyError("no collection for me")
+
+    cache = {}
+
+    @jb.foreign(lambda x: x)
+    def keeps(x):
+        cache["x"] = x
+        return np.asarray(x) * 1.0
+
+    g, k = jax.jit(raises), jax.jit(keeps)
+    for _ in range(2):  # compile outside the counted part
+        with pytest.raises(MyError):
+            g(jnp.ones(3))
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.callbacks.append(count)
+    try:
+        for _ in range(5):
+            with pytest.raises(MyError, match="no collection for me"):
+                g(jnp.ones(3))
+        assert full == []
+        with pytest.raises(KeptViewError):
+            k(jnp.ones(3))
+        assert len(full) == 1
+    finally:
+        gc.callbacks.remove(count)
+        if was_enabled:
+            gc.enable()
 
 
 def test_reference_cycles_holding_views_are_not_an_error():
