@@ -190,14 +190,16 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or (test_scipy_root_krylov and not deq_derivatives "
         "and not lean_gmres and not kw1)",
     ),
-    # _gmres: Newton's inner cycle (the DEQ of 512, the evaluation count, Armijo), its
-    # equality with JAX's incremental GMRES for both Gram-Schmidt variants and the
-    # restarted solve (slow stage), the GMRES tangent solve of the 96-unknown DEQ
-    # (slow stage). 160 s here at load 16.
+    # _gmres: Newton's inner cycle (the DEQ of 512, the evaluation count, Armijo, the
+    # iterates of SciPy's own loop with exact products, a residual in large units), the
+    # cycle against GMRES by its definition at any scale and for both Gram-Schmidt
+    # variants, the restarted solve (slow stage), the GMRES tangent solve of the
+    # 96-unknown DEQ (slow stage). 160 s here at load 16.
     "jaxbridge/scipy/_gmres.py": (
         "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
         "(compiled_root_deq_gradients and 6-16) or (deq_16x32 and not kw1) "
-        "or no_finite_differences or armijo_backtracking or lean_gmres",
+        "or no_finite_differences or armijo_backtracking or lean_gmres "
+        "or exact_products or scaled_residual",
     ),
     # spsolve's and eigsh's rules: the matrix's sparse cells (every mode and dtype,
     # against the jnp twins) first, then the whole default file (values, gradients vs

@@ -95,12 +95,12 @@ def cycle(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, atol
         return k + 1, V, R.at[k].set(col), Q
 
     k, V, R, Q = jax.lax.while_loop(cond, step, (jnp.zeros((), jnp.int32), V, R, Q))
-    g = Q @ g0
-    # rows of R past k are the identity's and g is zero past k: y is zero there too
-    y = jax.scipy.linalg.solve_triangular(R[:, :m].T, g[:m], lower=False)
-    # no step taken (the target met by x = 0 already): 0, as JAX's GMRES returns, not
-    # the ||b|| v_0 = b that the identity row 0 would give
-    return jnp.where(k > 0, y @ V[:m], 0.0)
+    # the least-squares right-hand side takes rows 0..k-1 only: row k holds the residual
+    # (in b's units, not x's), and rows of R from k on are the identity's, so y is zero
+    # from k on. No step taken (the target met by x = 0 already) gives 0, as JAX's GMRES
+    g = jnp.where(jnp.arange(m) < k, (Q @ g0)[:m], 0.0)
+    y = jax.scipy.linalg.solve_triangular(R[:, :m].T, g, lower=False)
+    return y @ V[:m]
 
 
 def solve(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, m: int,
