@@ -7,8 +7,12 @@ of a Newton step. Here the basis is stored by rows; Gram-Schmidt is one pass, an
 second only where the first cancelled (Daniel-Gragg-Kaufman-Stewart; "twice is
 enough"), or for large problems modified Gram-Schmidt over the rows built so far;
 and the Givens rotations are accumulated in one small orthogonal matrix,
-so rotating a new Hessenberg column is one product. Same iterates as JAX's
-incremental GMRES up to rounding.
+so rotating a new Hessenberg column is one product. The iterates are GMRES's by its
+definition (the minimizer over the first Krylov space that meets the tolerance), up to
+rounding. JAX's incremental GMRES has them too, except where a cycle stops
+early: there it adds the residual's own component, in b's units, to x. Restarts do not
+repair that: on a matrix of norm 2e3 at tol 1e-3, its relative residual is 0.80 after
+one cycle and 0.19 after 20 (JAX 0.10.2 and 0.12.0.1; its batched GMRES is right).
 """
 
 from __future__ import annotations
