@@ -28,6 +28,7 @@ def test_shapes_stay_within_their_bounds_and_reach_them():
     assert find(jst.shapes(), lambda s: 4 in s, settings=SEARCH)
     assert find(jst.shapes(), lambda s: len(s) == 3, settings=SEARCH)
     assert find(jst.shapes(), lambda s: len(s) == 0, settings=SEARCH) == ()
+    assert find(jst.shapes(), lambda s: 1 in s, settings=SEARCH)  # min_side=1 by default
     _never(jst.shapes(min_dims=1, max_dims=2, min_side=2, max_side=3),
            lambda s: not 1 <= len(s) <= 2 or any(d < 2 or d > 3 for d in s))
 
@@ -146,6 +147,10 @@ def test_well_conditioned_matrices_are_diagonally_dominant(dtype):
         is not None
     assert find(jst.well_conditioned_matrices(), lambda a: a.shape == (1, 1), settings=SEARCH) \
         is not None
+    # n is passed by position or by name; dtype and batch_shape by name only
+    assert find(jst.well_conditioned_matrices(n=2), lambda a: True).shape == (2, 2)
+    with pytest.raises(TypeError):
+        jst.well_conditioned_matrices(2, np.float32)
     # the off-diagonal part spans [-1/2, 1/2]
     assert find(jst.well_conditioned_matrices(2), lambda a: a[0, 1] < -0.4, settings=SEARCH) \
         is not None
