@@ -746,6 +746,29 @@ def test_compiled_root_failures():
     assert np.isnan(g).all()
 
 
+def test_compiled_root_auto_tangent_solve_is_dense_up_to_64_unknowns():
+    """linear_solver="auto" is the dense solve up to 64 unknowns and GMRES (restarts of
+    20) above, as documented; "direct" is dense at any size, also when the name comes
+    from a config file (a string equal to "direct" but not the same object). Told apart
+    on a cyclic shift P, whose Krylov spaces of fewer than n dimensions make no progress
+    at all: the dense solve gives x = p's exact derivative, GMRES(20) stalls. The forward
+    Newton-Krylov solve builds the full n-dimensional space (inner_maxiter = n)."""
+    def loss(n, linear_solver):
+        def F(x, p):
+            return jnp.roll(x - p, 1)
+        opts = {"jac_options": {"method": "gmres", "inner_maxiter": n}}
+        return lambda p: jnp.vdot(jnp.arange(n, dtype=p.dtype), root(
+            F, jnp.zeros(n), (p,), method="krylov", options=opts,
+            linear_solver=linear_solver).x)
+
+    for n, linear_solver in ((64, "auto"), (65, json.loads('"direct"'))):
+        g = jax.jit(jax.grad(loss(n, linear_solver)))(jnp.ones(n))
+        np.testing.assert_allclose(g, np.arange(n), rtol=1e-12, atol=1e-12)
+    with pytest.raises(SolverError, match="implicit differentiation: the gmres solve did "
+                                          "not converge"):
+        jax.block_until_ready(jax.jit(jax.grad(loss(65, "auto")))(jnp.ones(65)))
+
+
 @pytest.mark.parametrize("linear_solver", ["direct", "gmres", "cg"])
 def test_compiled_root_tangent_solves_at_every_scale(linear_solver):
     """The compiled root's implicit derivatives through each tangent solver, on
