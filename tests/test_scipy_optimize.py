@@ -748,8 +748,8 @@ def test_compiled_root_failures():
 
 def test_compiled_root_auto_tangent_solve_is_dense_up_to_64_unknowns():
     """linear_solver="auto" is the dense solve up to 64 unknowns and GMRES (restarts of
-    20) above, as documented; "direct" is dense at any size, also when the name comes
-    from a config file (a string equal to "direct" but not the same object). Told apart
+    20) above, as documented; "direct" is dense at any size. The names come from a config
+    file here (strings equal to "auto" and "direct", not the same objects). Told apart
     on a cyclic shift P, whose Krylov spaces of fewer than n dimensions make no progress
     at all: the dense solve gives x = p's exact derivative, GMRES(20) stalls. The forward
     Newton-Krylov solve builds the full n-dimensional space (inner_maxiter = n)."""
@@ -761,7 +761,7 @@ def test_compiled_root_auto_tangent_solve_is_dense_up_to_64_unknowns():
             F, jnp.zeros(n), (p,), method="krylov", options=opts,
             linear_solver=linear_solver).x)
 
-    for n, linear_solver in ((64, "auto"), (65, json.loads('"direct"'))):
+    for n, linear_solver in ((64, json.loads('"auto"')), (65, json.loads('"direct"'))):
         g = jax.jit(jax.grad(loss(n, linear_solver)))(jnp.ones(n))
         np.testing.assert_allclose(g, np.arange(n), rtol=1e-12, atol=1e-12)
     with pytest.raises(SolverError, match="implicit differentiation: the gmres solve did "
