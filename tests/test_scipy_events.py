@@ -381,7 +381,9 @@ def test_event_and_output_derivatives_in_both_modes_and_directions(t_span):
             np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9, err_msg=jac.__name__)
 
 
-@pytest.mark.parametrize("method", ["RK45", "Radau"])
+# RK45 (~6 s) in the slow stage: Radau's one segment by default, and RK45's dense
+# output in test_dense_output_matches_scipy
+@pytest.mark.parametrize("method", [pytest.param("RK45", marks=pytest.mark.slow), "Radau"])
 def test_dense_output_of_a_one_step_solve_matches_scipy(method):
     """A short span SciPy covers in one step: the dense output is that one segment
     (padded to max_steps by repeating it), SciPy's interpolant in value, and its

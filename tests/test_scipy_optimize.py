@@ -231,10 +231,12 @@ def ift_reference(data, loss="linear", f_scale=1.0):
 # only 'linear' loss function"), so lm-soft_l1 and lm-cauchy are not cases.
 @pytest.mark.parametrize("method,loss", [
     # 5-35 s each on 2 shared cores; lm-linear (13 s) too: the derivative matrix's
-    # default cells take lm's derivatives
+    # default cells take lm's derivatives; dogbox-soft_l1 (5-17 s): dogbox-cauchy is
+    # dogbox's robust loss in the default run
     pytest.param(method, loss, marks=pytest.mark.slow)
     if (method, loss) in {("trf", "linear"), ("dogbox", "linear"), ("trf", "soft_l1"),
-                          ("trf", "cauchy"), ("lm", "linear")} else (method, loss)
+                          ("trf", "cauchy"), ("lm", "linear"), ("dogbox", "soft_l1")}
+    else (method, loss)
     for loss in ("linear", "soft_l1", "cauchy")
     for method in ("trf", "dogbox", "lm") if method != "lm" or loss == "linear"])
 def test_least_squares_value_and_gradient(method, loss):
@@ -398,7 +400,8 @@ def test_minimize_bound_held_weakly_at_default_tolerances(method, held):
         np.testing.assert_allclose(got_lb, want_lb, rtol=1e-8, atol=1e-12)
 
 
-@pytest.mark.parametrize("beyond", [1e-3, 1e-5])
+# 1e-3 (6-9 s) in the slow stage: 1e-5, the bound held more weakly, in the default run
+@pytest.mark.parametrize("beyond", [pytest.param(1e-3, marks=pytest.mark.slow), 1e-5])
 def test_least_squares_bound_held_weakly_at_default_tolerances(beyond):
     # The decay fit with theta_1 >= lb, lb `beyond` above the unconstrained optimum: at
     # the default ftol = xtol = gtol = 1e-8, trf stops 2e-7 (1e-3) to 3e-6 (1e-5) inside
@@ -877,7 +880,9 @@ def test_krylov_solves_follow_the_requested_solver_and_failure_policy():
     assert np.isnan(jax.grad(total)(a, linear_solver="cg", on_failure="nan")).all()
 
 
-@pytest.mark.parametrize("loss", ["huber", "cauchy", "arctan"])
+# huber (~7 s) in the slow stage: cauchy and arctan, the other two tails, by default
+@pytest.mark.parametrize("loss", [pytest.param("huber", marks=pytest.mark.slow), "cauchy",
+                                  "arctan"])
 def test_least_squares_robust_loss_fit_with_an_outlier(loss):
     # The robust loss at work: one outlier puts its residual far out in the loss's tail
     # (z = (r / f_scale)^2 > 50: huber's linear part, rho = 2 sqrt(z) - 1), the others
