@@ -676,6 +676,34 @@ def test_compiled_adjoint_with_steps_longer_than_one_time_unit():
     np.testing.assert_allclose(adjoint, jax.grad(exact)(k), rtol=1e-3)
 
 
+@pytest.mark.slow  # ~10 s: two reverse-mode compiles of a 20-output loop
+def test_compiled_adjoint_with_more_than_twice_as_many_outputs_as_inputs():
+    """Reverse mode where the outputs (40 times of 3 states: 120 values) outnumber the
+    tangent inputs (t0, y0, the parameters k and A, the 40 times: 54) more than twice:
+    the linear map whose transpose reverse mode takes is padded to the longer of the
+    two. Both the discrete adjoint and forward sensitivities equal the closed form
+    through expm."""
+    A = jnp.array([[-0.5, 1.0, 0.0], [-1.0, -0.5, 0.3], [0.0, -0.3, -0.2]])
+    ts = jnp.linspace(0.05, 2.0, 40)
+    w = jnp.cos(jnp.arange(120.0)).reshape(3, 40)
+
+    def L(k, y0, sensitivity):
+        sol = solve_ivp(lambda t, y, k: k * (A @ y), (0.0, 2.0), y0, t_eval=ts, args=(k,),
+                        rtol=1e-10, atol=1e-12, sensitivity=sensitivity)
+        return jnp.sum(w * sol.y)
+
+    def exact(k, y0):
+        ys = jax.vmap(lambda t: jax.scipy.linalg.expm(k * t * A) @ y0)(ts)  # (40, 3)
+        return jnp.sum(w * ys.T)
+
+    k, y0 = 0.8, jnp.array([1.0, -0.5, 2.0])
+    want = jax.grad(exact, argnums=(0, 1))(k, y0)
+    for sensitivity in ("adjoint", "forward"):
+        got = jax.grad(L, argnums=(0, 1))(k, y0, sensitivity)
+        for g, r in zip(got, want):
+            np.testing.assert_allclose(g, r, rtol=1e-7, atol=1e-9, err_msg=sensitivity)
+
+
 def test_compiled_failed_solve_gives_nan_gradients_with_the_nan_policy():
     """The compiled loop's discrete adjoint under on_failure="nan": a solve that blows up
     has NaN outputs and a NaN gradient (never a silent zero from the masked outputs)."""

@@ -126,7 +126,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "(test_cell and solve_ivp and float64 and not implicit and ((adjoint and vjp) "
         "or (RK45 and jvp) or (t_span and vjp) or (evaluation and jvp))) "
         "or (values_match_scipy and RK45) or compiled_path_bad_input or odd_state "
-        "or longer_than_one or compiled_failed or two_level",
+        "or longer_than_one or compiled_failed or two_level or more_than_twice",
     ),
     # The Radau IIA adjoint/tangent over SciPy's recorded steps (BDF, Radau, LSODA under
     # x64): the matrix's implicit rows in jvp/vjp, test_scipy_stiff.py's default tests and
