@@ -591,13 +591,16 @@ def test_two_level_checkpointing_gives_the_same_gradient():
 
 def test_two_level_checkpointing_with_five_segments_by_default():
     """The default run's check of the segment re-runs (the slow test above uses
-    Lotka-Volterra's 144 steps): an oscillator's 24 accepted steps under checkpoints=10
-    are five segments of at most five steps, each re-run from its stored start. The
-    gradient in both k and y0 equals the one-segment adjoint's and forward
-    sensitivities'."""
+    Lotka-Volterra's 144 steps): an oscillator's 25 accepted steps under checkpoints=10
+    are five segments of five steps, a budget that covers them exactly, each re-run
+    from its stored start. The gradient in both k and y0 equals the one-segment
+    adjoint's and forward sensitivities', also where the last segment holds a single
+    step."""
     def loss(k, y0, **kw):
-        sol = solve_ivp(lambda t, y: jnp.stack([y[1], -k * y[0]]), (0.0, 3.0), y0,
-                        t_eval=jnp.linspace(0.5, 3.0, 4), rtol=1e-6, atol=1e-9, **kw)
+        # 1e-8 lies inside the first step: its cotangent enters through that step
+        sol = solve_ivp(lambda t, y: jnp.stack([y[1], -k * y[0]]), (0.0, 3.2), y0,
+                        t_eval=jnp.array([1e-8, 0.5, 4 / 3, 13 / 6, 3.0]), rtol=1e-6,
+                        atol=1e-9, **kw)
         return jnp.sum(sol.y ** 2)
     grad = jax.grad(loss, argnums=(0, 1))
     k, y0 = 2.0, jnp.array([1.0, 0.0])
@@ -607,7 +610,10 @@ def test_two_level_checkpointing_with_five_segments_by_default():
     for a, b, c in zip(five, one, forward):  # the same steps, summed in another order
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
         np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12)
-    with pytest.raises(ValueError, match=r"24 accepted steps.*covers 16"):
+    # a last segment of a single step: 25 = 24 + 1 under checkpoints=48 (L = 24)
+    for a, b in zip(grad(k, y0, sensitivity="adjoint", checkpoints=48), one):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
+    with pytest.raises(ValueError, match=r"25 accepted steps.*covers 16"):
         jax.block_until_ready(grad(k, y0, sensitivity="adjoint", checkpoints=8))
 
 
