@@ -329,18 +329,18 @@ def section_failing(scale, repeats):
                                                x))
     calls = max(3, int(20 * scale))
 
+    def fail_and_catch(f):
+        try:
+            jax.block_until_ready(f(x))
+        except Exception:  # noqa: BLE001 - pure_callback's error type varies by call
+            pass
+
     def per_failing_call_ms(f):
         for _ in range(2):  # compile, and reach the steady state
-            try:
-                jax.block_until_ready(f(x))
-            except Exception:  # noqa: BLE001 - pure_callback's error type varies by call
-                pass
+            fail_and_catch(f)
         start = clock()
         for _ in range(calls):
-            try:
-                jax.block_until_ready(f(x))
-            except Exception:  # noqa: BLE001
-                pass
+            fail_and_catch(f)
         return (clock() - start) / calls * 1e3
 
     rows = {"ours": [], "pure_cb": []}

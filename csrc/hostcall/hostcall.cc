@@ -671,9 +671,7 @@ PyObject* ResolveKept(CallViews& views, Entry& entry, PyObject* exc) {
     if (collected == nullptr) PyErr_Clear();
     Py_XDECREF(collected);
     kept = views.Check();
-  }
-  // It kept views (or made reference cycles holding them): copies from now on.
-  if (exc == nullptr) {
+    // It kept views (or made reference cycles holding them): copies from now on.
     entry.copy = true;
     PyObject* r = PyObject_CallMethod(entry.handler, "started_copying", nullptr);
     if (r == nullptr) PyErr_Clear();
