@@ -11,7 +11,7 @@ import pytest
 import scipy.optimize
 from conftest import deq_layer, fd
 
-from jaxbridge.scipy import SolverError, _gmres
+from jaxbridge.scipy import SolverError, _gmres, _newton_krylov
 from jaxbridge.scipy.optimize import root
 
 # the lean GMRES (the compiled root's inner and tangent solver), jitted once: the
@@ -260,8 +260,7 @@ def test_lean_gmres_reorthogonalizes_where_gram_schmidt_cancels(scale):
     Q2, _ = np.linalg.qr(rng.standard_normal((n, n)))
     A = scale * (Q1 @ np.diag(np.logspace(0, -8, n)) @ Q2.T)
     b = rng.standard_normal(n)
-    x = _cycle(lambda v: jnp.asarray(A) @ v,
-                                                      jnp.asarray(b), 0.0, 0.0, n)
+    x = _cycle(lambda v: jnp.asarray(A) @ v, jnp.asarray(b), 0.0, 0.0, n)
     assert np.linalg.norm(b - A @ np.asarray(x)) <= 1e-7 * np.linalg.norm(b)
 
 
@@ -392,7 +391,6 @@ def test_newton_step_is_one_gmres_cycle_of_scipys_default_size():
     (its inner_m; SciPy's first cycle has no outer vectors yet), 20 for GMRES (its
     restart, jac_options' inner_maxiter). Neither cycle converges here, so the step is
     exactly the cycle's iterate: JAX's incremental GMRES with that restart, one cycle."""
-    from jaxbridge.scipy import _newton_krylov
     n = 60
     A = jnp.diag(jnp.linspace(1.0, 100.0, n)) + 0.1 * jax.random.normal(
         jax.random.PRNGKey(0), (n, n)) / np.sqrt(n)
@@ -437,7 +435,7 @@ def _gmres_reference(A, b: np.ndarray, tol: float, m: int) -> np.ndarray:
     function computing A v."""
     matvec = A if callable(A) else A.__matmul__
     b_norm = np.linalg.norm(b)
-    if b_norm <= tol * b_norm:  # b = 0
+    if b_norm <= tol * b_norm:  # x = 0 already meets it (b = 0, or tol >= 1)
         return np.zeros_like(b)
     V, H = np.zeros((m + 1, b.size)), np.zeros((m + 1, m))
     V[0] = b / b_norm
@@ -462,8 +460,6 @@ def _nonlin_solve_exact(F, jacobian, x0, nit, line_search, m=30):
     Jacobian and `_gmres_reference` (the inner tolerance floored at sqrt(eps), as the
     compiled loop documents). Returns the iterate and the inner tolerances used."""
     from scipy.optimize import _nonlin
-
-    from jaxbridge.scipy import _newton_krylov
 
     tols = []
 
@@ -574,7 +570,6 @@ _LOOPS = {
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _compiled_krylov(F, x0, nit, line_search):
-    from jaxbridge.scipy import _newton_krylov
     # nit is traced: the loop's only use of it is a comparison (one compile for all)
     return _newton_krylov.solve(F, x0, nit=nit, fatol=1e-300, line_search=line_search)[0]
 
