@@ -397,6 +397,24 @@ def test_gpu_host_calls_in_a_scan_see_the_previous_step(gpu):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("size", [4, 1 << 20])
+def test_gpu_aliased_result_is_written_into_the_staged_input(gpu, size):
+    # On the GPU both the operand and the result are staged through host memory; an
+    # aliased pair shares one staging slot, so the function updates its input in place
+    # there as on the CPU, and the device buffer gets the result.
+    seen = []
+    f = _add_one_in_place(seen)
+    x = jax.device_put(np.linspace(0.0, 1.0, size), gpu)
+    out = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: f(v * 2.0), x))(x)
+    assert out.devices() == {gpu}
+    np.testing.assert_allclose(out, np.asarray(x) * 8.0 + 7.0, rtol=1e-15)
+    assert seen and all(seen), seen
+    both = jax.jit(lambda x: (f(x), x * 10.0))(x)  # x still live: XLA copies, not clobbered
+    np.testing.assert_allclose(both[0], np.asarray(x) + 1.0)
+    np.testing.assert_allclose(both[1], np.asarray(x) * 10.0)
+
+
+@pytest.mark.gpu
 def test_gpu_host_call_exception_keeps_its_identity(gpu):
     @jb.foreign(identity_spec)
     def exploding_on_gpu(x):

@@ -1010,9 +1010,23 @@ ffi::Error HostCallCuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs 
   if (HasDeviceFill(callback_id)) {  // no staging: see device_call.inc
     return InvokeOnDevice(callback_id, device_ins, device_outs, stream, device);
   }
+  // A result XLA writes into an operand's buffer (aliases=) shares that operand's
+  // staging too: the callable sees the same in-place memory as on the CPU, and the
+  // staging block holds one copy of it.
+  std::vector<int> staged_with(device_outs.size(), -1);
+  for (size_t j = 0; j < device_outs.size(); ++j) {
+    for (size_t i = 0; i < device_ins.size() && staged_with[j] < 0; ++i) {
+      if (device_outs[j].bytes > 0 && device_ins[i].data == device_outs[j].data &&
+          device_ins[i].bytes == device_outs[j].bytes) {
+        staged_with[j] = static_cast<int>(i);
+      }
+    }
+  }
   size_t total = 0;
   for (const Slot& s : device_ins) total += Aligned(s.bytes);
-  for (const Slot& s : device_outs) total += Aligned(s.bytes);
+  for (size_t j = 0; j < device_outs.size(); ++j) {
+    if (staged_with[j] < 0) total += Aligned(device_outs[j].bytes);
+  }
   if (cudaError_t s = staging.Reserve(total > 0 ? total : 1); s != cudaSuccess) {
     return CudaError("cudaMallocHost", s);
   }
@@ -1027,9 +1041,13 @@ ffi::Error HostCallCuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs 
     }
     cursor += Aligned(ins[i].bytes);
   }
-  for (Slot& out : outs) {
-    out.data = cursor;
-    cursor += Aligned(out.bytes);
+  for (size_t j = 0; j < outs.size(); ++j) {
+    if (staged_with[j] >= 0) {
+      outs[j].data = ins[staged_with[j]].data;
+      continue;
+    }
+    outs[j].data = cursor;
+    cursor += Aligned(outs[j].bytes);
   }
   if (cudaError_t s = cudaStreamSynchronize(stream); s != cudaSuccess) {
     return CudaError("cudaStreamSynchronize", s);
