@@ -80,6 +80,35 @@ def gpu_devices() -> list:
         return []
 
 
+def _pinned_to_the_cpu(node) -> bool:
+    return node.get_closest_marker("cpu") is not None and node.get_closest_marker("gpu") is None
+
+
+def _on_the_cpu(node):
+    """JAX's CPU as the default device while `node` runs, if it is marked `cpu`."""
+    if not _pinned_to_the_cpu(node):
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cpu_module_on_the_cpu(request):
+    """A module marked `cpu` (pytestmark) runs on JAX's CPU device, its module-scoped
+    fixtures included, even where a GPU is JAX's default (benchmarks/gpu_session.sh's
+    `tests` phase). Such a module must hold no `gpu` test: mark those functions instead."""
+    yield from _on_the_cpu(request.node)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_test_on_the_cpu(request):
+    """A test marked `cpu` runs on JAX's CPU device: it uses kernels compiled for the CPU
+    only, XLA:CPU's own threads, or SciPy's arithmetic reproduced operation for operation
+    (XLA:GPU contracts multiply-adds into FMAs)."""
+    yield from _on_the_cpu(request.node)
+
+
 @pytest.fixture
 def gpu():
     """The first GPU; tests that take it are skipped cleanly where there is none.

@@ -42,6 +42,9 @@ KINDS = ("numpy_vjp", "numpy_jvp", "linear_transpose", "kernel_adjoint", "kernel
          "custom_gradient")
 KERNEL_KINDS = ("kernel_adjoint", "kernel_tangent")
 HAVE_CXX = shutil.which(os.environ.get("CXX", "c++")) is not None
+# The C++ mutants are compiled for the CPU only: on JAX's CPU device even where a GPU is
+# JAX's default.
+pytestmark = pytest.mark.cpu
 
 # The matrices of the C++ source (kM[0], kM[1], kM[2]).
 M_WELL = np.array([[2.0, -1.0, 0.5], [0.3, 1.0, -2.0], [1.5, 0.2, 0.7]])

@@ -45,6 +45,7 @@ def cube_lib(cache):
     return cpp.load("cube", sources=[CUBE])
 
 
+@pytest.mark.cpu  # a kernel compiled for the CPU only
 def test_load_and_differentiate(cube_lib, cache):
     assert sorted(cube_lib.handlers) == ["CubeAdjoint", "CubeForward", "CubeTangent"]
     cube = cube_lib.kernel(forward="CubeForward", adjoint="CubeAdjoint", tangent="CubeTangent",
@@ -58,6 +59,7 @@ def test_load_and_differentiate(cube_lib, cache):
     np.testing.assert_allclose(jax.vmap(cube)(jnp.stack([x, x])), jnp.stack([x**3] * 2))
 
 
+@pytest.mark.cpu  # a kernel compiled for the CPU only
 def test_library_kernel_vmap_batch_is_deprecated(cube_lib):
     with pytest.warns(DeprecationWarning, match="vmap='batch' is deprecated") as record:
         cube = cube_lib.kernel(forward="CubeForward", name="cube_old_vmap",
@@ -92,6 +94,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SquareDerivative, Deriv, ffi::Ffi::Bind()
 """
 
 
+@pytest.mark.cpu  # a kernel compiled for the CPU only
 def test_user_kernel_without_outputs_in_place(cache):
     lib = cpp.load("square_in_place", source=SQUARE_IN_PLACE)
     square = lib.kernel(forward="SquareForward", adjoint="SquareDerivative",

@@ -18,8 +18,10 @@ from jaxbridge.testing import RuleCheckError, check_rules
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "kernels.md"
 _FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,
-                                reason="no C++ compiler")
+# The guide's kernels are compiled for the CPU only: on JAX's CPU device (mark `cpu`)
+# even where a GPU is JAX's default.
+pytestmark = [pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,
+                                 reason="no C++ compiler"), pytest.mark.cpu]
 
 
 def blocks(lang: str) -> list[tuple[int, str]]:

@@ -304,7 +304,8 @@ def test_loop_that_never_ends_after_a_failure_is_aborted_with_the_original():
     loop = jax.jit(lambda x: jax.lax.while_loop(lambda c: c[0] < 1, lambda c: fails(c), x))
     start = time.perf_counter()
     with pytest.raises(MyError, match="in an endless loop") as info:
-        loop(jnp.zeros(1, jnp.int32))
+        # blocking: on a GPU the call returns before the loop runs (asynchronous dispatch)
+        jax.block_until_ready(loop(jnp.zeros(1, jnp.int32)))
     assert time.perf_counter() - start < 30
     assert info.value is log[-1]
     assert original_exception(info.value) is info.value
@@ -315,6 +316,7 @@ def _on_xla_worker_thread() -> bool:
     return isinstance(threading.current_thread(), threading._DummyThread)
 
 
+@pytest.mark.cpu  # XLA:CPU's intra-op worker threads
 def test_exception_on_an_xla_worker_thread_is_raised_as_itself_under_jit_grad():
     # Two independent loops over large arrays: XLA's thunk executor hands one of them to
     # its intra-op thread pool, and the host call after that loop (forward or adjoint)

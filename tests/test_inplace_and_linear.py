@@ -270,6 +270,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaleHandler, Scale,
 """
 
 
+@pytest.mark.cpu  # a kernel compiled for the CPU only
 def test_linear_kernel_derivatives_of_every_order(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
     lib = jb.cpp.load("linear_scale", source=SCALE_KERNEL)

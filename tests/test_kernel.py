@@ -20,6 +20,9 @@ if not ops.available():  # pragma: no cover - only with JAXBRIDGE_TESTS_WITHOUT_
     pytest.skip(f"jaxbridge._kernels not built: {extension_missing('_kernels')}",
                 allow_module_level=True)
 ops._register()
+# The kernels compiled here are CPU-only: on JAX's CPU device even where a GPU is JAX's
+# default (the CUDA kernels' tests are test_ops.py's `gpu` tests).
+pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1088,6 +1088,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScribbleDerivative, Deriv, ffi::Ffi::Bind()
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler")
+@pytest.mark.cpu  # a kernel compiled for the CPU only
 def test_a_kernel_that_writes_into_its_input_is_caught(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
     lib = jb.cpp.load("scribble", source=SCRIBBLE)
