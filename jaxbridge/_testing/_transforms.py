@@ -332,7 +332,12 @@ def check_export(r: Run) -> None:
                else "no FFI kernel in the program")
         return r.skip(name, f"not enabled: {why} (force with CheckOptions(export=True))")
     checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
-    exported = jax.export.export(jax.jit(r.call.call_dyn), disabled_checks=checks)(r.call.dyn)
+    # For the platform the call runs on: jax.export's default is the default backend,
+    # which is the GPU on a GPU machine even for arrays on the CPU (a CPU-only kernel).
+    on_cpu = bool(r.call.dyn) and all(
+        d.platform == "cpu" for d in jax.device_put(r.call.dyn[0]).devices())
+    exported = jax.export.export(jax.jit(r.call.call_dyn), disabled_checks=checks,
+                                 platforms=("cpu",) if on_cpu else None)(r.call.dyn)
     blob = exported.serialize(vjp_order=1 if differentiable else 0)
     back = jax.export.deserialize(blob)
     _close_all(r, name, back.call(r.call.dyn), r.call.outs, r.call.out_labels, None,
