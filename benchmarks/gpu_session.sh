@@ -10,7 +10,8 @@
 #   torch-gpu    jaxbridge.torch's device path (DLPack views of XLA's device buffers,
 #                XLA's stream): tests/test_torch_device.py -m gpu; it skips, saying so,
 #                where torch is a CPU build (the summary line prints torch's CUDA)
-#   tests        the whole test suite with the GPU as JAX's default device
+#   tests        the whole test suite with the GPU as JAX's default device (8 workers; the
+#                tests marked `cpu` pin the CPU: CPU-only kernels, SciPy's exact arithmetic)
 #   bench        benchmarks/kernels.py and benchmarks/hostcall.py --quick on the GPU
 #   bench-quick  the same with kernels.py --quick (fits a short lease)
 #   torch-tests  tests/test_torch.py with the GPU as JAX's default device, so that every
@@ -69,7 +70,8 @@ print('native with_cuda', _native.with_cuda, 'kernel platforms', o._register(), 
           "$REPO/tests/test_torch_device.py" -q -rs -m gpu) > "$OUT/torch_gpu.log" 2>&1
       note "torch_gpu.log: exit $?: $(tail -1 "$OUT/torch_gpu.log")"
       ;;
-    tests) run_pytest tests.log -x ;;
+    tests)  # ~3 minutes on 16 cores (session 13); the preallocation would starve 8 workers
+      XLA_PYTHON_CLIENT_PREALLOCATE=false run_pytest tests.log -n 8 -p no:randomly ;;
     torch-tests)
       (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 "$PY" -m pytest -p no:cacheprovider \
           --rootdir="$REPO" -c "$REPO/pyproject.toml" "$REPO/tests/test_torch.py" -q -rs -n 4) \
