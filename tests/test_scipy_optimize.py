@@ -10,6 +10,7 @@ import pytest
 import scipy.optimize
 from conftest import deq_layer, fd
 
+import jaxbridge as jb
 from jaxbridge.scipy import SolverError
 from jaxbridge.scipy.optimize import least_squares, minimize, root
 
@@ -702,8 +703,9 @@ def test_compiled_root_bad_input():
              options={"line_search": "cheng"})
     with pytest.raises(ValueError, match="stepping='compiled'.*callback"):
         root(F, jnp.ones(3), (2.0,), method="df-sane", stepping="compiled", callback=print)
-    with pytest.raises(ValueError, match=r"root: fun\(x, \*args\) must return 3 values"):
-        root(lambda x: x[:2], jnp.ones(3), method="df-sane")
+    for fewer_or_more in (lambda x: x[:2], lambda x: jnp.concatenate([x, x[:1]])):
+        with pytest.raises(ValueError, match=r"root: fun\(x, \*args\) must return 3 values"):
+            root(fewer_or_more, jnp.ones(3), method="df-sane")
     with pytest.raises(ValueError, match="linear_solver"):
         root(F, jnp.ones(3), (2.0,), method="df-sane", linear_solver="qr")
     sol = root(F, jnp.ones(3), (2.0,), method="df-sane", options={"line_search": "cheng"})
@@ -815,6 +817,44 @@ def test_compiled_root_failed_tangent_solve_is_judged_relative_to_the_cotangent(
     with pytest.raises(SolverError, match="implicit differentiation: the cg solve"):
         jax.block_until_ready(jax.grad(loss)(p, "raise"))
     assert np.isnan(jax.grad(loss)(p, "nan")).all()
+
+def test_compiled_root_cg_tangent_solve_stops_after_10n_iterations():
+    """CG, which needs a symmetric Jacobian, cannot settle on I + K/2 (K skew): it runs
+    to its documented cap of 10 n iterations, one Jacobian product each, then NaN (or
+    the SolverError). The products are counted on the host, through a foreign function's
+    tangent rule: each extra unknown costs exactly 10 more. DF-SANE's forward solve takes
+    no products and converges; GMRES solves the same tangent problem exactly."""
+    def tangent(n, linear_solver):
+        K = np.diag(np.ones(n - 1), 1)
+        A = np.eye(n) + 0.5 * (K - K.T)
+        products = []
+
+        @jb.foreign(lambda x: x)
+        def matvec(x):
+            return A @ x
+
+        @matvec.defjvp
+        def _(primals, y, tangents):
+            products.append(1)
+            return A @ tangents[0]
+
+        @matvec.defvjp  # custom_linear_solve stages the transposed solve too
+        def _(primals, y, ct):
+            return (A.T @ ct,)
+
+        def x_of(p):
+            return root(lambda x, p: matvec(x) - p, jnp.zeros(n), (p,), method="df-sane",
+                        linear_solver=linear_solver, on_failure="nan").x
+        x, t = jax.jvp(x_of, (jnp.ones(n),), (jnp.ones(n),))
+        np.testing.assert_allclose(x, np.linalg.solve(A, np.ones(n)), rtol=1e-6)
+        return t, len(products), np.linalg.solve(A, np.ones(n))
+
+    (t2, cg2, _), (t3, cg3, _) = tangent(2, "cg"), tangent(3, "cg")
+    assert np.isnan(t2).all() and np.isnan(t3).all()
+    assert cg3 - cg2 == 10, (cg2, cg3)
+    t, _, exact = tangent(3, "gmres")
+    np.testing.assert_allclose(t, exact, rtol=1e-10)
+
 
 @pytest.mark.slow  # ~5 s (restarted GMRES run to its stall)
 def test_compiled_root_stalled_gmres_tangent_solve_is_reported():

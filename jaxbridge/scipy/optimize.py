@@ -549,7 +549,10 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
       callback: as in SciPy (called on the host with NumPy values).
       options: as in SciPy (static: must be hashable).
       linear_solver: for the implicit-function-theorem solve: "auto" (dense up to
-        n = 1000, then "gmres"), "direct", "gmres" (matrix-free), "cg".
+        n = 1000, then "gmres"), "direct", "gmres" (matrix-free), "cg" (for a
+        symmetric positive definite Jacobian). With stepping "compiled", CG stops after
+        10 n iterations and GMRES (restarts of 20) after 10 n cycles; a solve that
+        has not converged then is a failure, as `on_failure` says.
       on_failure: "raise" (`jaxbridge.scipy.SolverError` with SciPy's message, eager
         and under `jit`) or "nan" (NaN outputs, `success=False`).
       stepping: who runs the solver loop. "scipy": SciPy's own loop on the host (one
