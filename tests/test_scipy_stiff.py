@@ -130,6 +130,33 @@ def test_float32_state_gets_finite_derivatives_in_both_modes(method):
     np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", [pytest.param("BDF", marks=pytest.mark.slow), "Radau",
+                                    pytest.param("LSODA", marks=pytest.mark.slow)])
+def test_backward_in_time_derivatives_match_the_closed_form_in_both_modes(method):
+    # From t = 2 back to 0: the outputs' dense weights run in the reverse direction
+    # (t_eval decreasing, one output between steps, one at each end).
+    te = jnp.array([2.0, 1.3, 0.45, 0.0])
+
+    def ys(k, y0):
+        return solve_ivp(lambda t, y, k: -k * y + 0.5, (2.0, 0.0), y0, method=method,
+                         t_eval=te, args=(k,), rtol=1e-10, atol=1e-12).y
+
+    def exact(k, y0):  # y' = -k y + c, y(2) = y0
+        return (y0[:, None] - 0.5 / k[:, None]) * jnp.exp(-k[:, None] * (te[None, :] - 2.0)) \
+            + 0.5 / k[:, None]
+
+    k, y0, dk = jnp.array([0.4, 2.0]), jnp.array([1.0, 2.0]), jnp.array([1.0, -0.5])
+    np.testing.assert_allclose(ys(k, y0), exact(k, y0), rtol=1e-7)
+    tangent = jax.jvp(lambda k: ys(k, y0), (k,), (dk,))[1]
+    np.testing.assert_allclose(tangent, jax.jvp(lambda k: exact(k, y0), (k,), (dk,))[1],
+                               rtol=1e-6, atol=1e-9)
+    w = jnp.arange(1.0, 9.0).reshape(2, 4)
+    grad = jax.grad(lambda k, y0: jnp.sum(w * ys(k, y0) ** 2), argnums=(0, 1))(k, y0)
+    want = jax.grad(lambda k, y0: jnp.sum(w * exact(k, y0) ** 2), argnums=(0, 1))(k, y0)
+    np.testing.assert_allclose(grad[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(grad[1], want[1], rtol=1e-6)
+
+
 def test_time_dependent_jacobian_derivatives_match_the_closed_form_in_both_modes():
     # The stages sit at t + c h: only a right-hand side whose Jacobian depends on t tells
     # the stage times apart (the other default problems are autonomous, or t enters
