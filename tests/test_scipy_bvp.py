@@ -180,6 +180,7 @@ def test_nonlinear_boundary_condition_closing_over_a_parameter():
         np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=mode.__name__)
 
 
+@pytest.mark.slow  # ~7.5 s; the unknown rate and the eigenvalue tests cover p in the default run
 def test_two_unknown_parameters():
     """y' = p0 + p1 x, y(0) = 0, y(1) = a, p1 = c: y = p0 x + p1 x^2 / 2, so p0 = a - c/2
     and y(1/2) = p0 / 2 + c / 8. Two parameters put a block of two columns after the
