@@ -1013,6 +1013,8 @@ ffi::Error HostCallCuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs 
   // A result XLA writes into an operand's buffer (aliases=) shares that operand's
   // staging too: the callable sees the same in-place memory as on the CPU, and the
   // staging block holds one copy of it.
+  size_t total = 0;
+  for (const Slot& s : device_ins) total += Aligned(s.bytes);
   std::vector<int> staged_with(device_outs.size(), -1);
   for (size_t j = 0; j < device_outs.size(); ++j) {
     for (size_t i = 0; i < device_ins.size() && staged_with[j] < 0; ++i) {
@@ -1021,10 +1023,6 @@ ffi::Error HostCallCuda(cudaStream_t stream, int32_t device, ffi::RemainingArgs 
         staged_with[j] = static_cast<int>(i);
       }
     }
-  }
-  size_t total = 0;
-  for (const Slot& s : device_ins) total += Aligned(s.bytes);
-  for (size_t j = 0; j < device_outs.size(); ++j) {
     if (staged_with[j] < 0) total += Aligned(device_outs[j].bytes);
   }
   if (cudaError_t s = staging.Reserve(total > 0 ? total : 1); s != cudaSuccess) {
