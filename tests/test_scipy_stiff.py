@@ -16,6 +16,7 @@ import pytest
 import scipy.integrate
 from conftest import fd
 
+from jaxbridge.scipy import _stiff
 from jaxbridge.scipy._stiff import A_RADAU, C_RADAU, P_RADAU
 from jaxbridge.scipy.integrate import solve_ivp
 
@@ -227,6 +228,33 @@ def test_newton_starts_from_the_recorded_state_on_a_saturating_field():
     v, h = jnp.array([1.0, -0.4]), 1e-4
     ref = (ys(p + h * v, 1e-11, 1e-12) - ys(p - h * v, 1e-11, 1e-12)) / (2 * h)
     np.testing.assert_allclose(rev @ v, ref, rtol=1e-2)
+
+
+@pytest.mark.parametrize("cap, n", [(1, 2), (2, 3)])  # the state size differs per cap:
+def test_newton_on_the_stages_stops_at_its_cap_of_iterations(monkeypatch, cap, n):  # no
+    # JAX cache shares a trace made under the other cap. Relaxation y' = k (c - y) is
+    # affine, so Newton on a step's stage equations takes two iterations: the one that
+    # solves them, and the one whose correction is at rounding and stops the loop. With
+    # the cap at 1 every step is unconverged and both modes give NaN (never the
+    # half-converged derivative); with 2 they give the closed form. This pins what the
+    # cap counts: iterations from zero, at most NEWTON_MAX_ITER of them.
+    monkeypatch.setattr(_stiff, "NEWTON_MAX_ITER", cap)
+    te, c = jnp.array([0.5, 1.0]), jnp.linspace(-1.0, 1.0, n)
+    y0 = jnp.full(n, 2.0)
+
+    def ys(k):
+        return solve_ivp(lambda t, y, k: k * (c - y), (0.0, 1.0), y0, "Radau", te,
+                         args=(k,), rtol=1e-6, atol=1e-9).y
+
+    k = jnp.linspace(1.0, 3.0, n)
+    fwd, rev = jax.jacfwd(ys)(k), jax.jacrev(ys)(k)
+    if cap == 1:
+        assert np.isnan(fwd).all() and np.isnan(rev).all()
+        return
+    exact = jax.jacfwd(lambda k: c[:, None] + (y0 - c)[:, None]
+                       * jnp.exp(-k[:, None] * te[None, :]))(k)
+    np.testing.assert_allclose(fwd, exact, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(rev, fwd, rtol=1e-10, atol=1e-15)
 
 
 def test_an_output_at_a_step_time_is_counted_once():
