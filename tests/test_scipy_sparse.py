@@ -237,6 +237,32 @@ def test_eigsh_degenerate_eigenvector_gradient_is_an_error():
         eigsh(A, k=2, M=jnp.eye(6))
 
 
+def test_eigsh_eigenvector_derivatives_are_linear_in_a_huge_cotangent():
+    # The test for a singular A - lambda I is relative to the right-hand side: a loss
+    # scaled by 1e14 (units, a penalty weight) has 1e14 times the gradient, not a
+    # "degenerate" error because the solve's result is large. Reverse mode (cotangent
+    # of v) and forward mode (tangent of A), against JAX's dense eigh.
+    A = jnp.diag(jnp.arange(1.0, 7.0)) + 0.1 * jnp.ones((6, 6))
+    S = jnp.array([[0.0, 1.0, 0, 0, 0, 2.0]]).T @ jnp.ones((1, 6))
+    dA = S + S.T
+    r = jnp.arange(1.0, 7.0)
+
+    def loss(A, c, eig):
+        v = eig(A)[1][:, -1]
+        return c * (v @ r) ** 2  # the sign of v drops out
+
+    ours = lambda A: eigsh(A, k=2, which="LA")  # noqa: E731
+    dense = jnp.linalg.eigh
+    for c in (1.0, 1e14):
+        np.testing.assert_allclose(jax.grad(loss)(A, c, ours), jax.grad(loss)(A, c, dense),
+                                   rtol=1e-8, atol=1e-10 * c)
+    _, t = jax.jvp(lambda A: ours(A)[1][:, -1] * jnp.sign(ours(A)[1][-1, -1]), (A,),
+                   (1e14 * dA,))
+    _, t_dense = jax.jvp(lambda A: dense(A)[1][:, -1] * jnp.sign(dense(A)[1][-1, -1]), (A,),
+                         (dA,))
+    np.testing.assert_allclose(t, 1e14 * t_dense, rtol=1e-8, atol=1e4)
+
+
 def test_eigsh_degeneracy_is_diagnosed_in_a_rotated_basis():
     """A double eigenvalue off the axes: in floating point A - lambda I is then nearly,
     not exactly, singular (the bordered solves return huge finite numbers, not an
