@@ -228,13 +228,58 @@ def test_eigsh_degenerate_eigenvector_gradient_is_an_error():
     # the eigenvector of a copy whose twin was not computed (k=3): here A - 3 I is exactly
     # singular on the complement of v (splu fails): an error, or NaN with on_failure="nan"
     with pytest.raises(SolverError, match="not computed .A - lambda I is singular"):
-        jax.jacfwd(lambda A: eigsh(A, k=3, which="LA")[1][:, 0])(A)
+        jax.jacrev(lambda A: eigsh(A, k=3, which="LA")[1][:, 0])(A)
     J = jax.jacrev(lambda A: eigsh(A, k=3, which="LA", on_failure="nan")[1][:, 0])(A)
     assert J.shape == (6, 6, 6) and np.isnan(J).all()
+    # forward mode computes every tangent, used or not: the eigenvector's is NaN there
+    # under either policy, so that the eigenvalues' (below) stay available
+    assert np.isnan(jax.jacfwd(lambda A: eigsh(A, k=3, which="LA")[1][:, 0])(A)).all()
     with pytest.raises(ValueError, match=r"eigsh: k must satisfy 0 < k < n = 6"):
         eigsh(A, k=6)
     with pytest.raises(NotImplementedError, match="`M` is not supported"):
         eigsh(A, k=2, M=jnp.eye(6))
+
+
+def test_eigsh_forward_mode_of_degenerate_eigenvalues_alone():
+    # jacfwd of the eigenvalues of a matrix with a double eigenvalue (both copies
+    # computed) is exact, as in reverse mode: with return_eigenvectors=False, and with
+    # the eigenvectors returned and not used. It raised SolverError ("differentiate only
+    # the eigenvalues"), because forward mode's rule also computes the eigenvectors'
+    # tangents, which do not exist there.
+    A = jnp.diag(jnp.array([1.0, 2.0, 3.0, 3.0, 5.0, 6.0]))
+    want = np.diag([0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    for f in (lambda A: jnp.sum(eigsh(A, k=4, which="LA", return_eigenvectors=False)),
+              lambda A: jnp.sum(eigsh(A, k=4, which="LA")[0])):
+        np.testing.assert_allclose(jax.jacfwd(f)(A), want, atol=1e-12)
+        np.testing.assert_allclose(jax.jacrev(f)(A), want, atol=1e-12)
+    _, (w_dot, v_dot) = jax.jvp(lambda A: eigsh(A, k=4, which="LA"), (A,), (jnp.eye(6),))
+    np.testing.assert_allclose(w_dot, 1.0, rtol=1e-12)
+    assert np.isnan(v_dot[:, :2]).all() and np.isfinite(v_dot[:, 2:]).all()
+
+
+def test_eigsh_eigenvector_tangents_of_close_distinct_pairs_and_unused_parameters():
+    # Eigenvalues 1.5e-9 apart (|lambda| < 1) are distinct: the degeneracy threshold is
+    # 1e-9 max(1, |lambda|), so their eigenvectors have tangents (large: ~1/gap), equal
+    # to JAX's dense eigh's. And a parameter the matrix does not depend on gets exactly
+    # zero tangents (jacfwd pushes a zero dA through the rule: a zero right-hand side
+    # is not a "degenerate" solve).
+    d = jnp.array([0.1, 0.2, 0.3, 0.5, 0.5 + 1.5e-9, 0.9])
+    dA = jnp.zeros((6, 6)).at[3, 4].set(1e-9).at[4, 3].set(1e-9).at[0, 1].set(1.0)
+    dA = dA.at[1, 0].set(1.0)
+
+    def top3(eig):
+        def f(theta):  # theta[1] is not used
+            w, v = eig(jnp.diag(d) + theta[0] * dA)
+            v = v[:, -3:]
+            return v * jnp.sign(v[jnp.argmax(jnp.abs(v), axis=0), jnp.arange(3)])[None, :]
+        return f
+
+    theta = jnp.zeros(2)
+    J = jax.jacfwd(top3(lambda A: eigsh(A, k=3, which="LA")))(theta)
+    np.testing.assert_allclose(J[..., 0], jax.jacfwd(top3(jnp.linalg.eigh))(theta)[..., 0],
+                               atol=1e-6)
+    assert abs(float(J[4, 0, 0])) > 0.5  # the close pair mixes: 1e-9 / 1.5e-9 ~ 0.67
+    np.testing.assert_array_equal(J[..., 1], 0.0)
 
 
 def test_eigsh_eigenvector_derivatives_are_linear_in_a_huge_cotangent():
@@ -281,7 +326,8 @@ def test_eigsh_degeneracy_is_diagnosed_in_a_rotated_basis():
         jax.grad(lambda A: eigsh(A, k=4, which="LA")[1][:, 0].sum())(A)
     near = jnp.diag(jnp.array([1.0, 2.0, 3.0, 3.0 + 1e-11, 5.0, 6.0]))
     with pytest.raises(SolverError, match="another computed eigenvalue is 1e-11 away"):
-        jax.jacfwd(lambda A: eigsh(A, k=4, which="LA")[1][:, 0])(near)
+        jax.jacrev(lambda A: eigsh(A, k=4, which="LA")[1][:, 0])(near)
+    assert np.isnan(jax.jacfwd(lambda A: eigsh(A, k=4, which="LA")[1][:, 0])(near)).all()
 
 
 def test_eigsh_arpack_failure_policies():

@@ -20,9 +20,11 @@ symmetrized (the function is defined on symmetric matrices, as `jnp.linalg.eigh`
 pseudo-inverse on the complement of `v_i`, applied by one sparse LU of the bordered
 matrix `[[A - lam_i, v_i], [v_i^T, 0]]` (nonsingular exactly when `lam_i` is simple).
 The adjoint uses the same solves. A degenerate eigenvalue has no unique
-eigenvector, hence no eigenvector derivative: asking for one raises `SolverError`
-(eigenvalue gradients stay available). Eigenvector signs are fixed (largest
-component positive) so results are deterministic.
+eigenvector, hence no eigenvector derivative: asking for one in reverse mode raises
+`SolverError` (eigenvalue gradients stay available). Forward mode cannot ask: its rule
+computes every output's tangent, used or not, so a degenerate eigenvector's tangent is
+NaN there (as in `jnp.linalg.eigh`), and the eigenvalues' tangents stay exact.
+Eigenvector signs are fixed (largest component positive) so results are deterministic.
 """
 
 from __future__ import annotations
@@ -372,7 +374,7 @@ def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, n: int, k: int, on_failure:
 
 
 @_eigsh.defjvp
-def _eigsh_jvp(primals: tuple, out: Any, tangents: Any, *, n: int, k: int, on_failure: str,
+def _eigsh_jvp(primals: tuple, out: Any, tangents: Any, *, n: int, k: int,
                **_: Any) -> Any:
     data, row, col, v0 = primals
     d_data = tangents[0]
@@ -384,7 +386,9 @@ def _eigsh_jvp(primals: tuple, out: Any, tangents: Any, *, n: int, k: int, on_fa
     dAv = _sym_apply(f64(d_data), row, col, n, v)
     dw = np.einsum("ik,ik->k", v, dAv)
     A = _csr(data, row, col, n)
-    dv = np.stack([-_pinv_solve(A, w[i], v[:, i], dAv[:, i], i, w, on_failure)
+    # "nan", whatever the policy: the rule cannot tell whether dv is used, and
+    # `jacfwd` of the eigenvalues alone must not fail on a degenerate pair.
+    dv = np.stack([-_pinv_solve(A, w[i], v[:, i], dAv[:, i], i, w, "nan")
                    for i in range(k)], axis=1)
     return dw.astype(data.dtype), dv.astype(data.dtype)
 
@@ -418,8 +422,10 @@ def eigsh(A: Any, k: int = 6, M: Any = None, sigma: float | None = None, which: 
       OPinv: custom operators are not supported (raises, naming the argument).
       mode: as in SciPy (with `sigma`).
       rng: not supported (raises, naming the argument); see `v0`.
-      on_failure: "raise" (ARPACK's failure, or an eigenvector derivative asked of a
-        degenerate eigenvalue: `jaxbridge.scipy.SolverError`) or "nan".
+      on_failure: "raise" (ARPACK's failure, or a reverse-mode eigenvector derivative
+        asked of a degenerate eigenvalue: `jaxbridge.scipy.SolverError`) or "nan". In
+        forward mode a degenerate eigenvector's tangent is NaN under either policy (the
+        rule computes it whether or not it is used; the eigenvalues' stay exact).
 
     Returns:
       ``(w, v)``: the eigenvalues, shape ``(k,)``, ascending, and the unit
