@@ -387,6 +387,21 @@ def test_least_squares_bounds_held_just_inside_with_a_singular_newton_step():
     np.testing.assert_allclose(jax.jacrev(x_of)(lb), np.eye(2), atol=1e-12)
 
 
+def test_least_squares_inactive_positive_bounds_hold_nothing():
+    # Positivity bounds that do not bind (lb = 0.1 on the amplitude, rate and offset of
+    # the decay fit, all well above): at SciPy's default tolerances the gradient at x* is
+    # ~1e-9 either way, pushing towards a bound on some coordinates, but no coordinate
+    # is near one, so none is held: the derivative is the unconstrained fit's (to the
+    # default tolerances: the two fits stop 1e-8 apart).
+    def jac(bounds):
+        return jax.jacrev(lambda d: least_squares(decay_residual, jnp.array([3.0, 2.0, 1.0]),
+                                                  args=(T_LS, d), bounds=bounds).x)(DATA)
+
+    free = jac((-jnp.inf, jnp.inf))
+    assert np.abs(free).min() > 1e-3  # every coordinate moves with the data
+    np.testing.assert_allclose(jac((jnp.full(3, 0.1), jnp.full(3, 10.0))), free, rtol=1e-3)
+
+
 A_QUAD = jnp.array([[3.0, 1.0], [1.0, 2.0]])
 
 
