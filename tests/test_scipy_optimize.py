@@ -265,6 +265,24 @@ def test_least_squares_value_and_gradient(method, loss):
     np.testing.assert_allclose(jax.jit(jax.jacfwd(x_of))(DATA), jac_ref, rtol=1e-7, atol=1e-10)
 
 
+def test_least_squares_cost_of_every_loss_matches_scipys():
+    # `cost` is computed in JAX from the loss (SciPy's is on the host): every loss, on a
+    # fit with residuals on both sides of the robust losses' switch at z = 1. A wrong
+    # constant in a loss moves the cost, not x or any derivative.
+    data = DATA.at[4].add(1.0).at[2].add(0.15)
+    for loss in ("linear", "soft_l1", "huber", "cauchy", "arctan"):
+        ref = scipy.optimize.least_squares(
+            lambda th: np.asarray(decay_residual(jnp.asarray(th), T_LS, data)), np.ones(3),
+            jac=lambda th: np.asarray(jax.jacfwd(decay_residual)(jnp.asarray(th), T_LS, data)),
+            loss=loss, f_scale=0.1)
+        fit = least_squares(decay_residual, jnp.ones(3), loss=loss, f_scale=0.1,
+                            args=(T_LS, data))
+        z = (fit.fun / 0.1) ** 2
+        assert (z < 1).any() and (z > 1).any()
+        np.testing.assert_allclose(fit.x, ref.x, rtol=1e-7, err_msg=loss)
+        np.testing.assert_allclose(fit.cost, ref.cost, rtol=1e-8, err_msg=loss)
+
+
 @pytest.mark.slow
 def test_least_squares_vmap_bounds_and_check_rules():
     from jaxbridge.testing import CheckOptions, check_rules
