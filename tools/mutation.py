@@ -67,7 +67,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or held_just_inside or matrix_free_cg or (closed_form_and_fd and gmres) "
         "or active_coordinate_and_bound or each_bound or krylov_solves "
         "or (value_and_gradient and dogbox-cauchy) or robust_loss "
-        "or inactive_positive_bounds",
+        "or inactive_positive_bounds or cost_of_every_loss",
     ),
     # integrate.py's own derivative code runs on SciPy's loop (stepping="scipy", the
     # implicit methods with forward sensitivities), in the recording host call of the
@@ -564,9 +564,15 @@ def _in_annotation(start: tuple[int, int], spans: list) -> bool:
 
 
 def prepare(
-    module: str, sample: int | None, all_functions: bool, per_mutant_s: float, seed: int
+    module: str, sample: int | None, all_functions: bool, per_mutant_s: float, seed: int,
+    extend: int = 0,
 ) -> tuple[Path, Path, int]:
-    """Config and session for `module`; returns (config, session, mutants to run)."""
+    """Config and session for `module`; returns (config, session, mutants to run).
+
+    `extend`: the mutants of an earlier run's `--sample extend --seed seed` are left out
+    and `sample` more are drawn from the rest (seed + 1): together a uniform random
+    sample of `extend + sample`, grown without rerunning the first part.
+    """
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
@@ -595,6 +601,10 @@ def prepare(
             if any(pattern.search(m.definition_name or "") for m in w.mutations)
             and not all(_in_annotation(m.start_pos, spans) for m in w.mutations)
         ]
+        if extend:
+            done = {w.job_id for w in random.Random(seed).sample(keep, extend)}
+            keep = [w for w in keep if w.job_id not in done]
+            seed += 1
         if sample is not None and len(keep) > sample:
             keep = random.Random(seed).sample(keep, sample)
         kept = {w.job_id for w in keep}
@@ -668,6 +678,9 @@ def main() -> None:
     ap.add_argument("--per-mutant-s", type=float, default=300.0, help="test-run timeout")
     ap.add_argument("--sample", type=int, default=None, help="mutants per module (random)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--extend", type=int, default=0, metavar="K",
+                    help="grow an earlier --sample K --seed S run: leave its mutants out "
+                         "and draw --sample more from the rest")
     ap.add_argument(
         "--all-functions",
         action="store_true",
@@ -694,7 +707,7 @@ def main() -> None:
     summaries = []
     for i, module in enumerate(modules):
         config, session, n = prepare(
-            module, args.sample, args.all_functions, args.per_mutant_s, args.seed
+            module, args.sample, args.all_functions, args.per_mutant_s, args.seed, args.extend
         )
         share = (deadline - time.monotonic()) / (len(modules) - i)
         print(f"{module}: {n} mutants, budget {share:.0f} s", flush=True)
