@@ -387,22 +387,26 @@ def test_least_squares_float64_bound_held_just_inside_by_trf(side):
                                atol=1e-9)  # forward mode w.r.t. a bound: the matrix's cells
 
 
-def test_least_squares_bounds_held_just_inside_with_a_singular_newton_step():
+@pytest.mark.parametrize("side", [-1, 1])
+def test_least_squares_bounds_held_just_inside_with_a_singular_newton_step(side):
     # An overparameterized fit: the residual sees only x_0 + x_1, and both lower bounds
-    # hold (x* = lb, so dx*/dlb = I). trf stops ~5e-15 inside them, SciPy's active_mask
-    # (relative tolerance xtol=1e-15) can miss that, and the Newton step that finds
-    # weakly held bounds is singular here (J^T J has rank 1). The 1e-10 relative
-    # tolerance of a float64 fit must hold both: a few ulps of tolerance would leave the
-    # coordinates free and the optimality condition singular (a SolverError).
-    def x_of(lb):
-        return least_squares(lambda x: jnp.stack([x[0] + x[1] - 1.0]), jnp.array([3.0, 2.5]),
-                             bounds=(lb, jnp.full(2, jnp.inf)), xtol=1e-15, ftol=1e-4,
-                             gtol=1e-8).x
+    # (side -1) or both upper bounds (side 1, the mirror image) hold: x* is the bound,
+    # so dx*/d bound = I. trf stops ~5e-15 inside them, SciPy's active_mask (relative
+    # tolerance xtol=1e-15) can miss that, and the Newton step that finds weakly held
+    # bounds is singular here (J^T J has rank 1). The 1e-10 relative tolerance of a
+    # float64 fit must hold both: a few ulps of tolerance would leave the coordinates
+    # free and the optimality condition singular (a SolverError).
+    def x_of(b):
+        free = jnp.full(2, -side * jnp.inf)
+        return least_squares(lambda x: jnp.stack([x[0] + x[1] + side]),
+                             -side * jnp.array([3.0, 2.5]),
+                             bounds=(free, b) if side > 0 else (b, free), xtol=1e-15,
+                             ftol=1e-4, gtol=1e-8).x
 
-    lb = jnp.array([1.0, 1.0])
-    assert np.all(np.abs(x_of(lb) - lb) < 1e-10)
-    np.testing.assert_allclose(jax.jacfwd(x_of)(lb), np.eye(2), atol=1e-12)
-    np.testing.assert_allclose(jax.jacrev(x_of)(lb), np.eye(2), atol=1e-12)
+    b = jnp.array([1.0, 1.0]) * -side
+    assert np.all(np.abs(x_of(b) - b) < 1e-10)
+    np.testing.assert_allclose(jax.jacfwd(x_of)(b), np.eye(2), atol=1e-12)
+    np.testing.assert_allclose(jax.jacrev(x_of)(b), np.eye(2), atol=1e-12)
 
 
 def test_least_squares_inactive_positive_bounds_hold_nothing():
