@@ -372,6 +372,9 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # torch_has_cuda); the whole file (about 10 s here; its one GPU test skips on CPU).
     "jaxbridge/torch/_device.py": ("tests/test_torch_device.py", None),
     "jaxbridge/torch/_module.py": ("tests/test_torch.py", "module or optax"),
+    # A large result written into XLA's buffer: its own file (values against torch, the
+    # fallbacks, counted copies; about 8 s here), then test_torch.py's default tests.
+    "jaxbridge/torch/_redirect.py": ("tests/test_torch_redirect.py tests/test_torch.py", None),
 }
 
 
@@ -506,6 +509,9 @@ RULES = {
     # The function `jax.grad` differentiates with torch autograd, its entry, and the
     # parameters' and buffers' conversion.
     "jaxbridge/torch/_module.py": r"^_functional$|^_call_|^__call__$|^_to_jax$",
+    # Every function: each decides whether torch's result is XLA's buffer, and a wrong
+    # decision is a wrong value.
+    "jaxbridge/torch/_redirect.py": r".*",
 }
 
 

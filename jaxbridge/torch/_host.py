@@ -24,6 +24,7 @@ import torch
 
 from .._foreign import hostcall
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
+from . import _redirect
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 
 __all__ = ["thread_cap", "run_host", "run_one", "run_in_place", "write_results"]
@@ -56,15 +57,18 @@ class _Batching:
     operator, the input and output dtypes for which its ``out=`` variant writes the
     result straight into XLA's output buffer (`direct`: no result tensor of torch's
     own, no copy; learned from one ordinary call that returned exactly the declared
-    dtype and shape, so ``out=`` never casts or resizes)."""
+    dtype and shape, so ``out=`` never casts or resizes); for any other function with
+    one large result, per signature, which of its operations can write the result into
+    XLA's buffer (`redirect`, see `_redirect`; None: none can)."""
 
-    __slots__ = ("vmap_fails", "copy_inputs", "op", "direct")
+    __slots__ = ("vmap_fails", "copy_inputs", "op", "direct", "redirect")
 
     def __init__(self, fn: Any = None) -> None:
         self.vmap_fails = False
         self.copy_inputs = False
         self.op = is_torch_op(fn)
         self.direct: dict[tuple, bool] = {}
+        self.redirect: dict[tuple, _redirect.Plan | None] = {}
 
 
 def _direct_key(tensors: Sequence[Any], out: Any) -> tuple | None:
@@ -262,7 +266,10 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
     # Grad mode is left as it is (switching it costs ~2 us a call): the tensors lent to
     # `call` do not require grad, so torch records no graph of them.
     try:
-        if batch_depth == 0:
+        if batch_depth == 0 and op is None and type(out) is np.ndarray and \
+                out.nbytes >= _redirect.MIN_BYTES:
+            _run_large(name, lambda: call(tensors), tensors, out, batching)
+        elif batch_depth == 0:
             if not (op is not None and _run_op(op, tensors, out, batching)):
                 value = call(tensors)
                 if op is not None:
@@ -286,7 +293,9 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
     x = to_torch(a)
     before = _cap_threads()
     try:
-        if not (state.op and _run_op(fn, (x,), out, state)):
+        if not state.op and type(out) is np.ndarray and out.nbytes >= _redirect.MIN_BYTES:
+            _run_large(name, lambda: fn(x), [x], out, state)
+        elif not (state.op and _run_op(fn, (x,), out, state)):
             value = fn(x)
             if state.op:
                 _learn_op((x,), value, out, state)
@@ -301,6 +310,31 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
             _check_after_call(name, tensors, state)
     finally:
         _restore_threads(before)
+
+
+def _run_large(name: str, call: Callable[[], Any], tensors: list[Any], out: np.ndarray,
+               state: _Batching) -> None:
+    """One unbatched call with one large result: the first call per signature learns
+    which operation makes the result; later ones have it write into `out` (`_redirect`),
+    falling back to the copy for good at the first surprise."""
+    key = _redirect.plan_key(tensors, out)
+    if key not in state.redirect:
+        value, state.redirect[key] = _redirect.learn(call, out)
+        _write_one(name, "output", value, out)
+        return
+    plan = state.redirect[key]
+    if plan is None or _redirect.overlaps_inputs(tensors, out):
+        _write_one(name, "output", call(), out)
+        return
+    value, written = _redirect.run_redirected(call, out, plan)
+    if not written:
+        state.redirect[key] = None
+        _write_one(name, "output", value, out)
+    elif sys.getrefcount(value) > 2:
+        # The function kept its result (a cache, an attribute): that tensor is XLA's
+        # buffer, valid only during the call. Give it private memory, and copy from now on.
+        value.set_(value.clone())
+        state.redirect[key] = None
 
 
 def _targets(out: Any) -> Any:

@@ -1,0 +1,199 @@
+"""jaxbridge.torch: a large fresh result written by torch into XLA's buffer (`_redirect`).
+
+After the first call, the operation that makes a function's large result writes it into
+XLA's output buffer with its ``out=`` overload: no result tensor of torch's own, no
+copy. Every test checks values against plain torch/NumPy, and the fallbacks: other
+control flow, views, in-place updates, kept results, exceptions, aliased buffers.
+"""
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="jaxbridge.torch needs PyTorch: pip install -e '.[torch]' (Python 3.11)")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxbridge.torch as jt  # noqa: E402
+from jaxbridge.torch import _host, _redirect  # noqa: E402
+
+# The fast path is the CPU path's (XLA's buffers as NumPy views): on the GPU machine
+# these tests pin the CPU device.
+pytestmark = pytest.mark.cpu
+
+N = 1 << 20  # 4 MiB of float32: above _redirect.MIN_BYTES
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """How many results were copied into XLA's buffers (calls of `_write_one`)."""
+    count = []
+    write = _host._write_one
+
+    def counted(*args):
+        count.append(1)
+        return write(*args)
+
+    monkeypatch.setattr(_host, "_write_one", counted)
+    return count
+
+
+def test_a_fresh_result_is_written_into_xlas_buffer_after_the_first_call(copies):
+    f = jt.wrap(lambda x: x + 1)
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, 50, lambda i, v: f(v), x))
+    y = loop(jnp.zeros(N, jnp.float32))
+    np.testing.assert_array_equal(y, 50.0)
+    assert len(copies) == 1  # the first call learns (and copies); the other 49 do not
+    z = loop(jnp.arange(N, dtype=jnp.float32))  # the same signature: nothing to learn
+    np.testing.assert_array_equal(z, np.arange(N, dtype=np.float32) + 50)
+    assert len(copies) == 1
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.float64, jnp.bfloat16])
+def test_other_dtypes_and_two_arguments(copies, dtype):
+    f = jax.jit(jt.wrap(lambda a, b: a * b - a))
+    a = jnp.arange(N, dtype=dtype) % 7
+    b = jnp.full(N, 3, dtype)
+    for _ in range(3):
+        np.testing.assert_array_equal(f(a, b), a * b - a)
+    # bfloat16 has no NumPy view of the same memory: its results are always copied
+    assert len(copies) == (3 if dtype == jnp.bfloat16 else 1)
+
+
+BRANCH = {"name": "add"}
+
+
+def branchy(x):
+    """The same signature, other operations, as a global says (data-dependent code)."""
+    name = BRANCH["name"]
+    if name == "add":
+        return x + 1
+    if name == "add_then_mul":  # the learned add now makes an intermediate
+        return (x + 1) * 2
+    if name == "transposed":  # the learned add fills the buffer; the result is its
+        return (x + 1).t()     # transpose, a view: copied onto itself it would scramble
+    return x * 3  # another operation where the add was
+
+
+@pytest.mark.parametrize("later", ["add_then_mul", "transposed", "mul"])
+def test_other_control_flow_on_a_later_call_falls_back_to_the_copy(copies, later):
+    f = jax.jit(jt.wrap(branchy))
+    x = jnp.arange(N, dtype=jnp.float32).reshape(1024, 1024)
+    BRANCH["name"] = "add"
+    np.testing.assert_array_equal(f(x), x + 1)
+    np.testing.assert_array_equal(f(x), x + 1)
+    assert len(copies) == 1
+    try:
+        BRANCH["name"] = later
+        want = {"add_then_mul": (x + 1) * 2, "transposed": (x + 1).T, "mul": x * 3}[later]
+        np.testing.assert_array_equal(f(x), want)
+        np.testing.assert_array_equal(f(x), want)
+        BRANCH["name"] = "add"  # the plan was dropped at the surprise: copies from now on
+        np.testing.assert_array_equal(f(x), x + 1)
+        assert len(copies) == 4
+    finally:
+        BRANCH["name"] = "add"
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: (x + 1)[:],                      # a view: copied
+    lambda x: (x + 1).mul_(2),                 # updated in place after it was made
+    lambda x: torch.cat([x[: N // 2] + 1, x[N // 2:] - 1]),  # two operations' results
+    lambda x: (x + 1).to(torch.float64).to(torch.float32),
+], ids=["view", "in_place", "cat", "casts"])
+def test_results_made_in_other_ways_are_right(fn):
+    f = jax.jit(jt.wrap(fn))
+    x = jnp.arange(N, dtype=jnp.float32)
+    want = fn(torch.from_numpy(np.asarray(x).copy())).numpy()
+    for _ in range(3):
+        np.testing.assert_array_equal(f(x), want)
+
+
+def test_a_kept_result_stays_valid_and_later_calls_copy(copies):
+    kept = []
+
+    def keeps(x):
+        y = x * 2
+        kept.append(y)
+        return y
+
+    f = jax.jit(jt.wrap(keeps))
+    x = jnp.arange(N, dtype=jnp.float32)
+    for k in range(4):
+        np.testing.assert_array_equal(f(x + k), (x + k) * 2)
+    values = [float(t[5]) for t in kept if t.device.type == "cpu"]  # not the meta trace's
+    assert values == [10.0, 12.0, 14.0, 16.0]
+    assert len(copies) == 3  # learned (copy), kept once (written in place), then copies
+
+
+def test_an_exception_on_a_redirected_call_keeps_its_type():
+    class Diverged(Exception):
+        pass
+
+    calls = []
+
+    def fails_on_third(x):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Diverged("third call")
+        return x + 1
+
+    f = jax.jit(jt.wrap(fails_on_third, result=jax.ShapeDtypeStruct((N,), jnp.float32)))
+    x = jnp.zeros(N, jnp.float32)
+    np.testing.assert_array_equal(f(x), 1.0)
+    np.testing.assert_array_equal(f(x), 1.0)
+    with pytest.raises(Diverged, match="third call"):
+        jax.block_until_ready(f(x))
+    np.testing.assert_array_equal(f(x), 1.0)
+
+
+def test_derivatives_vmap_and_small_results_are_unchanged():
+    f = jt.wrap(lambda x: torch.sin(x) * 2)
+    x = jnp.linspace(-3.0, 3.0, N, dtype=jnp.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(jax.jit(f)(x), 2 * np.sin(np.asarray(x)), rtol=1e-6,
+                                   atol=1e-6)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(x)
+    np.testing.assert_allclose(g, 2 * np.cos(np.asarray(x)), rtol=1e-5, atol=1e-6)
+    xb = x.reshape(2, -1)
+    np.testing.assert_allclose(jax.jit(jax.vmap(f))(xb), 2 * np.sin(np.asarray(xb)),
+                               rtol=1e-6, atol=1e-6)
+    small = jnp.linspace(-1.0, 1.0, 1000, dtype=jnp.float32)
+    np.testing.assert_allclose(jax.jit(f)(small), 2 * np.sin(np.asarray(small)), rtol=1e-6)
+
+
+def test_a_wrong_result_is_still_named_on_the_learning_call():
+    f = jt.wrap(lambda x: x[1:] + 1, result=jax.ShapeDtypeStruct((N,), jnp.float32))
+    with pytest.raises(Exception, match=r"shape"):
+        jax.block_until_ready(jax.jit(f)(jnp.zeros(N, jnp.float32)))
+
+
+def test_a_buffer_that_overlaps_an_input_is_never_written_through():
+    a = np.zeros(16, np.float32)
+    t = torch.from_numpy(a)
+    assert _redirect.overlaps_inputs([t], a)
+    assert _redirect.overlaps_inputs([t[4:8]], a[6:10])        # partial overlap
+    assert not _redirect.overlaps_inputs([t[:8]], a[8:])        # adjacent
+    assert not _redirect.overlaps_inputs([t[:0], 3.0], a)       # empty tensor, a static leaf
+    assert _redirect.overlaps_inputs([torch.from_numpy(a[8:])], a[:9])
+
+
+def test_plans_need_a_large_result_and_an_out_overload():
+    big = np.zeros(N, np.float32)
+    x = torch.ones(N)
+    _, plan = _redirect.learn(lambda: x + 1, big)
+    assert plan is not None and plan.index == 0 and plan.out_func.__name__ == "add.out"
+    _, plan = _redirect.learn(lambda: x + 1, np.zeros(1000, np.float32)[:1000])
+    assert plan is None  # too small: not worth the dispatch mode
+    many = np.zeros(N, np.float32)  # 4 MiB over 20 operations: under 256 KiB each
+
+    def chain():
+        y = x
+        for _ in range(20):
+            y = y + 1
+        return y
+    _, plan = _redirect.learn(chain, many)
+    assert plan is None
+    _, plan = _redirect.learn(lambda: x.sum().expand(N).contiguous() * 1, big)
+    assert plan is not None and plan.index == 3  # sum, expand, clone, mul: the last
