@@ -50,6 +50,32 @@ def test_a_fresh_result_is_written_into_xlas_buffer_after_the_first_call(copies)
     assert len(copies) == 1
 
 
+def test_the_last_of_several_operations_is_the_one_redirected(copies):
+    # sin, mul, add: the add (the third aten call) makes the result; an add of the
+    # same kind after it, whose value is discarded, must not write into the buffer.
+    def f(x):
+        y = torch.sin(x) * 2 + 1
+        (y + 5).sum()  # a later operation of the same overload, not the result
+        return y
+
+    g = jax.jit(jt.wrap(f))
+    x = jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32)
+    want = np.sin(np.asarray(x)) * 2 + 1
+    for _ in range(3):
+        np.testing.assert_allclose(g(x), want, rtol=1e-6, atol=1e-6)
+    assert len(copies) == 1
+
+
+def test_small_results_are_copied_as_before(copies):
+    # Below MIN_BYTES (1 MiB) the dispatch mode could cost more than the copy it saves:
+    # 512 KiB from one operation is copied.
+    f = jax.jit(jt.wrap(lambda x: x + 1))
+    x = jnp.arange(1 << 17, dtype=jnp.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(f(x), x + 1)
+    assert len(copies) == 3
+
+
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.float64, jnp.bfloat16])
 def test_other_dtypes_and_two_arguments(copies, dtype):
     f = jax.jit(jt.wrap(lambda a, b: a * b - a))
