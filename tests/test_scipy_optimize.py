@@ -833,6 +833,24 @@ def test_compiled_root_auto_tangent_solve_is_dense_up_to_64_unknowns():
         jax.block_until_ready(jax.jit(jax.grad(loss(65, "auto")))(jnp.ones(65)))
 
 
+def test_scipy_root_auto_tangent_solve_is_dense_up_to_64_unknowns():
+    """The same switch on SciPy's own root loop (hybr, its Jacobian from JAX): "auto" is
+    the dense solve up to 64 unknowns and GMRES above (minimize and least_squares go
+    dense up to 1000, then CG, which a nonsymmetric root Jacobian would defeat). On the
+    cyclic shift GMRES(20) stalls, so 65 unknowns under "auto" raise."""
+    def loss(n, linear_solver):
+        return lambda p: jnp.vdot(jnp.arange(n, dtype=p.dtype), root(
+            lambda x, p: jnp.roll(x - p, 1), jnp.zeros(n), (p,), method="hybr",
+            linear_solver=linear_solver).x)
+
+    for n, linear_solver in ((64, "auto"), (65, "direct")):
+        g = jax.grad(loss(n, linear_solver))(jnp.ones(n))
+        np.testing.assert_allclose(g, np.arange(n), rtol=1e-12, atol=1e-12)
+    with pytest.raises(SolverError, match="implicit differentiation: the gmres solve did "
+                                          "not converge"):
+        jax.block_until_ready(jax.grad(loss(65, "auto"))(jnp.ones(65)))
+
+
 @pytest.mark.parametrize("linear_solver", ["direct", "gmres", "cg"])
 def test_compiled_root_tangent_solves_at_every_scale(linear_solver):
     """The compiled root's implicit derivatives through each tangent solver, on

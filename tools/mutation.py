@@ -67,7 +67,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or held_just_inside or matrix_free_cg or (closed_form_and_fd and gmres) "
         "or active_coordinate_and_bound or each_bound or krylov_solves "
         "or (value_and_gradient and dogbox-cauchy) or robust_loss "
-        "or inactive_positive_bounds or cost_of_every_loss",
+        "or inactive_positive_bounds or cost_of_every_loss or scipy_root_auto",
     ),
     # integrate.py's own derivative code runs on SciPy's loop (stepping="scipy", the
     # implicit methods with forward sensitivities), in the recording host call of the
