@@ -55,7 +55,7 @@ def test_the_last_of_several_operations_is_the_one_redirected(copies):
     # same kind after it, whose value is discarded, must not write into the buffer.
     def f(x):
         y = torch.sin(x) * 2 + 1
-        (y + 5).sum()  # a later operation of the same overload, not the result
+        _ = y + 5  # a later operation of the same overload, not the result
         return y
 
     g = jax.jit(jt.wrap(f))
@@ -64,6 +64,31 @@ def test_the_last_of_several_operations_is_the_one_redirected(copies):
     for _ in range(3):
         np.testing.assert_allclose(g(x), want, rtol=1e-6, atol=1e-6)
     assert len(copies) == 1
+
+
+def test_keyword_arguments_reach_the_out_overload(copies):
+    f = jax.jit(jt.wrap(lambda x: torch.add(x, 1, alpha=3)))  # alpha is keyword-only
+    x = jnp.arange(N, dtype=jnp.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(f(x), x + 3)
+    assert len(copies) == 1
+
+
+def test_plans_need_256_kib_of_result_per_operation():
+    # 17 aten calls (adds): a plan from a result of 17 x 256 KiB, none from one element
+    # less (the dispatch mode's cost grows with the calls, the copy's saving with the bytes).
+    def chain(x):
+        def run():
+            y = x
+            for _ in range(17):
+                y = y + 1
+            return y
+        return run
+
+    n = 17 * (256 << 10) // 4
+    for size, planned in ((n, True), (n - 1, False)):
+        _, plan = _redirect.learn(chain(torch.zeros(size)), np.zeros(size, np.float32))
+        assert (plan is not None) == planned, size
 
 
 def test_small_results_are_copied_as_before(copies):
