@@ -248,3 +248,22 @@ def test_plans_need_a_large_result_and_an_out_overload():
     assert plan is None
     _, plan = _redirect.learn(lambda: x.sum().expand(N).contiguous() * 1, big)
     assert plan is not None and plan.index == 3  # sum, expand, clone, mul: the last
+
+
+def test_a_plan_far_into_the_sequence_fires():
+    # The 301st aten call makes the result (positions past CPython's small-int cache).
+    x = torch.zeros(4)
+
+    def call():
+        y = x
+        for _ in range(301):
+            y = y + 1
+        return y
+
+    _, plan = _redirect.learn(call, np.zeros(4, np.float32))
+    assert plan is None  # 16 bytes: too small for a plan of its own; take the add's
+    out = np.zeros(4, np.float32)
+    plan = _redirect.Plan(300, torch.ops.aten.add.Tensor, torch.ops.aten.add.out)
+    value, written = _redirect.run_redirected(call, out, plan)
+    assert written and value.data_ptr() == out.ctypes.data
+    np.testing.assert_array_equal(out, 301.0)
