@@ -270,7 +270,8 @@ def test_least_squares_cost_of_every_loss_matches_scipys():
     # fit with residuals on both sides of the robust losses' switch at z = 1. A wrong
     # constant in a loss moves the cost, not x or any derivative.
     data = DATA.at[4].add(1.0).at[2].add(0.15)
-    for loss in ("linear", "soft_l1", "huber", "cauchy", "arctan"):
+    # the names as from a config file: equal to the literals, not the same objects
+    for loss in json.loads('["linear", "soft_l1", "huber", "cauchy", "arctan"]'):
         ref = scipy.optimize.least_squares(
             lambda th: np.asarray(decay_residual(jnp.asarray(th), T_LS, data)), np.ones(3),
             jac=lambda th: np.asarray(jax.jacfwd(decay_residual)(jnp.asarray(th), T_LS, data)),
@@ -387,26 +388,34 @@ def test_least_squares_float64_bound_held_just_inside_by_trf(side):
                                atol=1e-9)  # forward mode w.r.t. a bound: the matrix's cells
 
 
-@pytest.mark.parametrize("side", [-1, 1])
-def test_least_squares_bounds_held_just_inside_with_a_singular_newton_step(side):
-    # An overparameterized fit: the residual sees only x_0 + x_1, and both lower bounds
-    # (side -1) or both upper bounds (side 1, the mirror image) hold: x* is the bound,
-    # so dx*/d bound = I. trf stops ~5e-15 inside them, SciPy's active_mask (relative
-    # tolerance xtol=1e-15) can miss that, and the Newton step that finds weakly held
-    # bounds is singular here (J^T J has rank 1). The 1e-10 relative tolerance of a
-    # float64 fit must hold both: a few ulps of tolerance would leave the coordinates
-    # free and the optimality condition singular (a SolverError).
+@pytest.mark.parametrize("side, at, dtype, gtol", [
+    (-1, 1.0, jnp.float64, 1e-8),   # both lower bounds, trf ~5e-15 inside
+    (1, -1.0, jnp.float64, 1e-8),   # the mirror image: both upper bounds
+    (-1, 1e6, jnp.float64, 1e-5),   # 6e-8 inside 1e6: the tolerance scales with 1 + |b|
+    (-1, 1.0, jnp.float32, 1e-5),   # 3e-8 inside: float32's tolerance is 4 eps
+], ids=["lower", "upper", "lower-1e6", "lower-float32"])
+def test_least_squares_bounds_held_just_inside_with_a_singular_newton_step(side, at, dtype,
+                                                                           gtol):
+    # An overparameterized fit: the residual sees only x_0 + x_1, and both bounds hold
+    # (the unconstrained optimum, x_0 + x_1 = 2 at + side, lies beyond them): x* is the
+    # bound, so dx*/d bound = I. trf stops a little inside, SciPy's active_mask
+    # (relative tolerance xtol) misses that, and the Newton step that finds weakly held
+    # bounds is singular here (J^T J has rank 1), so only the tolerance of `_active`
+    # (1e-10 (1 + |b|) in float64, 4 eps (1 + |b|) in float32) can hold them: a tighter
+    # one would leave the coordinates free and the optimality condition singular (a
+    # SolverError).
     def x_of(b):
-        free = jnp.full(2, -side * jnp.inf)
-        return least_squares(lambda x: jnp.stack([x[0] + x[1] + side]),
-                             -side * jnp.array([3.0, 2.5]),
-                             bounds=(free, b) if side > 0 else (b, free), xtol=1e-15,
-                             ftol=1e-4, gtol=1e-8).x
+        free = jnp.full(2, -side * jnp.inf, dtype)
+        return least_squares(lambda x: jnp.stack([x[0] + x[1] - 2 * at - side]),
+                             b - side * jnp.array([2.0, 1.5], dtype),
+                             bounds=(free, b) if side > 0 else (b, free),
+                             xtol=1e-15 if dtype == jnp.float64 else 1e-10, ftol=1e-4,
+                             gtol=gtol).x
 
-    b = jnp.array([1.0, 1.0]) * -side
-    assert np.all(np.abs(x_of(b) - b) < 1e-10)
-    np.testing.assert_allclose(jax.jacfwd(x_of)(b), np.eye(2), atol=1e-12)
-    np.testing.assert_allclose(jax.jacrev(x_of)(b), np.eye(2), atol=1e-12)
+    b = jnp.full(2, at, dtype)
+    assert np.all(np.abs(x_of(b) - b) <= 1e-6 * (1 + abs(at)))
+    np.testing.assert_allclose(jax.jacfwd(x_of)(b), np.eye(2), atol=1e-6)
+    np.testing.assert_allclose(jax.jacrev(x_of)(b), np.eye(2), atol=1e-6)
 
 
 def test_least_squares_inactive_positive_bounds_hold_nothing():
@@ -843,7 +852,7 @@ def test_scipy_root_auto_tangent_solve_is_dense_up_to_64_unknowns():
             lambda x, p: jnp.roll(x - p, 1), jnp.zeros(n), (p,), method="hybr",
             linear_solver=linear_solver).x)
 
-    for n, linear_solver in ((64, "auto"), (65, "direct")):
+    for n, linear_solver in ((64, json.loads('"auto"')), (65, json.loads('"direct"'))):
         g = jax.grad(loss(n, linear_solver))(jnp.ones(n))
         np.testing.assert_allclose(g, np.arange(n), rtol=1e-12, atol=1e-12)
     with pytest.raises(SolverError, match="implicit differentiation: the gmres solve did "
