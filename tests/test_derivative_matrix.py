@@ -846,7 +846,8 @@ def _least_squares_rows() -> list[Row]:
                 rtol=1e-6,
                 atol=1e-7,
                 rtol32=1e-2,
-                default={"trf": ("vmap.jacrev",), "lm": ("vmap.jacfwd",)}.get(method, ()),
+                default={"trf": ("vmap.jacrev",), "lm": ("vmap.jacfwd",),
+                         "dogbox": ("jacrev",)}.get(method, ()),
             )
         )
     for loss in ("soft_l1", "huber", "cauchy", "arctan"):

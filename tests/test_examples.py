@@ -61,8 +61,11 @@ def test_listed_examples_exist():
     assert not missing, f"listed examples not found in {EXAMPLES}: {missing}"
 
 
-# Long by nature (an ODE or a torch model trained for several steps): in the slow run
-SLOW_EXAMPLES = {"neural_ode.py", "projectile_events.py", "torch_model.py"}
+# Long by nature (an ODE or a torch model trained for several steps): in the slow run;
+# pytree_model.py (6 s) too, since session 14: pytrees of arguments and results are
+# covered by the unit tests (test_foreign.py, test_hostcall.py) in the default run
+SLOW_EXAMPLES = {"neural_ode.py", "projectile_events.py", "torch_model.py",
+                 "pytree_model.py"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES

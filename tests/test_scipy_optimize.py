@@ -231,13 +231,11 @@ def ift_reference(data, loss="linear", f_scale=1.0):
 # SciPy's "lm" (MINPACK) supports only the linear loss (SciPy 1.17: "method='lm' supports
 # only 'linear' loss function"), so lm-soft_l1 and lm-cauchy are not cases.
 @pytest.mark.parametrize("method,loss", [
-    # 5-35 s each on 2 shared cores; lm-linear (13 s) too: the derivative matrix's
-    # default cells take lm's derivatives; dogbox-soft_l1 (5-17 s): dogbox-cauchy is
-    # dogbox's robust loss in the default run
+    # 5-35 s each on 2 shared cores, all in the slow stage: the derivative matrix's
+    # default cells take trf's, dogbox's and lm's derivatives (vmap.jacrev/jacfwd), and
+    # test_least_squares_cost_of_every_loss_matches_scipys compares every loss's cost
+    # with SciPy's (dogbox-cauchy, 13 s, did that by default until session 14)
     pytest.param(method, loss, marks=pytest.mark.slow)
-    if (method, loss) in {("trf", "linear"), ("dogbox", "linear"), ("trf", "soft_l1"),
-                          ("trf", "cauchy"), ("lm", "linear"), ("dogbox", "soft_l1")}
-    else (method, loss)
     for loss in ("linear", "soft_l1", "cauchy")
     for method in ("trf", "dogbox", "lm") if method != "lm" or loss == "linear"])
 def test_least_squares_value_and_gradient(method, loss):

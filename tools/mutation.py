@@ -55,9 +55,9 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # argument, bound regime and mode; then test_scipy_optimize.py's default tests of the
     # Krylov solves (gmres, cg, their failure policy), the failure policy, the bounds
     # (minimize's box; least_squares where trf stops just inside), the singular system's
-    # error, least_squares' cost against SciPy's (dogbox-cauchy since session 12, when
-    # dogbox-soft_l1 and the huber outlier case moved to the slow stage), robust losses
-    # with an outlier
+    # error, least_squares' cost against SciPy's for every loss (since session 14; before
+    # it dogbox-cauchy's, now in the slow stage), robust losses with an outlier, and
+    # session 14's tests of bounds held by _active alone and of root's "auto" switch
     # (107 s wall at load 4, beside a second test run; 67 s at load 3 before the cauchy
     # and arctan outlier cases). The rest of the file (2 min), the matrix's slow cells and
     # the float32 bound test are left to the suite.
@@ -66,7 +66,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "(test_cell and optimize) or failure_policies or singular_optimality "
         "or held_just_inside or matrix_free_cg or (closed_form_and_fd and gmres) "
         "or active_coordinate_and_bound or each_bound or krylov_solves "
-        "or (value_and_gradient and dogbox-cauchy) or robust_loss "
+        "or robust_loss "
         "or inactive_positive_bounds or cost_of_every_loss or scipy_root_auto",
     ),
     # integrate.py's own derivative code runs on SciPy's loop (stepping="scipy", the
