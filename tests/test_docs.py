@@ -84,9 +84,11 @@ def _sybil() -> Sybil:
     return Sybil(parsers=[PythonCodeBlockParser(), SkipParser()])
 
 
-# Long by nature (ODE gradients compiled block by block): in the slow run
+# Long by nature (ODE gradients compiled block by block): in the slow run; since
+# session 14 (the default run's budget) also the host-functions guide (5 s), whose
+# examples are the ones test_foreign.py checks in more detail
 SLOW_PAGES = {"docs/guides/ode-events.md", "docs/guides/ode-gradients.md",
-              "docs/guides/scipy.md"}
+              "docs/guides/scipy.md", "docs/guides/host-functions.md"}
 
 
 @pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES

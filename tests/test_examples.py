@@ -62,10 +62,11 @@ def test_listed_examples_exist():
 
 
 # Long by nature (an ODE or a torch model trained for several steps): in the slow run;
-# pytree_model.py (6 s) too, since session 14: pytrees of arguments and results are
-# covered by the unit tests (test_foreign.py, test_hostcall.py) in the default run
+# since session 14 (the default run's budget) also the pytree and Equinox examples
+# (5-6 s each): pytrees and Equinox modules as arguments are covered by unit tests in
+# the default run (test_foreign.py, test_scipy_closures.py); Flax NNX's example stays
 SLOW_EXAMPLES = {"neural_ode.py", "projectile_events.py", "torch_model.py",
-                 "pytree_model.py"}
+                 "pytree_model.py", "equinox_module.py"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES
