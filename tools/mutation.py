@@ -607,6 +607,8 @@ def prepare(
             if any(pattern.search(m.definition_name or "") for m in w.mutations)
             and not all(_in_annotation(m.start_pos, spans) for m in w.mutations)
         ]
+        if extend > len(keep):
+            sys.exit(f"--extend {extend}: {module} has only {len(keep)} mutants to sample")
         if extend:
             done = {w.job_id for w in random.Random(seed).sample(keep, extend)}
             keep = [w for w in keep if w.job_id not in done]

@@ -266,8 +266,7 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
     # Grad mode is left as it is (switching it costs ~2 us a call): the tensors lent to
     # `call` do not require grad, so torch records no graph of them.
     try:
-        if batch_depth == 0 and op is None and type(out) is np.ndarray and \
-                out.nbytes >= _redirect.MIN_BYTES:
+        if batch_depth == 0 and op is None and _redirect.worth_trying(out):
             _run_large(name, lambda: call(tensors), tensors, out, batching)
         elif batch_depth == 0:
             if not (op is not None and _run_op(op, tensors, out, batching)):
@@ -293,7 +292,7 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
     x = to_torch(a)
     before = _cap_threads()
     try:
-        if not state.op and type(out) is np.ndarray and out.nbytes >= _redirect.MIN_BYTES:
+        if not state.op and _redirect.worth_trying(out):
             _run_large(name, lambda: fn(x), [x], out, state)
         elif not (state.op and _run_op(fn, (x,), out, state)):
             value = fn(x)

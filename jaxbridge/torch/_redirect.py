@@ -32,8 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._convert import SAME_MEMORY_DTYPES, to_torch
 
-__all__ = ["MIN_BYTES", "BYTES_PER_OP", "Plan", "plan_key", "learn", "run_redirected",
-           "overlaps_inputs"]
+__all__ = ["MIN_BYTES", "BYTES_PER_OP", "Plan", "worth_trying", "plan_key", "learn",
+           "run_redirected", "overlaps_inputs"]
 
 #: Results below this size are copied as before (the dispatch mode would cost more).
 MIN_BYTES = 1 << 20
@@ -49,6 +49,12 @@ class Plan:
 
     def __init__(self, index: int, func: Any, out_func: Any) -> None:
         self.index, self.func, self.out_func = index, func, out_func
+
+
+def worth_trying(out: Any) -> bool:
+    """Whether a call writing into `out` may use a plan: one result on the CPU path
+    (a NumPy view of XLA's buffer) of at least `MIN_BYTES`."""
+    return type(out) is np.ndarray and out.nbytes >= MIN_BYTES
 
 
 def plan_key(tensors: list[Any], out: np.ndarray) -> tuple:
@@ -95,7 +101,7 @@ def learn(call: Callable[[], Any], out: np.ndarray) -> tuple[Any, Plan | None]:
     recorder = _Record()
     with recorder:
         value = call()
-    calls, recorder.calls = recorder.calls, []
+    calls = recorder.calls
     want = SAME_MEMORY_DTYPES.get(out.dtype)
     if type(value) is not torch.Tensor or value.dtype is not want or \
             tuple(value.shape) != out.shape or not value.is_contiguous() or \
