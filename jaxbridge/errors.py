@@ -202,7 +202,7 @@ def carried_failure(args: tuple) -> BaseException | None:
     its message's token, or the exception object itself (what Python passes when it
     normalizes an error set as that object). Only `Exception`s: KeyboardInterrupt and
     SystemExit from a worker thread are raised in the main thread as well
-    (csrc/hostcall/hostcall.cc), and the caller keeps JAX's error for them."""
+    (csrc/hostcall/delivery.cc), and the caller keeps JAX's error for them."""
     for arg in args:
         if isinstance(arg, str):
             match = _TOKEN.search(arg)

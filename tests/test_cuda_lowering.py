@@ -199,7 +199,7 @@ def test_torch_calls_lower_for_cuda_to_the_native_handler(how):
 def test_torch_calls_for_cuda_run_on_device_buffers(how, monkeypatch):
     """Every torch call lowered for CUDA (forward, autograd adjoint, torch.func tangent)
     offers the trampoline its device fill (DLPack views of XLA's device buffers, XLA's
-    stream: csrc/hostcall/device_call.inc) where torch has CUDA; CPU-only torch is faked
+    stream: csrc/hostcall/device_call.cc) where torch has CUDA; CPU-only torch is faked
     into having it here."""
     import gc
 

@@ -343,7 +343,7 @@ def test_aliases_that_do_not_fit_the_call_are_refused_at_trace_time():
 
 # ----------------------------------------------------------------- GPU
 # Host calls from GPU programs: the CUDA handler stages operands through pinned host
-# memory on XLA's stream (csrc/hostcall/hostcall.cc); pure_callback is the fallback.
+# memory on XLA's stream (csrc/hostcall/cuda_staging.cc); pure_callback is the fallback.
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gpu_host_call_values_grad_and_vmap(gpu, backend):

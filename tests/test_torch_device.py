@@ -1,5 +1,5 @@
 """jaxbridge.torch's device path (CUDA: XLA's device buffers as DLPack tensors, the call
-on XLA's stream; csrc/hostcall/device_call.inc, jaxbridge/torch/_device.py).
+on XLA's stream; csrc/hostcall/device_call.cc, jaxbridge/torch/_device.py).
 
 What runs here on a CPU-only machine: the DLPack capsules the trampoline builds
 (exercised with kDLCPU pointers), the stream selection with no stream, and a wrapped
@@ -202,7 +202,7 @@ def test_without_cuda_torch_the_call_is_staged(monkeypatch):
     assert target.device_fill is None
 
 
-# ---- the handler's own logic (csrc/hostcall/device_call.inc), minus CUDA: host arrays
+# ---- the handler's own logic (csrc/hostcall/device_call.cc), minus CUDA: host arrays
 # as kDLCPU buffers through _native._invoke_device_fill_for_testing
 def device_target(f, *args, monkeypatch):
     _, (target,) = lowered_host_callables(f, *args, cuda_torch=True, monkeypatch=monkeypatch)

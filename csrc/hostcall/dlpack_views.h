@@ -1,7 +1,7 @@
 // DLPack views of XLA's buffers: legacy "dltensor" capsules (DLPack 0.x ABI, which
 // torch.from_dlpack, CuPy and NumPy all accept) that point at memory XLA owns.
 //
-// Used by the host-call trampoline's device path (hostcall.cc, HostCallCuda): on the
+// Used by the host-call trampoline's device path (device_call.cc, reached from cuda_staging.cc): on the
 // CUDA platform a host function that accepts device buffers (a wrapped torch function)
 // gets capsules with kDLCUDA pointing at XLA's device buffers instead of staged host
 // copies. Nothing is copied and nothing is freed: the deleter only releases the

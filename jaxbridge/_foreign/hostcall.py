@@ -2,7 +2,7 @@
 
 Two mechanisms, one interface (`HostCallable` + `lower_host_call`):
 
-* native: the XLA FFI handler `jaxbridge_host_call` (csrc/hostcall/hostcall.cc) calls
+* native: the XLA FFI handler `jaxbridge_host_call` (csrc/hostcall/invoke.cc) calls
   `HostCallable.fill(inputs, outputs)` with zero-copy NumPy views of XLA's buffers
   (about 50x cheaper per call than `jax.pure_callback`; see benchmarks/RESULTS.md);
 * fallback: `jax.pure_callback`, used where the native extension or a platform handler
@@ -20,7 +20,7 @@ the module's host callback (`_jaxapi.mark_host_callback`), so our programs get e
 the same treatment. It also makes the executable own the callable.
 
 Running on the calling thread is also what lets an exception keep its identity: the
-trampoline re-raises it on that thread when the JAX call returns (see hostcall.cc).
+trampoline re-raises it on that thread when the JAX call returns (see csrc/hostcall/delivery.cc).
 
 Not every host call of such a program runs on the calling thread, though. XLA CPU's
 thunk executor runs independent parts of a program in parallel: the calling thread
@@ -109,7 +109,7 @@ if _native is not None:
     atexit.register(_native.begin_shutdown, SHUTDOWN_TIMEOUT_SECONDS)
 
 
-# ---- BLAS threads during host calls (see csrc/hostcall/hostcall.cc, BlasCap)
+# ---- BLAS threads during host calls (see csrc/hostcall/threads.cc)
 # (get, set) symbol names of libraries whose thread count is process-wide and an int.
 _BLAS_SYMBOLS = {
     "openblas": [("openblas_get_num_threads", "openblas_set_num_threads"),
@@ -240,7 +240,7 @@ class HostCallable:
 
     `device_fill(inputs, outputs, stream, device)`, if given, replaces `fill` on the CUDA
     platform: DLPack capsules of XLA's device buffers and XLA's stream, no staging
-    through host memory (csrc/hostcall/device_call.inc; jaxbridge.torch uses it).
+    through host memory (csrc/hostcall/device_call.cc; jaxbridge.torch uses it).
     """
 
     def __init__(self, fill: Callable[[tuple, tuple], Any], out_avals: Sequence[Any],

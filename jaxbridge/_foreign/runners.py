@@ -322,7 +322,7 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
 
 
 # How the native trampoline may call a host function without its `fill` wrapper
-# (csrc/hostcall/hostcall.cc, CallDirect): fill.direct = (fun, kind, finish), plus
+# (csrc/hostcall/direct_call.cc): fill.direct = (fun, kind, finish), plus
 # (n_in, live) for the adjoint kinds.
 DIRECT_RETURNS = 1  # fun(*ins) returns the one result
 DIRECT_OUT = 2      # fun(*ins, out=outs[0]) returns None

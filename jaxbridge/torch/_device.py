@@ -1,6 +1,6 @@
 """The device path: on CUDA, a wrapped torch function runs on XLA's own device buffers.
 
-Where JAX and torch share a GPU, the host-call trampoline (csrc/hostcall/device_call.inc)
+Where JAX and torch share a GPU, the host-call trampoline (csrc/hostcall/device_call.cc)
 does not stage the call through host memory for a wrapped torch function. It calls the
 `device_fill` made here with DLPack capsules (kDLCUDA) of XLA's input and output device
 buffers and the address of XLA's CUDA stream for this call. The capsules become torch

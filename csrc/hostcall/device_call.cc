@@ -1,6 +1,4 @@
-// The trampoline's device path (part of hostcall.cc's translation unit: it reuses the
-// GIL, shutdown and exception-delivery machinery defined there, in its anonymous
-// namespace).
+// The device path: DLPack views of XLA's device buffers for callables that take them.
 //
 // On the CUDA platform the handler normally stages operands through pinned host memory
 // and hands the callable NumPy views. A callable registered with a *device fill*
@@ -22,6 +20,20 @@
 // STATUS: compiled and lowered in CI, never run on a GPU (see docs/guides/torch.md).
 // Everything but CUDA itself runs on CPU in tests/test_torch_device.py, through
 // _native._invoke_device_fill_for_testing (host arrays as kDLCPU views).
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "dlpack_views.h"
+#include "internal.h"
+
+#ifdef JAXBRIDGE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace jaxbridge::hostcall {
+namespace {
 
 // ---- device fills, by callback id (a mutex, not the GIL: the CUDA handler picks its
 // path before taking the GIL). Borrowed: the HostCallable holds the callable and
@@ -34,15 +46,6 @@ std::unordered_map<int64_t, PyObject*>& DeviceFills() {
   static auto* fills = new std::unordered_map<int64_t, PyObject*>();
   return *fills;
 }
-bool HasDeviceFill(int64_t callback_id) {
-  std::lock_guard<std::mutex> lock(DeviceFillMutex());
-  return DeviceFills().count(callback_id) > 0;
-}
-void ForgetDeviceFill(int64_t callback_id) {
-  std::lock_guard<std::mutex> lock(DeviceFillMutex());
-  DeviceFills().erase(callback_id);
-}
-
 // The DLPack dtype of an XLA element type; false if DLPack (or torch) has none.
 bool DlpackType(ffi::DataType type, jaxbridge::dlpack::DLDataType* out) {
   using jaxbridge::dlpack::DataType;
@@ -119,9 +122,8 @@ ffi::Error InvokeDeviceFill(int64_t callback_id, const Slots& ins,
                           " is no longer registered");
   }
   py::object handler = py::reinterpret_borrow<py::object>(it->second.handler);
-  if (t_pending != nullptr) {  // an earlier call on this thread raised: skip
-    double waited = std::chrono::duration<double>(Clock::now() - t_pending_since).count();
-    if (waited <= kMaxSkipSeconds) {
+  if (HasPending()) {  // an earlier call on this thread raised: skip
+    if (PendingSeconds() <= kMaxSkipSeconds) {
       fail_fill(outs);
       return ffi::Error::Success();
     }
@@ -156,7 +158,7 @@ ffi::Error InvokeDeviceFill(int64_t callback_id, const Slots& ins,
   Py_DECREF(in_tuple);
   Py_DECREF(out_tuple);
   if (result == nullptr) {
-    exc = PyErr_GetRaisedExceptionCompat();
+    exc = FetchRaisedException();
   } else {
     Py_DECREF(result);
   }
@@ -170,7 +172,7 @@ ffi::Error InvokeDeviceFill(int64_t callback_id, const Slots& ins,
     py::list none;
     exc = PyObject_CallMethod(handler.ptr(), "kept_view_error", "OOn", none.ptr(), none.ptr(),
                               static_cast<Py_ssize_t>(kept));
-    if (exc == nullptr) exc = PyErr_GetRaisedExceptionCompat();
+    if (exc == nullptr) exc = FetchRaisedException();
   }
   if (exc != nullptr) {
     ffi::Error status = Report(exc, handler.ptr(), gil.python_thread(), {});
@@ -189,13 +191,6 @@ void DeviceFailedFill(const Slots& outs, cudaStream_t stream) {
   }
 }
 
-ffi::Error InvokeOnDevice(int64_t callback_id, const Slots& ins,
-                          const Slots& outs, cudaStream_t stream,
-                          int32_t device) {
-  return InvokeDeviceFill(callback_id, ins, outs, jaxbridge::dlpack::kDLCUDA, device,
-                          static_cast<void*>(stream),
-                          [stream](const Slots& o) { DeviceFailedFill(o, stream); });
-}
 #endif  // JAXBRIDGE_WITH_CUDA
 
 // Element types by NumPy name (the CPU test hooks below).
@@ -211,6 +206,27 @@ ffi::DataType TypeFromName(const std::string& name) {
   if (found == types.end()) throw py::value_error("unsupported dtype " + name);
   return found->second;
 }
+
+}  // namespace
+
+bool HasDeviceFill(int64_t callback_id) {
+  std::lock_guard<std::mutex> lock(DeviceFillMutex());
+  return DeviceFills().count(callback_id) > 0;
+}
+void ForgetDeviceFill(int64_t callback_id) {
+  std::lock_guard<std::mutex> lock(DeviceFillMutex());
+  DeviceFills().erase(callback_id);
+}
+
+#ifdef JAXBRIDGE_WITH_CUDA
+ffi::Error InvokeOnDevice(int64_t callback_id, const Slots& ins, const Slots& outs,
+                          void* stream_ptr, int32_t device) {
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  return InvokeDeviceFill(callback_id, ins, outs, jaxbridge::dlpack::kDLCUDA, device,
+                          stream_ptr,
+                          [stream](const Slots& o) { DeviceFailedFill(o, stream); });
+}
+#endif  // JAXBRIDGE_WITH_CUDA
 
 // The Python side of the device path (bound in PYBIND11_MODULE).
 void DefineDeviceCall(py::module_& m) {
@@ -277,3 +293,5 @@ void DefineDeviceCall(py::module_& m) {
   }, py::arg("callback_id"), py::arg("inputs"), py::arg("outputs"),
      "Run a registered device fill on host arrays as the CUDA handler would (tests only).");
 }
+
+}  // namespace jaxbridge::hostcall
