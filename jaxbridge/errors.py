@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import re
+import secrets
 import threading
+import traceback
 from typing import Any
 
 import numpy as np
@@ -167,53 +170,84 @@ def describe(aval: Any) -> str:
     return f"{np.dtype(aval.dtype).name}[{shape}]"
 
 
-# ---- failures that crossed XLA as a status (see jaxbridge/_foreign/hostcall.py) ----
-# An exception raised on one of XLA's worker threads crosses XLA as a status whose
-# message names a token; the last few such exceptions are kept here. Where JAX raises
-# its runtime error for that status on the launching thread, the runtime error becomes
-# the kept exception itself (`carried_failure`, installed by the host-call path through
-# `_core.jaxapi.raise_carried_exceptions`); `original_exception` hands it back from a
-# runtime error that still carries it.
-_RECENT_FAILURES_KEPT = 32
-_recent_failures: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+# ---- failures that crossed XLA as a status (see jaxbridge/_foreign/delivery.py) ----
+# An exception raised where no Python caller waits on the thread (one of XLA's worker
+# threads, a device's part of a program on several devices, the pure_callback backend)
+# crosses XLA as an error whose message names a token. Where JAX raises its runtime error
+# for that status on the launching thread, the runtime error becomes the kept exception
+# itself (`carried_failure`, installed through `_core.jaxapi.raise_carried_exceptions`);
+# `original_exception` hands it back from a runtime error that still carries it.
+#
+# Memory: a failure waits here until it is delivered (at most `_UNDELIVERED_KEPT` of
+# them); a delivered one is the caller's, and only the last few are kept (to recognise
+# JAX raising the same failed run again). When one failure is delivered, the frames'
+# local variables of the others still waiting are released (the exceptions themselves
+# are kept): the other shards of a failed run are never delivered, and their frames can
+# hold whole arrays.
+_UNDELIVERED_KEPT = 32
+_DELIVERED_KEPT = 4
+_undelivered: collections.OrderedDict[str, BaseException] = collections.OrderedDict()
+# token -> [the exception, how many times it was raised]
+_delivered: collections.OrderedDict[str, list] = collections.OrderedDict()
 _failure_ids = itertools.count(1)
 _failures_lock = threading.Lock()
-_TOKEN = re.compile(r"\[jaxbridge failure #(\d+)")
+#: Tokens name the process (its pid and a random nonce) so that a message that crossed to
+#: another process (a log, a multi-process run) never names another process's failure.
+_NONCE = secrets.token_hex(4)
+_TOKEN = re.compile(r"\[jaxbridge failure #([0-9a-f]+-[0-9a-f]+-\d+)")
 
 
-def remember_failure(exc: BaseException) -> int:
-    """Keep `exc` (bounded: the most recent few) and return its token."""
+def remember_failure(exc: BaseException) -> str:
+    """Keep `exc` until it is delivered and return its token."""
     with _failures_lock:
-        token = next(_failure_ids)
-        _recent_failures[token] = exc
-        while len(_recent_failures) > _RECENT_FAILURES_KEPT:
-            _recent_failures.popitem(last=False)
+        token = f"{os.getpid():x}-{_NONCE}-{next(_failure_ids)}"
+        _undelivered[token] = exc
+        while len(_undelivered) > _UNDELIVERED_KEPT:
+            _undelivered.popitem(last=False)
     return token
 
 
-def _kept(match: re.Match) -> BaseException | None:
-    """The kept exception a token match names (None: no longer kept)."""
+def _deliver(token: str) -> BaseException | None:
+    """The failure `token` names, now delivered (None: no longer kept)."""
     with _failures_lock:
-        return _recent_failures.get(int(match.group(1)))
+        exc = _undelivered.pop(token, None)
+        if exc is None:
+            entry = _delivered.get(token)
+            if entry is None:
+                return None
+            entry[1] += 1
+            return entry[0]
+        _delivered[token] = [exc, 1]
+        while len(_delivered) > _DELIVERED_KEPT:
+            _delivered.popitem(last=False)
+        waiting = [e for e in _undelivered.values() if e.__traceback__ is not None]
+    for other in waiting:  # outside the lock: clearing frames runs finalizers
+        traceback.clear_frames(other.__traceback__)
+    return exc
 
 
 def carried_failure(args: tuple) -> BaseException | None:
     """The kept host-function exception that a JAX runtime error is being built from:
     its message's token, or the exception object itself (what Python passes when it
-    normalizes an error set as that object). Only `Exception`s: KeyboardInterrupt and
-    SystemExit from a worker thread are raised in the main thread as well
-    (csrc/hostcall/delivery.cc), and the caller keeps JAX's error for them."""
+    normalizes an error set as that object). Marks it delivered."""
     for arg in args:
         if isinstance(arg, str):
             match = _TOKEN.search(arg)
             if match:
-                found = _kept(match)
-                return found if isinstance(found, Exception) else None
-        elif isinstance(arg, Exception):
+                return _deliver(match.group(1))
+        elif isinstance(arg, BaseException):
             with _failures_lock:
-                if any(arg is kept for kept in _recent_failures.values()):
+                kept = (*(e for e, _ in _delivered.values()), *_undelivered.values())
+                if any(arg is e for e in kept):
                     return arg
     return None
+
+
+def redelivered(exc: BaseException) -> bool:
+    """Whether `exc` is a failure raised again after it was delivered (JAX raising the
+    same failed run again, at a later `jax.effects_barrier()` or at exit)."""
+    with _failures_lock:
+        return any(exc is e and count > 1 for e, count in _delivered.values())
 
 
 def original_exception(err: BaseException) -> BaseException | None:
@@ -232,8 +266,8 @@ def original_exception(err: BaseException) -> BaseException | None:
         searched too).
 
     Returns:
-      The host function's exception object, or None. The last 32 such failures are
-      kept.
+      The host function's exception object, or None. Failures are kept until they are
+      delivered (the last 32 of them), and the last 4 delivered ones.
 
     Example:
         >>> original_exception(ValueError("unrelated")) is None
@@ -244,8 +278,16 @@ def original_exception(err: BaseException) -> BaseException | None:
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        match = _TOKEN.search(str(err))
+        match = _TOKEN.search(_text(err))
         if match:
-            return _kept(match)
+            return _deliver(match.group(1))
         err = err.__cause__ or err.__context__  # type: ignore[assignment]
     return None
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or "" for an exception whose ``__str__`` itself raises."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ is the exception's own bug
+        return ""

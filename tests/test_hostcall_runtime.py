@@ -360,8 +360,9 @@ def test_exception_on_an_xla_worker_thread_is_raised_as_itself_under_jit_grad():
 
 
 def test_runtime_errors_carrying_no_kept_exception_stay_runtime_errors():
-    # Only a runtime error whose message names a kept Exception becomes that exception:
-    # JAX's own errors, stale tokens and KeyboardInterrupt / SystemExit stay as they are.
+    # Only a runtime error whose message names a kept exception becomes that exception
+    # (KeyboardInterrupt and SystemExit included: raised once, at the call site); JAX's
+    # own errors, unknown tokens and another process's tokens stay as they are.
     from jaxbridge import errors
     from jaxbridge._core import jaxapi
 
@@ -371,9 +372,14 @@ def test_runtime_errors_carrying_no_kept_exception_stay_runtime_errors():
     token = errors.remember_failure(kept)
     assert runtime_error(f"UNKNOWN: ... [jaxbridge failure #{token}: ...]", 2) is kept
     assert runtime_error(kept) is kept  # what Python passes when normalizing
-    interrupt = errors.remember_failure(KeyboardInterrupt())
+    interrupt = KeyboardInterrupt()
+    assert runtime_error(f"[jaxbridge failure #{errors.remember_failure(interrupt)}]") \
+        is interrupt
+    pid, nonce, number = token.split("-")
     for message in ("INTERNAL: an error of JAX's own", "[jaxbridge failure #0: gone]",
-                    f"[jaxbridge failure #{interrupt}: ...]"):
+                    f"[jaxbridge failure #{pid}-{nonce}-999999: ...]",
+                    f"[jaxbridge failure #{int(pid, 16) + 1:x}-{nonce}-{number}: ...]",
+                    f"[jaxbridge failure #{pid}-00000000-{number}: ...]"):
         err = runtime_error(message)
         assert type(err) is runtime_error and message in str(err)
 

@@ -138,8 +138,10 @@ void FailedFill(const Slots& outs) {
   }
 }
 
+// A KeyboardInterrupt or SystemExit raised where no caller waits crosses XLA like any
+// other exception: JAX's error at the call site becomes it, once per failed run (not
+// once per shard), and `except Exception` there cannot swallow it.
 ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread, const Slots& outs) {
-  bool base_only = !PyErr_GivenExceptionMatches(exc, PyExc_Exception);
   PyObject* noted = PyObject_CallMethod(handler, "annotate", "O", exc);
   if (noted == nullptr) PyErr_Clear();
   Py_XDECREF(noted);
@@ -147,21 +149,6 @@ ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread, const Sl
     Py_DECREF(exc);
     FailedFill(outs);
     return ffi::Error::Success();
-  }
-  if (!python_thread && base_only &&
-      PyThread_get_thread_ident() != TheHooks().main_thread) {
-    // KeyboardInterrupt / SystemExit in a worker: also surface it in the main thread,
-    // so that `except Exception` retry loops there cannot swallow it.
-    Py_INCREF(exc);
-    PyObject* keep = exc;
-    if (Py_AddPendingCall(
-            [](void* e) -> int {
-              RaiseObject(static_cast<PyObject*>(e));
-              return -1;
-            },
-            keep) != 0) {
-      Py_DECREF(keep);
-    }
   }
   std::string message;
   PyObject* text = PyObject_CallMethod(handler, "failure_message", "O", exc);

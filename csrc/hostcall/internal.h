@@ -143,6 +143,7 @@ struct Hooks {
   PyObject* delivery_class = nullptr;  // raising it re-raises the thread's pending exception
   PyObject* gc_collect = nullptr;      // gc.collect
   PyObject* clear_frames = nullptr;    // traceback.clear_frames
+  PyObject* release_deferred = nullptr;  // drops the references JAX defers (or None)
   unsigned long main_thread = 0;       // threading.main_thread().ident
 };
 Hooks& TheHooks();
@@ -168,8 +169,9 @@ class InFlight {
 // Never returns: where a daemon thread that called a host function waits out exit.
 [[noreturn]] void Park();
 
-// atexit: refuse new host calls and wait for those in flight (see shutdown.cc).
-void BeginShutdown(double timeout_seconds);
+// atexit: refuse new host calls and wait for those in flight (see shutdown.cc); returns
+// how many are still running after `timeout_seconds`.
+int BeginShutdown(double timeout_seconds);
 
 // ------------------------------------------------------------------ the GIL (invoke.cc)
 // A thread that was running Python when it called into XLA (not a worker thread whose
@@ -180,7 +182,9 @@ bool OnPythonThread();
 // thread state on every call; the first one is kept for the thread's life.
 class Gil {
  public:
-  Gil();
+  // `worker`: treat this thread as a worker even if it has a Python thread state (XLA's
+  // buffer-callback handler gives its threads one).
+  explicit Gil(bool worker = false);
   ~Gil() { PyGILState_Release(state_); }
   Gil(const Gil&) = delete;
   Gil& operator=(const Gil&) = delete;
@@ -252,8 +256,13 @@ class BlasCap {
 bool SetBlasLimit(int limit, const std::vector<std::pair<uintptr_t, uintptr_t>>& fns);
 
 // ------------------------------------------------------------------ invoke.cc
-// Runs the callable registered under `callback_id` on `ins`/`outs`.
-ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs);
+// Runs the callable registered under `callback_id` on `ins`/`outs`. `worker`: the call
+// runs on a thread that no Python caller waits on (see Gil), whatever its thread state.
+ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs,
+                        bool worker = false);
+// The callable XLA's buffer-callback handler runs for a host call in a program that
+// spans several devices (see invoke.cc): (exec_ctx, outputs, *inputs) -> None.
+py::cpp_function BufferCallbackEntry(int64_t callback_id);
 // The operands and results of an FFI call as Slots.
 ffi::Error CollectSlots(ffi::RemainingArgs args, ffi::RemainingRets rets, Slots* ins,
                         Slots* outs);

@@ -17,8 +17,8 @@ bool OnPythonThread() {
   return !t_state_kept && PyGILState_GetThisThreadState() != nullptr;
 }
 
-Gil::Gil() {
-  python_thread_ = OnPythonThread();
+Gil::Gil(bool worker) {
+  python_thread_ = !worker && OnPythonThread();
   state_ = PyGILState_Ensure();
   if (!python_thread_ && !t_state_kept) {
     PyGILState_Ensure();
@@ -26,7 +26,8 @@ Gil::Gil() {
   }
 }
 
-ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs) {
+ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs,
+                        bool worker) {
   InFlight in_flight;
   if (!in_flight.entered()) {
     if (OnPythonThread() && PyThread_get_thread_ident() != TheHooks().main_thread) {
@@ -38,7 +39,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs
         "function was not called");
   }
   BlasCap blas;  // its own lock, not the GIL: less time holding the GIL under sharding
-  Gil gil;
+  Gil gil(worker);
   if (HasPending()) {  // an earlier call on this thread raised: skip
     if (PendingSeconds() <= kMaxSkipSeconds) {
       FailedFill(outs);
@@ -131,6 +132,75 @@ ffi::Error CollectSlots(ffi::RemainingArgs args, ffi::RemainingRets rets, Slots*
 
 namespace {
 
+// The XLA element type of a NumPy dtype (a descr seen before is found by identity).
+bool ElementType(PyObject* descr, ffi::DataType* out) {
+  static auto* seen = new std::unordered_map<PyObject*, ffi::DataType>();
+  auto found = seen->find(descr);
+  if (found != seen->end()) {
+    *out = found->second;
+    return true;
+  }
+  for (int code = 0; code < 64; ++code) {
+    auto type = static_cast<ffi::DataType>(code);
+    PyObject* dtype = NumpyDtype(type);
+    if (dtype == nullptr) continue;
+    int equal = PyObject_RichCompareBool(descr, dtype, Py_EQ);
+    if (equal < 0) PyErr_Clear();
+    if (equal == 1) {
+      Py_INCREF(descr);  // the cache's key stays valid
+      (*seen)[descr] = type;
+      *out = type;
+      return true;
+    }
+  }
+  return false;
+}
+
+// XLA's buffer-callback handler hands the callable its buffers as objects with the NumPy
+// array interface (`__array__()`: a view, no copy): their memory, shape and dtype.
+// Slot::dims point into `dims`, which is reserved up front and never reallocated.
+struct BufferArgs {
+  Slots ins, outs;
+  std::vector<std::vector<int64_t>> dims;  // Slot::dims point here
+  std::string error;
+};
+
+bool AddBuffer(py::handle buffer, bool writable, BufferArgs* into, Slots* slots) {
+  py::array a = buffer.attr("__array__")();
+  auto* fields = py::detail::array_proxy(a.ptr());
+  Slot s;
+  if (!ElementType(reinterpret_cast<PyObject*>(fields->descr), &s.type)) {
+    into->error = "jaxbridge host call: unsupported element type " +
+                  std::string(py::str(a.dtype()));
+    return false;
+  }
+  into->dims.emplace_back(a.shape(), a.shape() + a.ndim());
+  s.dims = into->dims.back().data();
+  s.rank = static_cast<size_t>(a.ndim());
+  s.data = fields->data;
+  s.bytes = static_cast<size_t>(a.nbytes());
+  s.writable = writable;
+  slots->push_back(s);
+  return true;
+}
+
+// (exec_ctx, outputs, *inputs), as jax.experimental.buffer_callback calls its callback.
+bool CollectBuffers(const py::args& args, BufferArgs* into) {
+  if (args.size() < 2) {
+    into->error = "jaxbridge host call: expected (exec_ctx, outputs, *inputs)";
+    return false;
+  }
+  py::sequence outs = py::reinterpret_borrow<py::sequence>(args[1]);
+  into->dims.reserve(args.size() - 2 + outs.size());  // Slot::dims point into it
+  for (size_t i = 2; i < args.size(); ++i) {
+    if (!AddBuffer(args[i], false, into, &into->ins)) return false;
+  }
+  for (py::handle out : outs) {
+    if (!AddBuffer(out, true, into, &into->outs)) return false;
+  }
+  return true;
+}
+
 ffi::Error HostCallCpu(ffi::RemainingArgs args, ffi::RemainingRets rets,
                        int64_t callback_id) {
   Slots ins, outs;
@@ -139,6 +209,30 @@ ffi::Error HostCallCpu(ffi::RemainingArgs args, ffi::RemainingRets rets,
 }
 
 }  // namespace
+
+// A host call in a program that spans several devices runs inside XLA's own buffer
+// callback (jaxbridge/_core/jaxapi.py, lower_buffer_callback). Each device runs its
+// part of such a program on a thread of its own, one part at a time; a host function
+// that calls JAX (every jaxbridge.scipy solver does) would queue its computation behind
+// the part that is waiting for it, for ever. XLA's handler marks its thread as inside a
+// host callback, so that JAX work started there runs inline on that thread instead. The
+// exception of a failed call crosses XLA as an error whose text carries its token.
+py::cpp_function BufferCallbackEntry(int64_t callback_id) {
+  return py::cpp_function([callback_id](py::args args) {
+    BufferArgs buffers;
+    if (!CollectBuffers(args, &buffers)) throw py::value_error(buffers.error);
+    ffi::Error status;
+    {
+      py::gil_scoped_release release;
+      status = InvokeOnHost(callback_id, buffers.ins, buffers.outs, /*worker=*/true);
+    }
+    if (status.failure()) {
+      PyErr_SetString(PyExc_RuntimeError, status.message().c_str());
+      throw py::error_already_set();
+    }
+  });
+}
+
 }  // namespace jaxbridge::hostcall
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxbridgeHostCallCpu, jaxbridge::hostcall::HostCallCpu,

@@ -31,11 +31,13 @@ PYBIND11_MODULE(_native, m) {
     return out;
   }, "FFI handler capsules by platform: {platform: {target_name: capsule}}.");
   m.def("install_hooks", [](py::object delivery_class, py::object gc_collect,
-                            py::object clear_frames, unsigned long main_thread) {
+                            py::object clear_frames, py::object release_deferred,
+                            unsigned long main_thread) {
     jbh::Hooks& hooks = jbh::TheHooks();
     hooks.delivery_class = delivery_class.release().ptr();
     hooks.gc_collect = gc_collect.release().ptr();
     hooks.clear_frames = clear_frames.release().ptr();
+    hooks.release_deferred = release_deferred.release().ptr();
     hooks.main_thread = main_thread;
   }, "Called once by jaxbridge._foreign.hostcall with the Python objects the handler needs.");
   m.def("register_callback", [](int64_t callback_id, py::handle fill, py::handle handler,
@@ -78,6 +80,9 @@ PYBIND11_MODULE(_native, m) {
     jbh::ForgetDeviceFill(callback_id);
   },
         py::arg("callback_id"));
+  m.def("buffer_callback", &jbh::BufferCallbackEntry, py::arg("callback_id"),
+        "The callable that jax.experimental.buffer_callback runs for host call "
+        "`callback_id`: (exec_ctx, outputs, *inputs) -> None.");
   m.def("num_registered", []() { return jbh::Registry().size(); });
   m.def("copies_inputs", [](int64_t callback_id) {
     auto it = jbh::Registry().find(callback_id);
@@ -98,7 +103,8 @@ PYBIND11_MODULE(_native, m) {
         "(nothing changed) while host calls run.");
   jbh::DefineDeviceCall(m);
   m.def("begin_shutdown", &jbh::BeginShutdown, py::arg("timeout_seconds"),
-        "atexit: refuse new host calls and wait for those in flight.");
+        "atexit: refuse new host calls and wait for those in flight; returns how many "
+        "are still running after the timeout.");
 #ifdef JAXBRIDGE_WITH_CUDA
   m.attr("with_cuda") = true;
 #else

@@ -50,16 +50,20 @@ void Park() {
 }
 
 // atexit: refuse new host calls, wait (without the GIL) for those in flight, then give
-// threads that just returned from one a moment to get back into Python or park.
-void BeginShutdown(double timeout_seconds) {
+// threads that just returned from one a moment to get back into Python or park. Returns
+// how many calls are still running (the caller then exits without waiting for them).
+int BeginShutdown(double timeout_seconds) {
   g_exiting.store(true, std::memory_order_release);
   py::gil_scoped_release release;
+  bool done;
   {
     std::unique_lock<std::mutex> lock(g_in_flight_mu);
-    g_in_flight_cv.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
-                            [] { return g_in_flight.load(std::memory_order_acquire) == 0; });
+    done = g_in_flight_cv.wait_for(
+        lock, std::chrono::duration<double>(timeout_seconds),
+        [] { return g_in_flight.load(std::memory_order_acquire) == 0; });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return g_in_flight.load(std::memory_order_acquire);
 }
 
 }  // namespace jaxbridge::hostcall

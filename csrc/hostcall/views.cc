@@ -20,6 +20,7 @@
 // their callable's registry entry, and the next call with the same shapes and dtypes
 // (every call of one compiled program) only points them at the new buffers.
 #include <cstring>
+#include <thread>
 
 #include "internal.h"
 
@@ -66,6 +67,30 @@ void DetachOne(PyObject* view_ptr) {
 py::object Owner() {
   return py::array(py::reinterpret_borrow<py::dtype>(NumpyDtype(ffi::DataType::U8)),
                    std::vector<py::ssize_t>{0});
+}
+
+// JAX may hold a view a little past the call: a jitted function given one takes it
+// without copying, and drops the reference only after that computation's last use of
+// it, through a queue of references JAX releases later (with the GIL). A view held only
+// that way is not kept by the callable: release JAX's queue and look again, for up to
+// this long, before calling it kept.
+constexpr auto kJaxReleaseWait = std::chrono::milliseconds(20);
+
+CallViews::Kept WaitForJaxReleases(const CallViews& views, CallViews::Kept kept) {
+  PyObject* release = TheHooks().release_deferred;
+  if (release == nullptr || release == Py_None) return kept;
+  auto deadline = Clock::now() + kJaxReleaseWait;
+  while (kept.any()) {
+    PyObject* r = PyObject_CallNoArgs(release);
+    if (r == nullptr) PyErr_Clear();
+    Py_XDECREF(r);
+    kept = views.Check();
+    if (!kept.any() || Clock::now() > deadline) break;
+    Py_BEGIN_ALLOW_THREADS
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    Py_END_ALLOW_THREADS
+  }
+  return kept;
 }
 
 }  // namespace
@@ -199,6 +224,8 @@ PyObject* ResolveKept(CallViews& views, Entry& entry, PyObject* exc) {
   // ~0.3 s in a process of a few million objects, once per failing call. So collect
   // only after a call that returned.
   if (exc == nullptr) {
+    kept = WaitForJaxReleases(views, kept);
+    if (!kept.any()) return nullptr;
     PyObject* collected = PyObject_CallNoArgs(TheHooks().gc_collect);
     if (collected == nullptr) PyErr_Clear();
     Py_XDECREF(collected);

@@ -9,6 +9,7 @@ newer (tested on 0.10 and 0.12).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,11 @@ __all__ = [
     "cast_to_varying",
     "result_avals",
     "raise_carried_exceptions",
+    "let_barriers_forget",
+    "program_devices",
+    "lower_buffer_callback",
+    "make_batch_partitionable",
+    "deferred_release",
 ]
 
 
@@ -72,43 +78,84 @@ def mark_host_callback(ctx: Any, callback: Any) -> None:
 
 
 _carried_hook: Callable[[tuple], BaseException | None] | None = None
+_carried_lock = threading.Lock()
 
 
 def raise_carried_exceptions(carried: Callable[[tuple], BaseException | None]) -> bool:
     """Make JAX's runtime error, raised where a compiled program failed, be the
     exception `carried(args)` finds in its constructor arguments (None: stay itself).
 
-    A host call on one of XLA's worker threads fails through XLA: the launching thread
-    is blocked in XLA (no Python frame of ours is there to re-raise anything), and jaxlib
-    raises `jax.errors.JaxRuntimeError(message, ...)` there. Python builds an exception
-    by calling its class, and a class whose `__new__` returns an exception of another
-    type raises that one (type_call skips `__init__`; `PyErr_SetObject` normalizes to
-    it): so the user's own exception object is raised, on the launching thread, at the
-    call site. Checked on JAX 0.10 (Python 3.11) and 0.12 (3.12), on the C++ fast path
-    and the first call's Python path. Installed once (later calls just return True);
-    False where the class is missing or immutable, and the runtime error stays as it is.
+    A host call where no Python caller waits on the thread fails through XLA: the
+    launching thread is blocked in XLA (no Python frame of ours is there to re-raise
+    anything), and jaxlib raises `jax.errors.JaxRuntimeError(message, ...)` there. Python
+    builds an exception by calling its class, and a class whose `__new__` returns an
+    exception of another type raises that one (type_call skips `__init__`;
+    `PyErr_SetObject` normalizes to it): so the user's own exception object is raised, on
+    the launching thread, at the call site. Checked on JAX 0.10 (Python 3.11) and 0.12
+    (3.12), on the C++ fast path and the first call's Python path. Installed once, under a
+    lock (later calls just return True); False where the class is missing or immutable,
+    and the runtime error stays as it is.
     """
     global _carried_hook
-    if _carried_hook is not None:
+    with _carried_lock:
+        if _carried_hook is not None:
+            return True
+        cls = getattr(jax.errors, "JaxRuntimeError", None)
+        if not isinstance(cls, type):  # pragma: no cover - depends on the JAX release
+            return False
+        base_new = cls.__new__
+
+        def __new__(kind: type, *args: Any, **kwargs: Any) -> Any:
+            if kind is cls:
+                found = carried(args)
+                if found is not None:
+                    return found
+            return base_new(kind, *args, **kwargs)
+
+        try:
+            cls.__new__ = staticmethod(__new__)  # type: ignore[method-assign,assignment]
+        except (TypeError, AttributeError):  # pragma: no cover - an immutable type
+            return False
+        _carried_hook = carried
         return True
-    cls = getattr(jax.errors, "JaxRuntimeError", None)
-    if not isinstance(cls, type):  # pragma: no cover - depends on the JAX release
-        return False
-    base_new = cls.__new__
 
-    def __new__(kind: type, *args: Any, **kwargs: Any) -> Any:
-        if kind is cls:
-            found = carried(args)
-            if found is not None:
-                return found
-        return base_new(kind, *args, **kwargs)
 
-    try:
-        cls.__new__ = staticmethod(__new__)  # type: ignore[method-assign,assignment]
-    except (TypeError, AttributeError):  # pragma: no cover - an immutable type
-        return False
-    _carried_hook = carried
-    return True
+_barrier_patched = False
+
+
+def let_barriers_forget(redelivered: Callable[[BaseException], bool]) -> bool:
+    """Make `jax.effects_barrier()` (and JAX's exit hooks) forget a failed run once its
+    error was raised: where `redelivered(err)`, the barrier returns instead of raising it.
+
+    JAX keeps the runtime token of the last program run on each device and waits on
+    those tokens at every barrier; a token of a failed run raises its error, and
+    `RuntimeTokenSet.block_until_ready` raises before it clears the tokens, so every
+    later barrier -- and both of JAX's exit hooks -- raise the same failure again, though
+    the caller caught and handled it. False (nothing changed) where the private set is
+    not there.
+    """
+    global _barrier_patched
+    with _carried_lock:
+        if _barrier_patched:
+            return True
+        try:
+            from jax._src import dispatch
+            tokens_cls = type(dispatch.runtime_tokens)
+            wait = tokens_cls.block_until_ready
+        except (ImportError, AttributeError):  # pragma: no cover - depends on the release
+            return False
+
+        def block_until_ready(self: Any) -> None:
+            try:
+                wait(self)
+            except BaseException as err:
+                self.clear()  # what JAX does after waiting, skipped when a wait raises
+                if not redelivered(err):
+                    raise
+
+        tokens_cls.block_until_ready = block_until_ready
+        _barrier_patched = True
+        return True
 
 
 def is_exporting(ctx: Any) -> bool:
@@ -134,16 +181,86 @@ def hold_weakly_in_jax_caches(cls: type) -> None:
         pass
 
 
-def ffi_lowering_aliased(target: str, aliases: Sequence[tuple[int, int]]) -> Any:
+def ffi_lowering_aliased(target: str, aliases: Sequence[tuple[int, int]],
+                         has_side_effect: bool = False) -> Any:
     """`jax.ffi.ffi_lowering` with results written into operand buffers.
 
     `ffi_lowering` forwards extra keywords to the custom-call builder, whose keyword
     for aliasing is `operand_output_aliases` (what `jax.ffi.ffi_call` passes for its
-    `input_output_aliases`).
+    `input_output_aliases`). `has_side_effect` keeps XLA from replacing a call whose
+    results are all empty by constants (it would never run).
     """
-    if not aliases:
-        return jax.ffi.ffi_lowering(target)
-    return jax.ffi.ffi_lowering(target, operand_output_aliases=dict(aliases))
+    extra: dict[str, Any] = {"has_side_effect": True} if has_side_effect else {}
+    if aliases:
+        extra["operand_output_aliases"] = dict(aliases)
+    return jax.ffi.ffi_lowering(target, **extra)
+
+
+def program_devices(ctx: Any) -> int:
+    """How many devices the program being lowered runs on: each runs its own part of it
+    (under `jit` with shardings, `shard_map` or `pmap`), 1 for a single-device program."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, mlir.SPMDAxisContext):
+        return int(axis_context.mesh.size)
+    if isinstance(axis_context, mlir.ShardingContext):
+        return int(axis_context.num_devices)
+    replicas = getattr(axis_context, "axis_env", None)
+    if replicas is not None:  # pmap: ReplicaAxisContext
+        return max(1, int(getattr(replicas, "nreps", 1)))
+    return 1
+
+
+def lower_buffer_callback(ctx: Any, callback: Callable[..., Any], args: Sequence[Any],
+                          aliases: Sequence[tuple[int, int]] = (),
+                          has_side_effect: bool = False) -> Sequence[Any]:
+    """Emit `jax.experimental.buffer_callback` calling `callback(exec_ctx, outputs,
+    *inputs)` on XLA's buffers (objects with `__array__`), for results `ctx.avals_out`.
+
+    XLA's handler for it marks its thread as running a host callback, so that JAX work
+    the callback starts runs inline on that thread (JAX's own callbacks rely on the same):
+    in a program that spans several devices, each device runs its part on one thread,
+    and a computation queued behind the part that waits for it would never start.
+    """
+    from jax.experimental.buffer_callback import buffer_callback
+
+    structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out)
+    call = buffer_callback(callback, structs, has_side_effect=has_side_effect,
+                           input_output_aliases=dict(aliases) or None)
+    return mlir.lower_fun(lambda *xs: call(*xs), multiple_results=True)(ctx, *args)
+
+
+_batch_partitionable: set[str] = set()
+
+
+def make_batch_partitionable(results: Sequence[Any]) -> None:
+    """Register the custom call that produced `results` with XLA's batch partitioner
+    (by its target name, once), so that a `num_batch_dims` attribute splits it."""
+    op = custom_call_of(results)
+    name = mlir.ir.StringAttr(op.attributes["call_target_name"]).value
+    if name not in _batch_partitionable:
+        jax.ffi.register_ffi_target_as_batch_partitionable(name)
+        _batch_partitionable.add(name)
+
+
+def custom_call_of(results: Any) -> Any:
+    """The custom-call operation whose results `results` are (through any tuple-element
+    extraction the lowering added)."""
+    value = results[0] if isinstance(results, (list, tuple)) else results
+    op = value.owner
+    while op.name == "stablehlo.get_tuple_element":
+        op = op.operands[0].owner
+    return op
+
+
+def deferred_release() -> Callable[[], Any] | None:
+    """The function that drops the Python references JAX defers until it next holds the
+    GIL (a NumPy array a computation was reading, say), or None where there is none."""
+    try:
+        from jax._src.lib import _jax
+    except ImportError:  # pragma: no cover - depends on the JAX release
+        return None
+    release = getattr(_jax, "collect_garbage", None)
+    return release if callable(release) else None
 
 
 def auto_partitioned_devices(ctx: Any) -> int:
@@ -176,8 +293,7 @@ def set_num_batch_dims(results: Any, num_batch_dims: int) -> None:
     This is the frontend attribute read by XLA for targets registered with
     `jax.ffi.register_ffi_target_as_batch_partitionable`.
     """
-    value = results[0] if isinstance(results, (list, tuple)) else results
-    op = value.owner
+    op = custom_call_of(results)
     op.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(
         {"num_batch_dims": mlir.ir.StringAttr.get(str(num_batch_dims))})
     if getattr(jax.config, "jax_use_shardy_partitioner", False):

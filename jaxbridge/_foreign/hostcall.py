@@ -60,14 +60,8 @@ import numpy as np
 from .._core import extensions, jaxapi
 from .._core.checks import refuse_gather
 from .._core.jaxapi import mlir
-from ..errors import (
-    BackendError,
-    ForeignCallError,
-    JaxbridgeError,
-    KeptViewError,
-    carried_failure,
-    remember_failure,
-)
+from ..errors import BackendError, ForeignCallError, KeptViewError
+from . import delivery
 
 _native = extensions.load("_native")
 
@@ -80,33 +74,44 @@ TARGET_NAME = "jaxbridge_host_call"
 BATCHED_TARGET_NAME = "jaxbridge_host_call_batched"
 ON_MESH = ("error", "replicate")
 BACKENDS = ("auto", "native", "pure_callback")
-# How long interpreter exit waits for host calls still running on other threads.
+# How long interpreter exit waits for host calls still running on other threads
+# (JAXBRIDGE_SHUTDOWN_TIMEOUT, seconds).
 SHUTDOWN_TIMEOUT_SECONDS = 10.0
 _ids = itertools.count(1)
 _registered_platforms: set[str] = set()
 _register_lock = threading.Lock()
 
 
-class _PendingException(BaseException):
-    """Raised in a thread by the trampoline (`PyThreadState_SetAsyncExc` takes a class):
-    constructing it hands back the exception the thread's host call raised."""
-
-    def __new__(cls, *args: Any) -> Any:  # noqa: D102
-        exc = _native.take_pending() if _native is not None else None
-        if exc is None:  # nothing pending: should not happen; say so rather than guess
-            return RuntimeError("jaxbridge: a host-call exception was lost in delivery")
-        if sys.version_info < (3, 12) and exc.__traceback__ is not None:
-            # Python 3.11 replaces the traceback of an exception delivered this way
-            # with the frames it unwinds next: keep where it was raised as a note.
-            exc.add_note("Raised in a jaxbridge host function:\n" + "".join(
-                traceback.format_tb(exc.__traceback__)).rstrip())
-        return exc
-
-
+delivery.install()
 if _native is not None:
-    _native.install_hooks(_PendingException, gc.collect, traceback.clear_frames,
-                          threading.main_thread().ident)
-    atexit.register(_native.begin_shutdown, SHUTDOWN_TIMEOUT_SECONDS)
+    delivery.PendingException.take_pending = _native.take_pending
+    _native.install_hooks(delivery.PendingException, gc.collect, traceback.clear_frames,
+                          jaxapi.deferred_release(), threading.main_thread().ident)
+    atexit.register(lambda: _shut_down(_native))
+
+
+def _shut_down(native: Any) -> None:
+    """atexit (before JAX's own exit hooks, which wait for every program still running):
+    wait for the host calls in flight; if some never return, say which and exit now."""
+    try:
+        timeout = float(os.environ.get("JAXBRIDGE_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_SECONDS))
+    except ValueError:
+        timeout = SHUTDOWN_TIMEOUT_SECONDS
+    running = native.begin_shutdown(timeout)
+    if not running:
+        return
+    last = getattr(sys, "last_value", None)  # the exception that is ending the program
+    status = 130 if isinstance(last, KeyboardInterrupt) else 1
+    sys.stderr.write(
+        f"jaxbridge: {running} host function call(s) still running {timeout:g} s after the "
+        f"interpreter began to exit; exiting without waiting for them (status {status}). "
+        f"JAXBRIDGE_SHUTDOWN_TIMEOUT sets the wait.\n")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 # ---- BLAS threads during host calls (see csrc/hostcall/threads.cc)
@@ -222,14 +227,6 @@ class CopyPolicy:
         self.copy = False
 
 
-def _where(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f"\n  (raised at {last.filename}:{last.lineno} in {last.name})"
-
-
 class HostCallable:
     """A host computation that compiled code can call.
 
@@ -280,29 +277,13 @@ class HostCallable:
 
     # -- slow paths called by the native trampoline
     def annotate(self, exc: BaseException) -> None:
-        """Note on a user's exception which foreign function raised it (once)."""
-        if isinstance(exc, JaxbridgeError) or getattr(exc, "_jaxbridge_noted", False):
-            return
-        try:
-            exc.add_note(f"(raised in the {self.what} of jaxbridge foreign function "
-                         f"{self.name!r})")
-            exc._jaxbridge_noted = True  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):  # an exception type that takes no attributes
-            pass
+        """Before `exc` is delivered: note which foreign function raised it (once)."""
+        delivery.annotate(exc, self.what, self.name)
 
     def failure_message(self, exc: BaseException) -> str:
-        """The XLA error text for a failure that crosses XLA as a status (it ran on an
-        XLA worker thread, or through pure_callback): the exception's type, message and
-        origin, and a token. JAX's runtime error raised for it on the launching thread
-        becomes `exc` itself (see the module docstring)."""
-        jaxapi.raise_carried_exceptions(carried_failure)
-        token = remember_failure(exc)
-        kind = type(exc)
-        name = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else \
-            f"{kind.__module__}.{kind.__qualname__}"
-        return (f"{name}: {exc}\n  in the {self.what} of jaxbridge foreign function "
-                f"{self.name!r}{_where(exc)}\n  [jaxbridge failure #{token}: "
-                f"jaxbridge.errors.original_exception(err) returns the exception object]")
+        """The XLA error text for a failure that crosses XLA as an error (see
+        `delivery.failure_message`): JAX's runtime error for it becomes `exc` itself."""
+        return delivery.failure_message(exc, self.what, self.name)
 
     def started_copying(self) -> None:
         """The trampoline switched this callable to copies: so do its siblings (the same
@@ -397,14 +378,7 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
         extensions.warn_once_if_missing(
             "_native", "host calls run through jax.pure_callback (about 30x slower per call)")
     if use_native:
-        jaxapi.mark_host_callback(ctx, target)
-        lowering = jaxapi.ffi_lowering_aliased(
-            BATCHED_TARGET_NAME if num_batch_dims else TARGET_NAME, aliases)
-        results = lowering(ctx, *args, callback_id=np.int64(target.id))
-        if not num_batch_dims:
-            return results
-        jaxapi.set_num_batch_dims(results, num_batch_dims)
-        return results
+        return _lower_native(ctx, target, args, platform, num_batch_dims, aliases)
 
     out_shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in target.out_avals)
 
@@ -412,6 +386,28 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
         return jax.pure_callback(target.call_pure, out_shapes, *xs, vmap_method="sequential")
 
     return mlir.lower_fun(via_pure_callback, multiple_results=True)(ctx, *args)
+
+
+def _lower_native(ctx: Any, target: HostCallable, args: Sequence[Any], platform: str | None,
+                  num_batch_dims: int, aliases: Sequence[tuple[int, int]]) -> Sequence[Any]:
+    """The native call: our FFI target, or in a program that spans several CPU devices,
+    XLA's buffer callback running the same trampoline (see `jaxapi.lower_buffer_callback`:
+    host functions there may call JAX). A call whose results are all empty is marked as
+    having a side effect, or XLA would drop it (and never run the function)."""
+    jaxapi.mark_host_callback(ctx, target)
+    all_empty = all(np.prod(a.shape) == 0 for a in ctx.avals_out)
+    if platform == "cpu" and jaxapi.program_devices(ctx) > 1:
+        results = jaxapi.lower_buffer_callback(ctx, _native.buffer_callback(target.id), args,
+                                               aliases, has_side_effect=all_empty)
+        if num_batch_dims:
+            jaxapi.make_batch_partitionable(results)
+    else:
+        lowering = jaxapi.ffi_lowering_aliased(
+            BATCHED_TARGET_NAME if num_batch_dims else TARGET_NAME, aliases, all_empty)
+        results = lowering(ctx, *args, callback_id=np.int64(target.id))
+    if num_batch_dims:
+        jaxapi.set_num_batch_dims(results, num_batch_dims)
+    return results
 
 
 def loop_leading(fill: Callable[[tuple, tuple], Any], n: int) -> Callable[[tuple, tuple], None]:

@@ -35,7 +35,8 @@ import jaxbridge as jb  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 calls: list[tuple[str, tuple]] = []
-TARGETS = ("jaxbridge_host_call_batched", "jaxbridge_host_call")
+# Host calls in programs that span several CPU devices run inside XLA's buffer callback.
+TARGETS = ("jaxbridge_host_call_batched", "jaxbridge_host_call", "xla_buffer_python_cpu_callback")
 
 
 def make(batch_dims: int):
