@@ -21,8 +21,8 @@ One run prints (`python benchmarks/hostcall.py`):
 
 Each figure is best / median over interleaved rounds, and each ratio is also given
 paired (peer / ours within each round: median and min-max over rounds); the machine
-is shared, so compare ratios, not absolute times. `--only view_guard blas`
-runs the two older sections (kept-view guard, BLAS threads); `--only failing` the cost
+is shared, so compare ratios, not absolute times. `--only view_guard` runs the
+kept-view guard's section (thread budgets: benchmarks/threads.py); `--only failing` the cost
 of a host function that raises, in a process of millions of objects.
 
 Usage: `python benchmarks/hostcall.py [--quick] [--repeats N] [--only SECTION ...]
@@ -355,43 +355,6 @@ def section_failing(scale, repeats):
     del heap
 
 
-BUSY = "import time\nt = time.time()\nwhile time.time() - t < 600: pass\n"
-
-
-def section_blas(scale, repeats):
-    """On an idle machine BLAS's threads help a little; as soon as another process uses a
-    core, BLAS threads that spin-wait for each other lose their time slices and a rule's
-    matmul takes up to ~80x longer. Measured both ways, one core kept busy for the second."""
-    from jaxbridge._foreign import hostcall
-    jax.config.update("jax_enable_x64", True)
-    rows = []
-    for n in (64, 256):
-        a = np.random.default_rng(0).normal(size=(n, n)) / n
-        f = jb.foreign(lambda x: x)(lambda x, a=a: np.tanh(a @ x))
-        f.defvjp(lambda p, y, ct, a=a: (a.T @ ((1 - y ** 2) * ct),))
-        step = jax.grad(lambda v: jnp.sum(f(v)))
-        x = jnp.ones((n, 16), jnp.float64)
-        iters = max(20, int((2000 if n == 64 else 400) * scale))
-        times = {}
-        for busy in (False, True):
-            burner = subprocess.Popen([sys.executable, "-c", BUSY]) if busy else None
-            time.sleep(1.0 if busy else 0.0)  # let it start spinning
-            try:
-                for label, limit in (("capped at 1 (default)", 1), ("unlimited", 0)):
-                    hostcall.set_host_blas_threads(limit)
-                    key = f"{label}, {'1 core busy' if busy else 'idle'}"
-                    times[key] = per_call_us(lambda v: v - 1e-3 * step(v), x, iters, repeats=3)
-            finally:
-                if burner is not None:
-                    burner.kill()
-        hostcall.set_host_blas_threads(None)
-        rows.append((n, times))
-    table("BLAS threads: grad step of tanh(A @ x) with a NumPy rule, A n x n, x n x 16 "
-          "(us per step)", list(rows[0][1]), rows, "unlimited/capped when busy",
-          lambda t: t["unlimited, 1 core busy"] / t["capped at 1 (default), 1 core busy"])
-    jax.config.update("jax_enable_x64", False)
-
-
 SHARDED_CHILD = """
 import os, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -443,7 +406,7 @@ def section_sharded(scale, repeats):
 
 
 SECTIONS = {"calls": section_calls, "grad": section_grad, "sharded": section_sharded,
-            "view_guard": section_view_guard, "blas": section_blas,
+            "view_guard": section_view_guard,
             "failing": section_failing}
 DEFAULT = ("calls", "grad", "sharded")
 

@@ -334,33 +334,6 @@ def test_writing_into_an_input_is_an_error():
         jax.jit(jt.wrap(inplace))(jnp.ones(3))
 
 
-def test_torch_threads_are_capped_during_calls():
-    seen = []
-    before = torch.get_num_threads()
-
-    def f(x):
-        seen.append(torch.get_num_threads())
-        return x + 1
-
-    jax.jit(jt.wrap(f))(jnp.ones(3)).block_until_ready()
-    assert seen[-1] == 1
-    assert torch.get_num_threads() == before
-    # A cap never raises torch's own setting, and 0 leaves it alone.
-    from jaxbridge._foreign import hostcall
-    try:
-        torch.set_num_threads(1)
-        hostcall.set_host_blas_threads(2)
-        jax.jit(jt.wrap(lambda x: f(x) * 2))(jnp.ones(3)).block_until_ready()
-        assert seen[-1] == 1
-        torch.set_num_threads(2)
-        hostcall.set_host_blas_threads(0)
-        jax.jit(jt.wrap(lambda x: f(x) * 3))(jnp.ones(3)).block_until_ready()
-        assert seen[-1] == 2 and torch.get_num_threads() == 2
-    finally:
-        hostcall.set_host_blas_threads(None)
-        torch.set_num_threads(before)
-
-
 @pytest.mark.slow  # a subprocess with 4 CPU devices: ~15 s
 def test_sharded_inputs_with_batch_dims_run_per_shard():
     script = textwrap.dedent("""

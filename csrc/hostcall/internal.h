@@ -117,6 +117,31 @@ class CallViews {
   std::string error_;
 };
 
+// ------------------------------------------------------------------ threads.cc
+enum class ThreadPolicy { kAuto, kFixed, kLeave };
+
+// Whether a host function runs faster alone with one thread or with every thread
+// (threads.cc). Touched with the GIL held.
+class ThreadTuner {
+ public:
+  // The budget of the next call that runs alone, out of `share` threads.
+  int Choose(int share);
+  // That call took `seconds`.
+  void Record(double seconds);
+  py::dict State() const;  // for tests: {"phase": ..., "chosen": ...}
+
+ private:
+  enum class Phase { kExplore, kExploit, kProbe };
+  static constexpr int kOne = 0, kShare = 1;
+  Phase phase_ = Phase::kExplore;
+  int arm_ = -1;  // the choice of the call running now (-1: none)
+  int chosen_ = kShare;
+  int explored_ = 0, probed_ = 0;
+  std::array<std::array<double, 3>, 2> samples_{};
+  std::array<int, 2> next_{};
+  Clock::time_point decided_at_;
+};
+
 // ------------------------------------------------------------------ registry.cc
 struct Entry {
   PyObject* fill;     // borrowed: the owner unregisters from a weakref finalizer, and
@@ -133,6 +158,10 @@ struct Entry {
   // The views of its last call that kept nothing, for the next call (see CallViews).
   // Released with the GIL held (unregister_callback is called from Python).
   std::unique_ptr<CallViews> spare;
+  // How many of its calls a compiled program runs at once (its devices), and how many
+  // threads it runs fastest with when it runs alone (threads.cc).
+  int concurrency = 1;
+  ThreadTuner tuner;
 };
 
 // Never destroyed: XLA may call handlers during interpreter shutdown. GIL-protected.
@@ -241,19 +270,25 @@ bool CanCallDirect(const Entry& entry, const Slots& ins, const Slots& outs);
 PyObject* CallDirect(const Entry& entry, const CallViews& views, const Slots& out_slots);
 
 // ------------------------------------------------------------------ threads.cc
-// Sets the BLAS libraries' thread count for the duration of one host call.
-class BlasCap {
+// (see threads.cc)
+int CurrentThreadBudget();  // this thread's host call's budget; 0: the libraries' own
+bool SetThreadPolicy(ThreadPolicy policy, int limit,
+                     const std::vector<std::pair<uintptr_t, uintptr_t>>& fns);
+
+// Sets the thread budget of one host call for its duration (construct and destroy it
+// with the GIL held: it records the call's time in its entry's tuner).
+class ThreadBudget {
  public:
-  BlasCap();
-  ~BlasCap();
-  BlasCap(const BlasCap&) = delete;
-  BlasCap& operator=(const BlasCap&) = delete;
+  explicit ThreadBudget(Entry* entry);
+  ~ThreadBudget();
+  ThreadBudget(const ThreadBudget&) = delete;
+  ThreadBudget& operator=(const ThreadBudget&) = delete;
 
  private:
   bool engaged_ = false;
+  Entry* tuner_ = nullptr;
+  Clock::time_point started_;
 };
-// Set the cap (0: never) and the libraries' (get, set) functions; false while calls run.
-bool SetBlasLimit(int limit, const std::vector<std::pair<uintptr_t, uintptr_t>>& fns);
 
 // ------------------------------------------------------------------ invoke.cc
 // Runs the callable registered under `callback_id` on `ins`/`outs`. `worker`: the call

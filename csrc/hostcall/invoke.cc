@@ -38,7 +38,6 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs
         "jaxbridge host call: the Python interpreter is shutting down, so the host "
         "function was not called");
   }
-  BlasCap blas;  // its own lock, not the GIL: less time holding the GIL under sharding
   Gil gil(worker);
   if (HasPending()) {  // an earlier call on this thread raised: skip
     if (PendingSeconds() <= kMaxSkipSeconds) {
@@ -60,8 +59,9 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs
                           " is no longer registered (its function was garbage collected "
                           "while a compiled program still used it)");
   }
-  Entry& entry = it->second;
-  py::object handler = py::reinterpret_borrow<py::object>(entry.handler);  // keep alive
+  Entry& entry = it->second;  // stays: `handler` keeps its owner (and registration) alive
+  py::object handler = py::reinterpret_borrow<py::object>(entry.handler);
+  ThreadBudget threads(&entry);
   try {
     // The spare views of an earlier call if they fit (taken: a call on another thread,
     // while this one releases the GIL, builds its own), else new ones.

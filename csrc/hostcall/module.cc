@@ -2,6 +2,8 @@
 // hooks, thread and shutdown controls that jaxbridge/_foreign/hostcall.py uses.
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include "internal.h"
 
 namespace py = pybind11;
@@ -97,10 +99,31 @@ PYBIND11_MODULE(_native, m) {
     if (exc == nullptr) return py::none();
     return py::reinterpret_steal<py::object>(exc);
   }, "The undelivered exception of this thread (used by the delivery class).");
-  m.def("set_blas_limit", &jbh::SetBlasLimit, py::arg("limit"), py::arg("functions"),
-        "Cap BLAS threads at `limit` during host calls (0: never); `functions` are the "
-        "(get_num_threads, set_num_threads) addresses of each loaded BLAS library. False "
-        "(nothing changed) while host calls run.");
+  m.def("set_thread_policy", [](const std::string& policy, int limit,
+                                const std::vector<std::pair<uintptr_t, uintptr_t>>& fns) {
+    jbh::ThreadPolicy p = policy == "auto" ? jbh::ThreadPolicy::kAuto
+                          : policy == "fixed" ? jbh::ThreadPolicy::kFixed
+                          : jbh::ThreadPolicy::kLeave;
+    return jbh::SetThreadPolicy(p, limit, fns);
+  }, py::arg("policy"), py::arg("limit"), py::arg("functions"),
+     "Thread budgets during host calls: 'auto', 'fixed' (at `limit`) or 'leave'; "
+     "`functions` are the (get_num_threads, set_num_threads) addresses of each loaded BLAS "
+     "library. False (nothing changed) while host calls run.");
+  m.def("thread_budget", &jbh::CurrentThreadBudget,
+        "The thread budget of the host call running on this thread (0: leave the "
+        "libraries' own setting).");
+  m.def("set_concurrency", [](int64_t callback_id, int calls) {
+    auto it = jbh::Registry().find(callback_id);
+    if (it != jbh::Registry().end()) {
+      it->second.concurrency = std::max(it->second.concurrency, calls);
+    }
+  }, py::arg("callback_id"), py::arg("calls"),
+     "A compiled program runs up to `calls` calls of `callback_id` at once.");
+  m.def("thread_tuning", [](int64_t callback_id) -> py::object {
+    auto it = jbh::Registry().find(callback_id);
+    if (it == jbh::Registry().end()) return py::none();
+    return it->second.tuner.State();
+  }, py::arg("callback_id"), "The thread tuner's state of `callback_id` (tests).");
   jbh::DefineDeviceCall(m);
   m.def("begin_shutdown", &jbh::BeginShutdown, py::arg("timeout_seconds"),
         "atexit: refuse new host calls and wait for those in flight; returns how many "

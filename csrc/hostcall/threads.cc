@@ -1,62 +1,182 @@
-// BLAS threads during host calls. NumPy's BLAS runs its own thread pool; inside a host
-// call it competes with XLA's threads for the same cores (a 256x256 matmul in a rule ran
-// ~80x slower on 2 cores, benchmarks/hostcall.py). While any host call runs, the
-// process-wide BLAS thread count is capped (default 1; JAXBRIDGE_HOST_BLAS_THREADS),
-// then restored.
+// Thread budgets: how many threads the BLAS libraries (and torch, which asks here) use
+// inside a host call.
+//
+// A host function's NumPy/SciPy/torch work runs on the libraries' own thread pools. Left
+// alone, a large matmul uses every core, as it would outside jaxbridge; capped at one
+// thread it takes 2x as long on 2 cores, 8-16x on the machines users train on. But the
+// same pools hurt where cores are contended: a rule's 256x256 matmul inside a jitted
+// gradient ran 1.6x slower with two BLAS threads than with one on an idle 2-core machine
+// (XLA's own threads spin on the cores), 2.4x slower with another process busy, and
+// per-shard calls running at once would each start a pool of every core's size
+// (benchmarks/threads.py measures each case). So, by default ("auto"):
+//
+// * Calls running at once -- per-shard calls, or calls XLA runs in parallel -- share the
+//   cores: each gets max(1, threads / concurrent calls), counting the calls a program
+//   is known to run at once (its devices) as well as those running now.
+// * A call that runs alone gets either the libraries' own thread count or one thread,
+//   whichever its function has been measured to run faster with: the first calls
+//   alternate between the two (kExplore each), then the faster one is used, asking
+//   one thread to be at least kClearlyFaster faster before it is preferred; every
+//   kProbeSeconds the other one is tried again (kProbeCalls calls), so that the choice
+//   follows the machine's load.
+//
+// JAXBRIDGE_HOST_BLAS_THREADS=N fixes the count at N during host calls (never raising a
+// library's own setting); =unlimited leaves the libraries alone (see hostcall.py).
+#include <algorithm>
 #include <mutex>
+#include <thread>
 
 #include "internal.h"
 
 namespace jaxbridge::hostcall {
 namespace {
 
+constexpr int kExplore = 3;               // calls per choice before deciding (the
+                                          // samples kept per choice: ThreadTuner)
+constexpr int kProbeCalls = 2;            // calls of the other choice when probing again
+constexpr double kProbeSeconds = 2.0;     // how often the other choice is tried again
+constexpr double kClearlyFaster = 1.1;    // one thread must win by this factor
+
 struct BlasLibrary {
   int (*get)() = nullptr;
   void (*set)(int) = nullptr;
-  int saved = 0;
+  int own = 0;  // its thread count outside host calls (read when the first call starts)
 };
-struct BlasLimiter {
+
+struct Budgets {
   std::mutex mu;
-  int limit = 0;  // 0: leave BLAS alone
-  int active = 0;
+  ThreadPolicy policy = ThreadPolicy::kAuto;
+  int limit = 0;   // kFixed
+  int active = 0;  // host calls running now
+  int applied = 0;  // the count set on the libraries now (0: their own)
   std::vector<BlasLibrary> libraries;
+  int own = 0;     // the largest of the libraries' own counts (or the cores')
 };
-BlasLimiter& Blas() {
-  static auto* blas = new BlasLimiter();
-  return *blas;
+Budgets& TheBudgets() {
+  static auto* budgets = new Budgets();
+  return *budgets;
+}
+
+thread_local int t_budget = 0;  // this thread's call's budget (0: the libraries' own)
+
+double Median3(const std::array<double, 3>& v, int n) {
+  std::array<double, 3> s = v;
+  std::sort(s.begin(), s.begin() + n);
+  return s[n / 2];
+}
+
+// Set every library to `count` threads (0: back to its own), never above its own count.
+void Apply(Budgets& b, int count) {
+  if (count == b.applied) return;
+  for (BlasLibrary& lib : b.libraries) {
+    int want = count == 0 ? lib.own : std::min(count, lib.own);
+    if (lib.get() != want) lib.set(want);
+  }
+  b.applied = count;
 }
 
 }  // namespace
 
-BlasCap::BlasCap() {
-  BlasLimiter& b = Blas();
-  if (b.limit <= 0) return;
+// ------------------------------------------------------------------ ThreadTuner
+int ThreadTuner::Choose(int share) {
+  if (share <= 1) return 1;
+  Clock::time_point now = Clock::now();
+  switch (phase_) {
+    case Phase::kExplore:
+      arm_ = (explored_ % 2 == 0) ? kShare : kOne;
+      break;
+    case Phase::kExploit:
+      if (std::chrono::duration<double>(now - decided_at_).count() >= kProbeSeconds) {
+        phase_ = Phase::kProbe;
+        probed_ = 0;
+      }
+      arm_ = phase_ == Phase::kProbe ? 1 - chosen_ : chosen_;
+      break;
+    case Phase::kProbe:
+      arm_ = 1 - chosen_;
+      break;
+  }
+  return arm_ == kOne ? 1 : share;
+}
+
+void ThreadTuner::Record(double seconds) {
+  if (arm_ < 0) return;  // no choice was made (shared or fixed budget)
+  std::array<double, 3>& ring = samples_[arm_];
+  ring[next_[arm_] % kExplore] = seconds;
+  ++next_[arm_];
+  bool decide = false;
+  if (phase_ == Phase::kExplore) {
+    decide = ++explored_ >= 2 * kExplore;
+  } else if (phase_ == Phase::kProbe) {
+    decide = ++probed_ >= kProbeCalls;
+  }
+  arm_ = -1;
+  if (!decide) return;
+  int n_one = std::min(next_[kOne], kExplore), n_share = std::min(next_[kShare], kExplore);
+  double one = Median3(samples_[kOne], n_one), share = Median3(samples_[kShare], n_share);
+  chosen_ = one * kClearlyFaster < share ? kOne : kShare;
+  phase_ = Phase::kExploit;
+  decided_at_ = Clock::now();
+}
+
+py::dict ThreadTuner::State() const {
+  py::dict d;
+  d["phase"] = phase_ == Phase::kExplore ? "explore"
+               : phase_ == Phase::kProbe ? "probe" : "exploit";
+  d["chosen"] = phase_ == Phase::kExplore ? py::object(py::none())
+                : py::object(py::str(chosen_ == kOne ? "one" : "share"));
+  return d;
+}
+
+// ------------------------------------------------------------------ ThreadBudget
+ThreadBudget::ThreadBudget(Entry* entry) {
+  Budgets& b = TheBudgets();
+  if (b.policy == ThreadPolicy::kLeave) return;
   std::lock_guard<std::mutex> lock(b.mu);
   if (b.active++ == 0) {
+    b.own = 0;
     for (BlasLibrary& lib : b.libraries) {
-      lib.saved = lib.get();
-      if (lib.saved > b.limit) lib.set(b.limit);
+      lib.own = lib.get();
+      b.own = std::max(b.own, lib.own);
     }
+    if (b.own == 0) b.own = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    b.applied = 0;
   }
+  int budget;
+  if (b.policy == ThreadPolicy::kFixed) {
+    budget = b.limit;
+  } else {
+    int concurrent = std::max(b.active, entry ? entry->concurrency : 1);
+    int share = std::max(1, b.own / concurrent);
+    budget = (concurrent == 1 && entry != nullptr) ? entry->tuner.Choose(share) : share;
+    tuner_ = concurrent == 1 ? entry : nullptr;
+  }
+  // Process-wide: with calls running at once the smallest budget holds for all.
+  Apply(b, b.applied == 0 ? budget : std::min(b.applied, budget));
+  t_budget = budget;
   engaged_ = true;
+  started_ = Clock::now();
 }
 
-BlasCap::~BlasCap() {
+ThreadBudget::~ThreadBudget() {
   if (!engaged_) return;
-  BlasLimiter& b = Blas();
+  double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+  if (tuner_ != nullptr) tuner_->tuner.Record(seconds);  // the GIL is still held
+  Budgets& b = TheBudgets();
   std::lock_guard<std::mutex> lock(b.mu);
-  if (--b.active == 0) {
-    for (BlasLibrary& lib : b.libraries) {
-      if (lib.saved > b.limit) lib.set(lib.saved);
-    }
-  }
+  if (--b.active == 0) Apply(b, 0);
+  t_budget = 0;
 }
 
-bool SetBlasLimit(int limit, const std::vector<std::pair<uintptr_t, uintptr_t>>& fns) {
-  BlasLimiter& b = Blas();
+int CurrentThreadBudget() { return t_budget; }
+
+bool SetThreadPolicy(ThreadPolicy policy, int limit,
+                     const std::vector<std::pair<uintptr_t, uintptr_t>>& fns) {
+  Budgets& b = TheBudgets();
   std::lock_guard<std::mutex> lock(b.mu);
   if (b.active != 0) return false;  // host calls are running: try again later
-  b.limit = limit;
+  b.policy = policy;
+  b.limit = std::max(1, limit);
   b.libraries.clear();
   for (const auto& [get, set] : fns) {
     BlasLibrary lib;

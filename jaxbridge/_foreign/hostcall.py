@@ -61,7 +61,7 @@ from .._core import extensions, jaxapi
 from .._core.checks import refuse_gather
 from .._core.jaxapi import mlir
 from ..errors import BackendError, ForeignCallError, KeptViewError
-from . import delivery
+from . import delivery, threads
 
 _native = extensions.load("_native")
 
@@ -112,75 +112,6 @@ def _shut_down(native: Any) -> None:
         except (OSError, ValueError):
             pass
     os._exit(status)
-
-
-# ---- BLAS threads during host calls (see csrc/hostcall/threads.cc)
-# (get, set) symbol names of libraries whose thread count is process-wide and an int.
-_BLAS_SYMBOLS = {
-    "openblas": [("openblas_get_num_threads", "openblas_set_num_threads"),
-                 ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
-                 ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
-                 ("openblas_get_num_threads64_", "openblas_set_num_threads64_")],
-    "mkl": [("MKL_Get_Max_Threads", "MKL_Set_Num_Threads")],
-}
-_blas_scan_modules = -1
-_blas_override: int | None = None
-
-
-def set_host_blas_threads(limit: int | None) -> None:
-    """Cap BLAS threads at `limit` during host calls (0: never; None: the environment's
-    setting). For benchmarks and tests; users set JAXBRIDGE_HOST_BLAS_THREADS."""
-    global _blas_override, _blas_scan_modules
-    _blas_override, _blas_scan_modules = limit, -1
-    refresh_blas_limit()
-
-
-def host_blas_threads() -> int:
-    """The BLAS thread cap during host calls: env JAXBRIDGE_HOST_BLAS_THREADS, default 1;
-    0 (or "unlimited") leaves BLAS's own setting alone."""
-    if _blas_override is not None:
-        return _blas_override
-    value = os.environ.get("JAXBRIDGE_HOST_BLAS_THREADS", "1").strip().lower()
-    if value in ("0", "unlimited", "none", ""):
-        return 0
-    try:
-        limit = int(value)
-    except ValueError:
-        raise ValueError(f"jaxbridge: environment variable JAXBRIDGE_HOST_BLAS_THREADS must be "
-                         f"a positive integer or 'unlimited', got {value!r}") from None
-    return max(limit, 0)
-
-
-def _blas_functions() -> list[tuple[int, int]]:
-    """(get, set) addresses of every loaded BLAS library's thread-count functions."""
-    try:
-        import ctypes
-
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        return []
-    found = []
-    for lib in ThreadpoolController().lib_controllers:
-        for get, set_ in _BLAS_SYMBOLS.get(lib.internal_api, ()):
-            g, s = getattr(lib.dynlib, get, None), getattr(lib.dynlib, set_, None)
-            if g is not None and s is not None:
-                g_ptr = ctypes.cast(g, ctypes.c_void_p).value
-                s_ptr = ctypes.cast(s, ctypes.c_void_p).value
-                if g_ptr and s_ptr:
-                    found.append((g_ptr, s_ptr))
-                break
-    return found
-
-
-def refresh_blas_limit() -> None:
-    """(Re)discover the loaded BLAS libraries when new modules were imported since the
-    last look (SciPy, say, brings its own); cheap otherwise."""
-    global _blas_scan_modules
-    if _native is None or len(sys.modules) == _blas_scan_modules:
-        return
-    limit = host_blas_threads()
-    if _native.set_blas_limit(limit, _blas_functions() if limit else []):
-        _blas_scan_modules = len(sys.modules)
 
 
 def _register_native_targets() -> set[str]:
@@ -250,7 +181,7 @@ class HostCallable:
         self.what = what
         self.copy_policy = copy_policy if copy_policy is not None else CopyPolicy()
         self.id = next(_ids)
-        refresh_blas_limit()
+        threads.refresh()
         if _native is not None:
             # The trampoline may call the user's function itself (runners._direct);
             # this object keeps what it is given alive.
@@ -396,7 +327,9 @@ def _lower_native(ctx: Any, target: HostCallable, args: Sequence[Any], platform:
     having a side effect, or XLA would drop it (and never run the function)."""
     jaxapi.mark_host_callback(ctx, target)
     all_empty = all(np.prod(a.shape) == 0 for a in ctx.avals_out)
-    if platform == "cpu" and jaxapi.program_devices(ctx) > 1:
+    devices = jaxapi.program_devices(ctx)
+    _native.set_concurrency(target.id, devices)  # they share the cores (threads.py)
+    if platform == "cpu" and devices > 1:
         results = jaxapi.lower_buffer_callback(ctx, _native.buffer_callback(target.id), args,
                                                aliases, has_side_effect=all_empty)
         if num_batch_dims:

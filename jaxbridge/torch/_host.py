@@ -1,8 +1,8 @@
 """Running a torch function inside a host call: tensors in, results into XLA's buffers.
 
 One call: the NumPy views the host-call runtime lends become torch tensors (no copy),
-torch's intra-op thread pool is capped for the duration (as BLAS is: XLA already runs
-its own threads, and several host calls may run at once, one per shard), the function
+torch's intra-op threads follow the call's thread budget, as BLAS's do (calls running at
+once, one per shard, share the cores; see jaxbridge/_foreign/threads.py), the function
 runs (once under `torch.vmap`, or once per element, when JAX batches the call), and
 its results are copied into XLA's output buffers after a shape check -- or, for a
 function of ``wrap(..., out=True)`` and for a torch operator whose ``out=`` is known to
@@ -22,26 +22,12 @@ import jax
 import numpy as np
 import torch
 
-from .._foreign import hostcall
+from .._foreign import threads
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
 from . import _redirect
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 
-__all__ = ["thread_cap", "run_host", "run_one", "run_in_place", "write_results"]
-
-
-_env_cap: list[int] = []  # JAXBRIDGE_HOST_BLAS_THREADS, read once (reading it costs ~1 us)
-
-
-def thread_cap() -> int:
-    """Torch's intra-op threads during host calls: the BLAS cap
-    (JAXBRIDGE_HOST_BLAS_THREADS, default 1; 0 leaves torch's setting alone; or
-    `hostcall.set_host_blas_threads`, for tests and benchmarks)."""
-    if hostcall._blas_override is not None:
-        return hostcall._blas_override
-    if not _env_cap:
-        _env_cap.append(hostcall.host_blas_threads())
-    return _env_cap[0]
+__all__ = ["run_host", "run_one", "run_in_place", "write_results"]
 
 
 def is_torch_op(fn: Any) -> bool:
@@ -234,9 +220,10 @@ def _mismatch(name: str, what: str, value: torch.Tensor, out: Any) -> None:
 
 
 def _cap_threads() -> int:
-    """Cap torch's intra-op threads as the host call caps BLAS (`thread_cap`) for one
-    call; returns the count to restore afterwards, 0 where nothing was changed."""
-    cap = thread_cap()
+    """Torch's intra-op threads follow the host call's thread budget, as BLAS's do
+    (`jaxbridge._foreign.threads`) for one call; returns the count to restore afterwards,
+    0 where nothing was changed."""
+    cap = threads.budget()
     before = torch.get_num_threads() if cap else 0
     if before > cap:
         torch.set_num_threads(cap)

@@ -379,8 +379,10 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
 
     `fn` gets zero-copy views of XLA's buffers (valid during the call only: keeping one
     raises `KeptViewError`; writing into one is an error) and its results are copied
-    into XLA's output buffers. torch's intra-op threads are capped during the call like
-    BLAS's (``JAXBRIDGE_HOST_BLAS_THREADS``, default 1). An exception it raises reaches
+    into XLA's output buffers. torch's intra-op threads follow the call's thread budget,
+    as BLAS's do (``JAXBRIDGE_HOST_BLAS_THREADS``, default ``auto``: calls running at
+    once share the cores, and a call running alone gets torch's own count or one
+    thread, whichever it has been measured to run faster with). An exception it raises reaches
     the caller as itself, under `jit` too.
 
     Example:
