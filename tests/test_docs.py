@@ -184,3 +184,19 @@ def test_the_performance_tables_are_rendered_from_the_benchmark_results():
                     "provenance"):
             assert result[key], f"benchmarks/results/{name}.json: no {key!r}"
         assert (ROOT / result["script"]).exists()
+
+
+def test_every_test_the_reliability_guide_names_exists():
+    """The reliability guide promises nothing untested: each `tests/...py::test_name` it
+    names is a test function in that file (a file named alone must exist)."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "guides" / "reliability.md").read_text()
+    named = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", text)
+    assert len(named) >= 10, named
+    for path, name in named:
+        source = (root / path).read_text()
+        if name:
+            assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} is not a test"
+    scripts = re.findall(r"`(benchmarks/[\w.]+\.sh)`", text)
+    assert all((root / s).is_file() for s in scripts), scripts
+
