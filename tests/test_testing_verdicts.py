@@ -1,6 +1,6 @@
 """check_rules verdicts that mutation testing of `jaxbridge/_testing` found unguarded
-(its survivors, recorded in tests/MUTATION.md and git history): each test is a rule with a planted bug the checker
-must fail, or a correct one it must pass, written as a user would."""
+(tests/MUTATION.md): each test is a rule with a planted bug the checker must fail, or a
+correct one it must pass, written as a user would."""
 
 import jax
 import numpy as np
