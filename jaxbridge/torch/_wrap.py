@@ -68,14 +68,16 @@ class TorchFunction:
     def __init__(self, fn: Callable[..., Any], result: Any = None, *,
                  vmap: str = "vectorized", batch_dims: int = 0, on_mesh: str = "error",
                  backend: str = "auto", name: str | None = None,
-                 composable: Callable[..., Any] | None = None, out: bool = False):
+                 composable: Callable[..., Any] | None = None, out: bool = False,
+                 redirect: bool = False):
         where = "jaxbridge.torch.wrap"
         if not callable(fn):
             raise TypeError(f"{where}: expected a torch function to wrap, got {fn!r}")
         if vmap not in VMAP_CHOICES:
             raise ValueError(f"{where}: vmap must be one of {VMAP_CHOICES}, got {vmap!r}")
-        if out is not True and out is not False:
-            raise TypeError(f"{where}: out must be True or False, got {out!r}")
+        for flag, value in (("out", out), ("redirect", redirect)):
+            if value is not True and value is not False:
+                raise TypeError(f"{where}: {flag} must be True or False, got {value!r}")
         if out and result is None:
             raise TypeError(
                 f"{where}: out=True needs result= (the shapes and dtypes of the buffers "
@@ -94,7 +96,7 @@ class TorchFunction:
         self.__doc__ = getattr(fn, "__doc__", None)
         self._options: dict[str, Any] = dict(vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
                              backend=backend)
-        self._batching = _Batching(None if out else fn)
+        self._batching = _Batching(None if out else fn, redirect)
         self._derived: dict[Any, TorchFunction] = {}
         forward = self._host_forward()
         self._foreign = ForeignFunction(forward, self._declare, out=True, **self._options)
@@ -348,7 +350,7 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
          vmap: Literal["vectorized", "loop"] = "vectorized", batch_dims: int = 0,
          on_mesh: Literal["error", "replicate"] = "error",
          backend: Literal["auto", "native", "pure_callback"] = "auto",
-         out: bool = False) -> Any:
+         out: bool = False, redirect: bool = False) -> Any:
     """Make a PyTorch function a JAX function, with its derivatives from torch.
 
     `fn` takes torch tensors (pytrees of them, as positional arguments; keyword
@@ -376,6 +378,14 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
         path for large arrays: ``torch.add(x, 1, out=out)``). It must write every
         element. Its derivatives and `vmap` run it through
         `torch.func.functionalize`, which turns the writes into functional operations.
+      redirect: ``True``: from the second call on, the torch operation that makes a
+        large result (1 MiB and up, one result, unbatched, on the CPU path) writes it
+        straight into XLA's output buffer (no allocation, no copy: up to about 2x
+        faster for ``x + 1`` on 1M elements). Off by default, because the result is
+        then XLA's memory: a tensor `fn` keeps that shares it (``y.detach()``,
+        ``y.view(...)``, in a list, a dict, an attribute) is found and moved to
+        private memory, and stays valid, but a NumPy array (``y.numpy()``) or a
+        DLPack capsule made from it and kept would point into freed memory.
 
     `fn` gets zero-copy views of XLA's buffers (valid during the call only: keeping one
     raises `KeptViewError`; writing into one is an error) and its results are copied
@@ -402,6 +412,6 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
     """
     def make(f: Callable[..., Any]) -> TorchFunction:
         return TorchFunction(f, result, vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
-                             backend=backend, out=out)
+                             backend=backend, out=out, redirect=redirect)
 
     return make if fn is None else make(fn)
