@@ -9,6 +9,10 @@ function of ``wrap(..., out=True)``, for a torch operator whose ``out=`` is know
 exact, and (opt-in, ``redirect=True``) for the operation that makes a large result,
 written there by torch itself. On the CUDA device path (`_device.py`) the leaves and
 `out` are tensors of XLA's device buffers instead of NumPy views.
+
+A function that draws random numbers gets `rng_state` (XLA's residual buffer): the
+generators' state before the call (before each element's call, under `vmap`) is
+written there, for the derivative calls to replay (`_rng`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 
 from .._foreign import hostcall
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
-from . import _redirect
+from . import _redirect, _rng
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 from ._torchapi import memory_of, memory_users, move_to_private_memory
 
@@ -253,7 +257,8 @@ def _restore_threads(before: int) -> None:
 
 
 def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
-             batch_depth: int, batching: _Batching, op: Any = None) -> None:
+             batch_depth: int, batching: _Batching, op: Any = None,
+             rng_state: Any = None) -> None:
     """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
     on `leaves` (NumPy views, and static leaves) and write its results into `out`.
 
@@ -263,13 +268,21 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
 
     `op`: the torch operator that `call` applies to the leaves as they are (no static
     arguments), run with ``out=`` where that is known to be exact.
+
+    `rng_state`: for a function that draws random numbers, XLA's buffer for the
+    generators' state before the call (per element when batched: the elements run one
+    by one, as torch.vmap refuses random operations).
     """
     tensors = _tensors(leaves, batching.copy_inputs)
     before = _cap_threads()
     # Grad mode is left as it is (switching it costs ~2 us a call): the tensors lent to
     # `call` do not require grad, so torch records no graph of them.
     try:
-        if batch_depth == 0 and op is None and batching.may_redirect and \
+        if rng_state is not None and batch_depth == 0:
+            _rng.capture_into(rng_state)
+        if rng_state is not None and batch_depth > 0:
+            _run_loop(name, call, tensors, out, batch_depth, rng_state)
+        elif batch_depth == 0 and op is None and batching.may_redirect and \
                 _redirect.worth_trying(out):
             _run_large(name, lambda: call(tensors), tensors, out, batching)
         elif batch_depth == 0:
@@ -412,7 +425,7 @@ def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any]
 
 
 def _run_loop(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
-              depth: int) -> None:
+              depth: int, rng_state: Any = None) -> None:
     arrays = [t for t in tensors if isinstance(t, torch.Tensor)]
     if not arrays:
         return
@@ -421,5 +434,7 @@ def _run_loop(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], o
     for index in itertools.product(*(range(n) for n in batch_shape)):
         at: tuple[Any, ...] = (*index, ...)  # `...` keeps 0-d elements views
         element = [t[at] if isinstance(t, torch.Tensor) else t for t in tensors]
+        if rng_state is not None:
+            _rng.capture_into(rng_state[at])
         write_results(name, call(element),
                       jax.tree_util.tree_unflatten(out_tree, [o[at] for o in outs]))

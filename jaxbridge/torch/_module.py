@@ -107,7 +107,9 @@ def wrap_module(module: torch.nn.Module, *,
     train/eval mode is the one it had when wrapped; wrap again after
     ``module.train()`` / ``module.eval()``. The module itself is never
     modified (its parameters and buffers are replaced for the call only).
-    `vmap` and `redirect` as in
+    In training mode, dropout's masks are the forward call's in the backward too (the
+    generator state travels with the call), so ``jax.value_and_grad`` gives eager
+    torch's loss and gradient on the same seed. `vmap` and `redirect` as in
     :func:`jaxbridge.torch.wrap` (a forward hook that keeps the output is a kept
     alias: leave `redirect` off for such modules).
 
