@@ -360,11 +360,14 @@ def _targets(out: Any) -> Any:
 def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree: Any,
                  static: dict, out: Any, state: _Batching) -> None:
     """Run a function of ``wrap(..., out=True)``: it writes its results into `out`
-    (XLA's output buffers, as tensors in the declared structure) and returns None."""
+    (XLA's output buffers, as tensors in the declared structure) and returns None.
+    The output tensors are lent for the call: who holds them is counted before and
+    after (`_holders`), and what the function kept is released (`_release_targets`)."""
     tensors = _tensors(leaves, state.copy_inputs)
     targets = _targets(out)
-    lent = [targets] if type(targets) is torch.Tensor else jax.tree_util.tree_leaves(targets)
-    held = [_holders(lent[i], 0) for i in range(len(lent))]
+    lent = (targets,) if type(targets) is torch.Tensor else jax.tree_util.tree_leaves(targets)
+    memory = [memory_of(t) for t in lent]
+    held = _holders(lent, memory)
     before = _cap_threads()
     try:
         value = fn(*jax.tree_util.tree_unflatten(tree, tensors), out=targets, **static)
@@ -374,28 +377,30 @@ def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree:
                 f"write its results into `out` and return None; it returned "
                 f"{type(value).__name__}", function=name, what="output", problem="type",
                 declared="None", received=type(value).__name__)
-        if [_holders(lent[i], held[i][0]) for i in range(len(lent))] != held:  # as `held`
-            _release_targets(name, lent, held)
+        if _holders(lent, memory) != held:
+            _release_targets(name, lent, memory, held)
         _check_after_call(name, tensors, state)
     finally:
         _restore_threads(before)
 
 
-def _holders(t: torch.Tensor, memory: int) -> tuple[int, int, int]:
-    """Who holds tensor `t`, whose memory has handle `memory` (0: not known yet): the
-    handle, the tensors sharing the memory, and the references to `t` itself. The
-    counts are compared, taken the same way (no iterator holding `t`), before and after
-    a call."""
-    memory = memory or memory_of(t)
-    return memory, memory_users(memory), sys.getrefcount(t)
+def _holders(lent: Sequence[torch.Tensor], memory: list[int]) -> list[int]:
+    """Who holds the tensors `lent`, whose memory has the handles `memory`: per tensor,
+    the tensors sharing its memory, and the references to it. Counted the same way (no
+    iterator holding a tensor) before and after a call, the counts compare."""
+    counts: list[int] = []
+    for i in range(len(lent)):
+        counts += (memory_users(memory[i]), sys.getrefcount(lent[i]))
+    return counts
 
 
-def _release_targets(name: str, lent: list[Any], held: list[tuple[int, int, int]]) -> None:
+def _release_targets(name: str, lent: Sequence[torch.Tensor], memory: list[int],
+                     held: list[int]) -> None:
     """A function of ``out=True`` must not keep the output tensors it was lent, nor
     tensors sharing their memory: they are XLA's buffers. What was kept moves to
     private memory, so it stays valid, and the call fails."""
-    now = [_holders(lent[i], held[i][0]) for i in range(len(lent))]
-    kept = [i for i in range(len(lent)) if now[i] != held[i]]
+    now = _holders(lent, memory)
+    kept = [i for i in range(len(lent)) if now[2 * i:2 * i + 2] != held[2 * i:2 * i + 2]]
     for i in kept:
         move_to_private_memory(lent[i])
     raise KeptViewError(
