@@ -8,8 +8,12 @@
    C++ extension on first use); the NumPy `jb.foreign` path (returning a new
    array, and in place with `out=True`); and `jaxbridge.torch.wrap(torch.add)`, a torch
    operator, which writes into XLA's output buffer with `out=` (no result tensor), and
-   `wrap(fn, result=..., out=True)` with `fn` calling `torch.add(x, 1, out=out)`.
-2. An MLP, forward + backward: `jax.value_and_grad` of `wrap_module` under `jit`
+   `wrap(fn, result=..., out=True)` with `fn` calling `torch.add(x, 1, out=out)`; and
+   `wrap(fn, redirect=True)`, whose result torch writes into XLA's buffer from the second
+   call on (opt-in; the default copies it).
+2. The redirect's worth at 1M elements for `x + 1` and `torch.sin(x) * 2`: the default
+   (copy) against ``redirect=True``, and the NumPy `jb.foreign` path.
+3. An MLP, forward + backward: `jax.value_and_grad` of `wrap_module` under `jit`
    against the same model in eager torch (`loss.backward()`).
 
 Each case is compiled once (and run twice before timing); the cases then run interleaved,
@@ -84,13 +88,48 @@ def bridges(n: int) -> dict:
         torch.add(v, 1, out=out)
 
     one = np.float32(1)
-    cases = {"jaxbridge.torch": jt.wrap(add_one_torch), "pure_callback": pure_cb,
+    cases = {"jaxbridge.torch": jt.wrap(add_one_torch),
+             "jaxbridge.torch redirect": jt.wrap(add_one_torch, redirect=True),
+             "pure_callback": pure_cb,
              "numpy jb.foreign": numpy_new, "numpy jb.foreign out=": numpy_in_place,
              "jaxbridge.torch op": lambda v: add_op(v, one),
              "jaxbridge.torch out=": add_one_out}
     if torch2jax is not None:
         cases["torch2jax"] = torch2jax(add_one_torch, x)
     return {name: (f, x) for name, f in cases.items()}
+
+
+def redirect_cases(n: int) -> dict:
+    """`x + 1` and `torch.sin(x) * 2` on `n` float32 elements: the default (torch's
+    result copied into XLA's buffer), ``redirect=True``, and NumPy through jb.foreign."""
+    x = jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32)
+    two = np.float32(2)
+    fns = {"x + 1": (add_one_torch, lambda a: a + np.float32(1)),
+           "sin(x) * 2": (lambda t: torch.sin(t) * 2, lambda a: np.sin(a) * two)}
+    cases = {}
+    for label, (torch_fn, numpy_fn) in fns.items():
+        cases[f"{label}: copy (default)"] = (jt.wrap(torch_fn), x)
+        cases[f"{label}: redirect=True"] = (jt.wrap(torch_fn, redirect=True), x)
+        cases[f"{label}: numpy jb.foreign"] = (jb.foreign(lambda v: v)(numpy_fn), x)
+    return cases
+
+
+def redirect_worth(n: int, calls: int, repeats: int) -> None:
+    cases = {name: (compiled_loop(f, x, calls), x) for name, (f, x) in redirect_cases(n).items()}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, (f, x) in cases.items():
+            cpu[name].append(per_call(f, x, calls)[0])
+    print(f"\nThe redirect at {n} elements, CPU us per call, median (min-max), and the "
+          f"per-repeat ratio of the default (copy) to redirect=True:")
+    for name in cases:
+        print(f"  {name:32s} {summary(cpu[name])}")
+    for label in ("x + 1", "sin(x) * 2"):
+        copy, redirect = cpu[f"{label}: copy (default)"], cpu[f"{label}: redirect=True"]
+        numpy_path = cpu[f"{label}: numpy jb.foreign"]
+        print(f"  {label}: copy / redirect {summary([a / b for a, b in zip(copy, redirect)])}; "
+              f"copy / numpy {summary([a / b for a, b in zip(copy, numpy_path)])}; redirect / "
+              f"numpy {summary([a / b for a, b in zip(redirect, numpy_path)])}")
 
 
 def mlp_case(batch: int, width: int):
@@ -192,6 +231,8 @@ def main() -> None:
         print("  goals, CPU-time ratios per repeat, median (min-max):")
         goals = [("pure_callback", "jaxbridge.torch"), ("torch2jax", "jaxbridge.torch"),
                  ("jaxbridge.torch", "numpy jb.foreign"),
+                 ("jaxbridge.torch redirect", "numpy jb.foreign"),
+                 ("jaxbridge.torch", "jaxbridge.torch redirect"),
                  ("jaxbridge.torch op", "numpy jb.foreign"),
                  ("jaxbridge.torch out=", "numpy jb.foreign"),
                  ("jaxbridge.torch out=", "numpy jb.foreign out=")]
@@ -201,6 +242,8 @@ def main() -> None:
                       f"{summary([p / q for p, q in zip(cpu[a], cpu[b])])}")
         if n > 1:
             bridge_overheads(n, cpu, args.repeats)
+
+    redirect_worth(1_000_000, max(int(200 * scale), 5), args.repeats)
 
     # Ours runs torch capped at one thread during host calls (the default); eager torch
     # runs with its own thread count. CPU time compares the work either way.

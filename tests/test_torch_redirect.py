@@ -1,10 +1,14 @@
 """jaxbridge.torch: a large fresh result written by torch into XLA's buffer (`_redirect`).
 
-After the first call, the operation that makes a function's large result writes it into
-XLA's output buffer with its ``out=`` overload: no result tensor of torch's own, no
-copy. Every test checks values against plain torch/NumPy, and the fallbacks: other
-control flow, views, in-place updates, kept results, exceptions, aliased buffers.
+With ``redirect=True`` (opt-in), after the first call, the operation that makes a
+function's large result writes it into XLA's output buffer with its ``out=`` overload:
+no result tensor of torch's own, no copy. Every test checks values against plain
+torch/NumPy, and the fallbacks: other control flow, views, in-place updates, kept
+results (every alias stays valid, with and without the redirect), exceptions, aliased
+buffers.
 """
+
+import os
 
 import pytest
 
@@ -16,6 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbridge.torch as jt  # noqa: E402
+from jaxbridge.errors import KeptViewError  # noqa: E402
 from jaxbridge.torch import _host, _redirect  # noqa: E402
 
 # The fast path is the CPU path's (XLA's buffers as NumPy views): on the GPU machine
@@ -23,6 +28,11 @@ from jaxbridge.torch import _host, _redirect  # noqa: E402
 pytestmark = pytest.mark.cpu
 
 N = 1 << 20  # 4 MiB of float32: above _redirect.MIN_BYTES
+
+
+def redirected(fn, **options):
+    """`jt.wrap(fn, redirect=True)`: the redirect is opt-in."""
+    return jt.wrap(fn, redirect=True, **options)
 
 
 @pytest.fixture
@@ -40,7 +50,7 @@ def copies(monkeypatch):
 
 
 def test_a_fresh_result_is_written_into_xlas_buffer_after_the_first_call(copies):
-    f = jt.wrap(lambda x: x + 1)
+    f = redirected(lambda x: x + 1)
     loop = jax.jit(lambda x: jax.lax.fori_loop(0, 50, lambda i, v: f(v), x))
     y = loop(jnp.zeros(N, jnp.float32))
     np.testing.assert_array_equal(y, 50.0)
@@ -58,7 +68,7 @@ def test_the_last_of_several_operations_is_the_one_redirected(copies):
         _ = y + 5  # a later operation of the same overload, not the result
         return y
 
-    g = jax.jit(jt.wrap(f))
+    g = jax.jit(redirected(f))
     x = jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32)
     want = np.sin(np.asarray(x)) * 2 + 1
     for _ in range(3):
@@ -67,7 +77,7 @@ def test_the_last_of_several_operations_is_the_one_redirected(copies):
 
 
 def test_keyword_arguments_reach_the_out_overload(copies):
-    f = jax.jit(jt.wrap(lambda x: torch.add(x, 1, alpha=3)))  # alpha is keyword-only
+    f = jax.jit(redirected(lambda x: torch.add(x, 1, alpha=3)))  # alpha is keyword-only
     x = jnp.arange(N, dtype=jnp.float32)
     for _ in range(3):
         np.testing.assert_array_equal(f(x), x + 3)
@@ -94,7 +104,7 @@ def test_plans_need_256_kib_of_result_per_operation():
 def test_small_results_are_copied_as_before(copies):
     # Below MIN_BYTES (1 MiB) the dispatch mode could cost more than the copy it saves:
     # 512 KiB from one operation is copied.
-    f = jax.jit(jt.wrap(lambda x: x + 1))
+    f = jax.jit(redirected(lambda x: x + 1))
     x = jnp.arange(1 << 17, dtype=jnp.float32)
     for _ in range(3):
         np.testing.assert_array_equal(f(x), x + 1)
@@ -103,7 +113,7 @@ def test_small_results_are_copied_as_before(copies):
 
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.float64, jnp.bfloat16])
 def test_other_dtypes_and_two_arguments(copies, dtype):
-    f = jax.jit(jt.wrap(lambda a, b: a * b - a))
+    f = jax.jit(redirected(lambda a, b: a * b - a))
     a = jnp.arange(N, dtype=dtype) % 7
     b = jnp.full(N, 3, dtype)
     for _ in range(3):
@@ -129,7 +139,7 @@ def branchy(x):
 
 @pytest.mark.parametrize("later", ["add_then_mul", "transposed", "mul"])
 def test_other_control_flow_on_a_later_call_falls_back_to_the_copy(copies, later):
-    f = jax.jit(jt.wrap(branchy))
+    f = jax.jit(redirected(branchy))
     x = jnp.arange(N, dtype=jnp.float32).reshape(1024, 1024)
     BRANCH["name"] = "add"
     np.testing.assert_array_equal(f(x), x + 1)
@@ -154,7 +164,7 @@ def test_other_control_flow_on_a_later_call_falls_back_to_the_copy(copies, later
     lambda x: (x + 1).to(torch.float64).to(torch.float32),
 ], ids=["view", "in_place", "cat", "casts"])
 def test_results_made_in_other_ways_are_right(fn):
-    f = jax.jit(jt.wrap(fn))
+    f = jax.jit(redirected(fn))
     x = jnp.arange(N, dtype=jnp.float32)
     want = fn(torch.from_numpy(np.asarray(x).copy())).numpy()
     for _ in range(3):
@@ -169,7 +179,7 @@ def test_a_kept_result_stays_valid_and_later_calls_copy(copies):
         kept.append(y)
         return y
 
-    f = jax.jit(jt.wrap(keeps))
+    f = jax.jit(redirected(keeps))
     x = jnp.arange(N, dtype=jnp.float32)
     for k in range(4):
         np.testing.assert_array_equal(f(x + k), (x + k) * 2)
@@ -185,12 +195,12 @@ def test_an_exception_on_a_redirected_call_keeps_its_type():
     calls = []
 
     def fails_on_third(x):
-        calls.append(1)
+        calls.append(1) if x.device.type == "cpu" else None  # not the meta-tensor trace
         if len(calls) == 3:
             raise Diverged("third call")
         return x + 1
 
-    f = jax.jit(jt.wrap(fails_on_third, result=jax.ShapeDtypeStruct((N,), jnp.float32)))
+    f = jax.jit(redirected(fails_on_third, result=jax.ShapeDtypeStruct((N,), jnp.float32)))
     x = jnp.zeros(N, jnp.float32)
     np.testing.assert_array_equal(f(x), 1.0)
     np.testing.assert_array_equal(f(x), 1.0)
@@ -200,7 +210,7 @@ def test_an_exception_on_a_redirected_call_keeps_its_type():
 
 
 def test_derivatives_vmap_and_small_results_are_unchanged():
-    f = jt.wrap(lambda x: torch.sin(x) * 2)
+    f = redirected(lambda x: torch.sin(x) * 2)
     x = jnp.linspace(-3.0, 3.0, N, dtype=jnp.float32)
     for _ in range(2):
         np.testing.assert_allclose(jax.jit(f)(x), 2 * np.sin(np.asarray(x)), rtol=1e-6,
@@ -215,7 +225,7 @@ def test_derivatives_vmap_and_small_results_are_unchanged():
 
 
 def test_a_wrong_result_is_still_named_on_the_learning_call():
-    f = jt.wrap(lambda x: x[1:] + 1, result=jax.ShapeDtypeStruct((N,), jnp.float32))
+    f = redirected(lambda x: x[1:] + 1, result=jax.ShapeDtypeStruct((N,), jnp.float32))
     with pytest.raises(Exception, match=r"shape"):
         jax.block_until_ready(jax.jit(f)(jnp.zeros(N, jnp.float32)))
 
@@ -264,8 +274,8 @@ def test_a_plan_far_into_the_sequence_fires():
     assert plan is None  # 16 bytes: too small for a plan of its own; take the add's
     out = np.zeros(4, np.float32)
     plan = _redirect.Plan(300, torch.ops.aten.add.Tensor, torch.ops.aten.add.out)
-    value, written = _redirect.run_redirected(call, out, plan)
-    assert written and value.data_ptr() == out.ctypes.data
+    value, written, moved = _redirect.run_redirected(call, out, plan)
+    assert written and not moved and value.data_ptr() == out.ctypes.data
     np.testing.assert_array_equal(out, 301.0)
 
 
@@ -285,7 +295,7 @@ def test_sharded_calls_on_worker_threads_redirect_each_shard():
         copies = []
         write = _host._write_one
         _host._write_one = lambda *a: (copies.append(1), write(*a))
-        g = jax.jit(jt.wrap(lambda x: torch.sin(x) * 2 + x, batch_dims=1))
+        g = jax.jit(jt.wrap(lambda x: torch.sin(x) * 2 + x, batch_dims=1, redirect=True))
         mesh = jax.make_mesh((4,), ("b",))
         x = jax.device_put(np.linspace(-3, 3, 4 << 20, dtype=np.float32).reshape(8, -1),
                            NamedSharding(mesh, P("b")))
@@ -304,3 +314,129 @@ def test_sharded_calls_on_worker_threads_redirect_each_shard():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, env=env)
     assert "per shard OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------ results the function keeps (issue #38)
+class _Holder(torch.nn.Module):
+    """A module that keeps its last output as an attribute (as activation caches do)."""
+
+    def forward(self, x):
+        y = torch.sin(x) * 2
+        self.last = y.detach()
+        return y
+
+
+KEEPS = ["detach", "view", "slice", "list", "dict", "module_attribute", "itself"]
+
+
+def _keeping():
+    """`torch.sin(x) * 2` keeping, on every call, each kind of thing that shares its
+    result's memory; and a function returning, per kind, what each call kept (the
+    meta-tensor trace's left out)."""
+    holder, calls, cache, kept = _Holder(), [], {}, {how: [] for how in KEEPS}
+
+    def run(x):
+        y = holder(x)
+        calls.append(y.device.type)
+        key = len(calls)
+        cache[key] = {"last": y}
+        kept["detach"].append(y.detach())
+        kept["view"].append(y.view(-1))
+        kept["slice"].append(y[1:])
+        kept["list"].append([y])
+        kept["dict"].append(cache[key])
+        kept["module_attribute"].append(holder.last)
+        kept["itself"].append(y)
+        return y
+
+    def read(how):
+        values = [v for v, device in zip(kept[how], calls) if device == "cpu"]
+        return [v[0] if isinstance(v, list) else v["last"] if isinstance(v, dict) else v
+                for v in values]
+    return run, read
+
+
+@pytest.mark.parametrize("redirect", [False, True], ids=["default", "redirect"])
+def test_a_kept_alias_of_the_result_stays_valid_after_later_jax_work(redirect):
+    # Found on 46cbabe: the alias pointed into XLA's freed output buffer (KeptViewError
+    # on the second call, garbage after an unrelated jnp.full, a segfault at 16M).
+    run, read = _keeping()
+    g = jax.jit(jt.wrap(run, redirect=True) if redirect else jt.wrap(run))
+    x = jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32)
+    wants = [2 * np.sin(np.asarray(x + k)) for k in range(3)]
+    for k in range(3):
+        y = g(x + k)
+        np.testing.assert_allclose(y, wants[k], rtol=1e-6, atol=1e-6)
+        del y
+        other = [jnp.full(N, 7.0 + i, jnp.float32) * (i + 1) for i in range(4)]
+        jax.block_until_ready(other)  # XLA reuses the freed buffers for these
+        for how in KEEPS:
+            kept = read(how)
+            assert len(kept) == k + 1, how
+            for j in {0, k}:  # the first call's (the longest kept) and this call's
+                want = wants[j][1:] if how == "slice" else wants[j]
+                np.testing.assert_allclose(kept[j].numpy(), want, rtol=1e-6, atol=1e-6,
+                                           err_msg=f"{how}: call {j}, checked after call {k}")
+
+
+def test_the_redirect_is_opt_in_and_copies_by_default(copies):
+    f = jax.jit(jt.wrap(lambda x: x + 1))
+    x = jnp.arange(N, dtype=jnp.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(f(x), x + 1)
+    assert len(copies) == 3
+
+
+@pytest.mark.slow  # a subprocess, 64 MiB results on 2 cores: ~15 s
+def test_a_kept_detached_result_of_16m_elements_does_not_crash():
+    # 46cbabe: a segfault (or garbage) once XLA reused the 64 MiB buffer.
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np, torch
+        import jaxbridge.torch as jt
+        cache = {}
+
+        def f(x):
+            y = torch.sin(x) * 2
+            cache["last"] = y.detach()
+            return y
+
+        n = 16 << 20
+        x = jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32)
+        for redirect in (False, True):
+            g = jax.jit(jt.wrap(f, redirect=redirect))
+            for k in range(3):
+                y = g(x + k)
+                del y
+                other = [jnp.full(n, 3.0, jnp.float32) + i for i in range(3)]
+                jax.block_until_ready(other)
+                want = 2 * np.sin(np.asarray(x + k))
+                assert np.allclose(cache["last"].numpy(), want, atol=1e-5), (redirect, k)
+                del other
+        print("kept alias valid")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=240, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0 and "kept alias valid" in proc.stdout, \
+        (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("how", ["itself", "view", "detach"])
+def test_out_true_keeping_its_output_buffer_fails_and_the_kept_tensor_stays_valid(how):
+    # 46cbabe: KeptViewError said the kept arrays got a private copy, but the torch
+    # tensor still pointed into XLA's buffer
+    kept = []
+
+    @jt.wrap(result=lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out=True)
+    def doubled(x, out):
+        torch.mul(x, 2, out=out)
+        if out.device.type == "cpu":  # not the meta-tensor trace
+            kept.append({"itself": out, "view": out[:], "detach": out.detach()}[how])
+
+    x = jnp.arange(N, dtype=jnp.float32)
+    with pytest.raises(KeptViewError, match="'doubled' .out=True. kept output tensor"):
+        jax.block_until_ready(jax.jit(doubled)(x))
+    jax.block_until_ready([jnp.full(N, 5.0, jnp.float32) + i for i in range(4)])
+    np.testing.assert_array_equal(kept[0].numpy(), 2 * np.asarray(x))

@@ -323,20 +323,22 @@ def _lower_native(ctx: Any, target: HostCallable, args: Sequence[Any], platform:
                   num_batch_dims: int, aliases: Sequence[tuple[int, int]]) -> Sequence[Any]:
     """The native call: our FFI target, or in a program that spans several CPU devices,
     XLA's buffer callback running the same trampoline (see `jaxapi.lower_buffer_callback`:
-    host functions there may call JAX). A call whose results are all empty is marked as
-    having a side effect, or XLA would drop it (and never run the function)."""
+    host functions there may call JAX). A call with an empty result is marked as having a
+    side effect: XLA replaces an empty result by a constant, and would drop the call
+    (never running the function, never checking what it returns) when nothing else of
+    it is used, a residual such as torch's random state included."""
     jaxapi.mark_host_callback(ctx, target)
-    all_empty = all(np.prod(a.shape) == 0 for a in ctx.avals_out)
+    any_empty = any(np.prod(a.shape) == 0 for a in ctx.avals_out)
     devices = jaxapi.program_devices(ctx)
     _native.set_concurrency(target.id, devices)  # they share the cores (threads.py)
     if platform == "cpu" and devices > 1:
         results = jaxapi.lower_buffer_callback(ctx, _native.buffer_callback(target.id), args,
-                                               aliases, has_side_effect=all_empty)
+                                               aliases, has_side_effect=any_empty)
         if num_batch_dims:
             jaxapi.make_batch_partitionable(results)
     else:
         lowering = jaxapi.ffi_lowering_aliased(
-            BATCHED_TARGET_NAME if num_batch_dims else TARGET_NAME, aliases, all_empty)
+            BATCHED_TARGET_NAME if num_batch_dims else TARGET_NAME, aliases, any_empty)
         results = lowering(ctx, *args, callback_id=np.int64(target.id))
     if num_batch_dims:
         jaxapi.set_num_batch_dims(results, num_batch_dims)

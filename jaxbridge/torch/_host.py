@@ -5,9 +5,14 @@ torch's intra-op threads follow the call's thread budget, as BLAS's do (calls ru
 once, one per shard, share the cores; see jaxbridge/_foreign/threads.py), the function
 runs (once under `torch.vmap`, or once per element, when JAX batches the call), and
 its results are copied into XLA's output buffers after a shape check -- or, for a
-function of ``wrap(..., out=True)`` and for a torch operator whose ``out=`` is known to
-be exact, written there by torch itself. On the CUDA device path (`_device.py`) the
-leaves and `out` are tensors of XLA's device buffers instead of NumPy views.
+function of ``wrap(..., out=True)``, for a torch operator whose ``out=`` is known to be
+exact, and (opt-in, ``redirect=True``) for the operation that makes a large result,
+written there by torch itself. On the CUDA device path (`_device.py`) the leaves and
+`out` are tensors of XLA's device buffers instead of NumPy views.
+
+A function that draws random numbers gets `rng_state` (XLA's residual buffer): the
+generators' state before the call (before each element's call, under `vmap`) is
+written there, for the derivative calls to replay (`_rng`).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import torch
 
 from .._foreign import threads
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
-from . import _redirect
+from . import _redirect, _rng
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
+from ._torchapi import memory_of, memory_users, move_to_private_memory
 
 __all__ = ["run_host", "run_one", "run_in_place", "write_results"]
 
@@ -45,16 +51,18 @@ class _Batching:
     own, no copy; learned from one ordinary call that returned exactly the declared
     dtype and shape, so ``out=`` never casts or resizes); for any other function with
     one large result, per signature, which of its operations can write the result into
-    XLA's buffer (`redirect`, see `_redirect`; None: none can)."""
+    XLA's buffer (`redirect`, see `_redirect`; None: none can), where the function
+    was wrapped with ``redirect=True`` (`may_redirect`)."""
 
-    __slots__ = ("vmap_fails", "copy_inputs", "op", "direct", "redirect")
+    __slots__ = ("vmap_fails", "copy_inputs", "op", "direct", "redirect", "may_redirect")
 
-    def __init__(self, fn: Any = None) -> None:
+    def __init__(self, fn: Any = None, may_redirect: bool = False) -> None:
         self.vmap_fails = False
         self.copy_inputs = False
         self.op = is_torch_op(fn)
         self.direct: dict[tuple, bool] = {}
         self.redirect: dict[tuple, _redirect.Plan | None] = {}
+        self.may_redirect = may_redirect
 
 
 def _direct_key(tensors: Sequence[Any], out: Any) -> tuple | None:
@@ -121,24 +129,23 @@ def _check_after_call(name: str, tensors: list[Any], state: _Batching) -> None:
 
 
 def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
-    """Move kept tensors to a private copy of their data (so they stay valid), switch
-    the function to copies, and say so once. (A kept *view* of an input, such as
-    ``x[0]``, cannot be moved: the host-call runtime catches it as a kept input instead,
-    and that view must not be used.)"""
+    """Move kept tensors, and every tensor sharing their memory, to a private copy of
+    their data (so they stay valid), switch the function to copies, and say so once.
+    (A kept *view* of an input alone, such as ``x[0]``, is not seen here: the host-call
+    runtime catches it as a kept input instead, and that view must not be used.)"""
     kept = [i for i in range(len(tensors))
             if type(tensors[i]) is torch.Tensor and sys.getrefcount(tensors[i]) > 2]
     if not kept:
         return
     for i in kept:
-        tensors[i].set_(tensors[i].clone())
+        move_to_private_memory(tensors[i])
     state.copy_inputs = True
     raise KeptViewError(
         f"jaxbridge.torch: function {name!r} kept input tensor(s) {kept} after returning. "
         f"Its inputs are zero-copy views of XLA's buffers, valid only during the call; "
-        f"jaxbridge moved the kept tensors to a private copy of their data, so they stay "
-        f"valid (a kept view of one, such as x[1:], still points into XLA's buffer: do "
-        f"not use it), and from now on this function gets copies of its inputs (slower). "
-        f"Clone what you keep (x.clone()).")
+        f"jaxbridge moved the kept tensors, and the views of them, to a private copy of "
+        f"their data, so they stay valid, and from now on this function gets copies of "
+        f"its inputs (slower). Clone what you keep (x.clone()).")
 
 
 def write_results(name: str, value: Any, out: Any) -> None:
@@ -237,7 +244,8 @@ def _restore_threads(before: int) -> None:
 
 
 def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
-             batch_depth: int, batching: _Batching, op: Any = None) -> None:
+             batch_depth: int, batching: _Batching, op: Any = None,
+             rng_state: Any = None) -> None:
     """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
     on `leaves` (NumPy views, and static leaves) and write its results into `out`.
 
@@ -247,13 +255,22 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
 
     `op`: the torch operator that `call` applies to the leaves as they are (no static
     arguments), run with ``out=`` where that is known to be exact.
+
+    `rng_state`: for a function that draws random numbers, XLA's buffer for the
+    generators' state before the call (per element when batched: the elements run one
+    by one, as torch.vmap refuses random operations).
     """
     tensors = _tensors(leaves, batching.copy_inputs)
     before = _cap_threads()
     # Grad mode is left as it is (switching it costs ~2 us a call): the tensors lent to
     # `call` do not require grad, so torch records no graph of them.
     try:
-        if batch_depth == 0 and op is None and _redirect.worth_trying(out):
+        if rng_state is not None and batch_depth == 0:
+            _rng.capture_into(rng_state)
+        if rng_state is not None and batch_depth > 0:
+            _run_loop(name, call, tensors, out, batch_depth, rng_state)
+        elif batch_depth == 0 and op is None and batching.may_redirect and \
+                _redirect.worth_trying(out):
             _run_large(name, lambda: call(tensors), tensors, out, batching)
         elif batch_depth == 0:
             if not (op is not None and _run_op(op, tensors, out, batching)):
@@ -279,7 +296,7 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
     x = to_torch(a)
     before = _cap_threads()
     try:
-        if not state.op and _redirect.worth_trying(out):
+        if not state.op and state.may_redirect and _redirect.worth_trying(out):
             _run_large(name, lambda: fn(x), [x], out, state)
         elif not (state.op and _run_op(fn, (x,), out, state)):
             value = fn(x)
@@ -312,15 +329,11 @@ def _run_large(name: str, call: Callable[[], Any], tensors: list[Any], out: np.n
     if plan is None or _redirect.overlaps_inputs(tensors, out):
         _write_one(name, "output", call(), out)
         return
-    value, written = _redirect.run_redirected(call, out, plan)
+    value, written, moved = _redirect.run_redirected(call, out, plan)
+    if moved or not written:  # a surprise, or kept memory (moved, still valid): copy
+        state.redirect[key] = None  # from now on
     if not written:
-        state.redirect[key] = None
         _write_one(name, "output", value, out)
-    elif sys.getrefcount(value) > 2:
-        # The function kept its result (a cache, an attribute): that tensor is XLA's
-        # buffer, valid only during the call. Give it private memory, and copy from now on.
-        value.set_(value.clone())
-        state.redirect[key] = None
 
 
 def _targets(out: Any) -> Any:
@@ -334,20 +347,54 @@ def _targets(out: Any) -> Any:
 def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree: Any,
                  static: dict, out: Any, state: _Batching) -> None:
     """Run a function of ``wrap(..., out=True)``: it writes its results into `out`
-    (XLA's output buffers, as tensors in the declared structure) and returns None."""
+    (XLA's output buffers, as tensors in the declared structure) and returns None.
+    The output tensors are lent for the call: who holds them is counted before and
+    after (`_holders`), and what the function kept is released (`_release_targets`)."""
     tensors = _tensors(leaves, state.copy_inputs)
+    targets = _targets(out)
+    lent = (targets,) if type(targets) is torch.Tensor else jax.tree_util.tree_leaves(targets)
+    memory = [memory_of(t) for t in lent]
+    held = _holders(lent, memory)
     before = _cap_threads()
     try:
-        value = fn(*jax.tree_util.tree_unflatten(tree, tensors), out=_targets(out), **static)
+        value = fn(*jax.tree_util.tree_unflatten(tree, tensors), out=targets, **static)
         if value is not None:
             raise ResultMismatchError(
                 f"jaxbridge.torch: function {name!r} was wrapped with out=True, so it must "
                 f"write its results into `out` and return None; it returned "
                 f"{type(value).__name__}", function=name, what="output", problem="type",
                 declared="None", received=type(value).__name__)
+        if _holders(lent, memory) != held:
+            _release_targets(name, lent, memory, held)
         _check_after_call(name, tensors, state)
     finally:
         _restore_threads(before)
+
+
+def _holders(lent: Sequence[torch.Tensor], memory: list[int]) -> list[int]:
+    """Who holds the tensors `lent`, whose memory has the handles `memory`: per tensor,
+    the tensors sharing its memory, and the references to it. Counted the same way (no
+    iterator holding a tensor) before and after a call, the counts compare."""
+    counts: list[int] = []
+    for i in range(len(lent)):
+        counts += (memory_users(memory[i]), sys.getrefcount(lent[i]))
+    return counts
+
+
+def _release_targets(name: str, lent: Sequence[torch.Tensor], memory: list[int],
+                     held: list[int]) -> None:
+    """A function of ``out=True`` must not keep the output tensors it was lent, nor
+    tensors sharing their memory: they are XLA's buffers. What was kept moves to
+    private memory, so it stays valid, and the call fails."""
+    now = _holders(lent, memory)
+    kept = [i for i in range(len(lent)) if now[2 * i:2 * i + 2] != held[2 * i:2 * i + 2]]
+    for i in kept:
+        move_to_private_memory(lent[i])
+    raise KeptViewError(
+        f"jaxbridge.torch: function {name!r} (out=True) kept output tensor(s) {kept}, or "
+        f"views of them, after returning. They are XLA's output buffers, valid only during "
+        f"the call; jaxbridge moved what was kept to a private copy, so it stays valid. "
+        f"Clone what you keep (out.clone()).")
 
 
 def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
@@ -370,7 +417,7 @@ def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any]
 
 
 def _run_loop(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
-              depth: int) -> None:
+              depth: int, rng_state: Any = None) -> None:
     arrays = [t for t in tensors if isinstance(t, torch.Tensor)]
     if not arrays:
         return
@@ -379,5 +426,7 @@ def _run_loop(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], o
     for index in itertools.product(*(range(n) for n in batch_shape)):
         at: tuple[Any, ...] = (*index, ...)  # `...` keeps 0-d elements views
         element = [t[at] if isinstance(t, torch.Tensor) else t for t in tensors]
+        if rng_state is not None:
+            _rng.capture_into(rng_state[at])
         write_results(name, call(element),
                       jax.tree_util.tree_unflatten(out_tree, [o[at] for o in outs]))

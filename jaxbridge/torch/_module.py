@@ -32,15 +32,17 @@ def _state(buffers: dict) -> dict:
 class ModuleApply:
     """``apply(params, *args, buffers=None)`` of a wrapped module; see :func:`wrap_module`."""
 
-    def __init__(self, module: torch.nn.Module, vmap: str):
+    def __init__(self, module: torch.nn.Module, vmap: str, redirect: bool):
         where = "jaxbridge.torch.wrap_module"
         self.module = module
         self.training = module.training
         self.param_names = tuple(n for n, _ in module.named_parameters())
         self.buffers = {n: _to_jax(b, where) for n, b in module.named_buffers()}
         self.__name__ = type(module).__name__
-        self._stateless = TorchFunction(self._call_stateless, vmap=vmap, name=self.__name__)
-        self._stateful = TorchFunction(self._call_with_buffers, vmap=vmap, name=self.__name__)
+        self._stateless = TorchFunction(self._call_stateless, vmap=vmap, name=self.__name__,
+                                        redirect=redirect)
+        self._stateful = TorchFunction(self._call_with_buffers, vmap=vmap, name=self.__name__,
+                                       redirect=redirect)
 
     def __repr__(self) -> str:
         mode = "train" if self.training else "eval"
@@ -87,7 +89,7 @@ class ModuleApply:
 
 
 def wrap_module(module: torch.nn.Module, *,
-                vmap: Literal["vectorized", "loop"] = "vectorized"
+                vmap: Literal["vectorized", "loop"] = "vectorized", redirect: bool = False
                 ) -> tuple[Callable[..., Any], dict[str, Any]]:
     """An `nn.Module` as ``apply(params, *args)`` plus its parameters as JAX arrays.
 
@@ -105,6 +107,11 @@ def wrap_module(module: torch.nn.Module, *,
     train/eval mode is the one it had when wrapped; wrap again after
     ``module.train()`` / ``module.eval()``. The module itself is never
     modified (its parameters and buffers are replaced for the call only).
+    In training mode, dropout's masks are the forward call's in the backward too (the
+    generator state travels with the call), so ``jax.value_and_grad`` gives eager
+    torch's loss and gradient on the same seed. `vmap` and `redirect` as in
+    :func:`jaxbridge.torch.wrap` (a forward hook that keeps the output is a kept
+    alias: leave `redirect` off for such modules).
 
     Example:
         >>> import jax, jax.numpy as jnp, torch
@@ -121,7 +128,10 @@ def wrap_module(module: torch.nn.Module, *,
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"jaxbridge.torch.wrap_module: expected a torch.nn.Module, got "
                         f"{type(module).__name__}")
-    apply = ModuleApply(module, vmap)
+    if redirect is not True and redirect is not False:
+        raise TypeError(f"jaxbridge.torch.wrap_module: redirect must be True or False, got "
+                        f"{redirect!r}")
+    apply = ModuleApply(module, vmap, redirect)
     params = {n: _to_jax(p, "jaxbridge.torch.wrap_module")
               for n, p in module.named_parameters()}
     return apply, params

@@ -1,36 +1,45 @@
-"""A large result written by torch straight into XLA's output buffer.
+"""A large result written by torch straight into XLA's output buffer (``redirect=True``).
 
 A function like ``lambda x: x + 1`` returns a fresh tensor, which the host call then
 copies into XLA's preallocated output buffer: at 1M float32 elements the allocation and
-the copy cost more than the addition itself. This module removes both where it safely
-can. The first call of a function (per input and result signature) runs under a
-recording torch dispatch mode that finds which aten operation produced the returned
-tensor. If that operation has an ``out=`` overload and its output was exactly the
-declared result (dtype, shape, contiguous, not a view, no autograd), later calls run
-under a dispatch mode that sends that one operation (the same position in the sequence,
-the same overload) to its ``out=`` overload with XLA's buffer as ``out``: the returned
-tensor *is* XLA's buffer, and nothing is copied.
+the copy cost about as much as the addition itself. With ``wrap(fn, redirect=True)``
+this module removes both where it can. The first call of a function (per input and
+result signature) runs under a recording torch dispatch mode that finds which aten
+operation produced the returned tensor. If that operation has an ``out=`` overload and
+its output was exactly the declared result (dtype, shape, contiguous, not a view, no
+autograd), later calls run under a dispatch mode that sends that one operation (the
+same position in the sequence, the same overload) to its ``out=`` overload with XLA's
+buffer as ``out``: the returned tensor *is* XLA's buffer, and nothing is copied.
 
 Where it applies: unbatched calls with one result on the CPU path, whose result is at
 least `MIN_BYTES` and at least `BYTES_PER_OP` per aten operation of the function (the
 dispatch mode costs a few microseconds an operation; the copy it saves ~0.1 us a KiB).
 Anything unexpected on a later call -- another operation at that position (data-
-dependent control flow), an ``out=`` call that fails, a result that is not the buffer,
-a result the function kept a reference to -- falls back to the copy, and the function
-is not redirected again for that signature.
+dependent control flow), an ``out=`` call that fails, a result that is not the buffer --
+falls back to the copy, and the function is not redirected again for that signature.
+
+Kept memory. XLA's buffer is valid only during the call; a tensor the function keeps
+that shares it (the result in a cache, ``y.detach()``, ``y.view(-1)``, a slice, an
+intermediate that the buffer held) would read freed memory later. After every
+redirected call the buffer's users are counted (`_torchapi.memory_users`); any beyond
+the call's own move, all at once, to a private copy (`_torchapi.move_to_private_memory`)
+and stay valid, and the signature falls back to the copy. A NumPy array or DLPack
+capsule made from such a tensor is the one thing no swap reaches: that is why the
+redirect is opt-in (the guide, docs/guides/torch.md, has the measurements).
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._convert import SAME_MEMORY_DTYPES, to_torch
+from ._torchapi import TorchDispatchMode, memory_of, memory_users, move_to_private_memory
 
 __all__ = ["MIN_BYTES", "BYTES_PER_OP", "Plan", "worth_trying", "plan_key", "learn",
            "run_redirected", "overlaps_inputs"]
@@ -135,18 +144,33 @@ class _Redirect(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def run_redirected(call: Callable[[], Any], out: np.ndarray, plan: Plan) -> tuple[Any, bool]:
-    """Run `call` with the plan's operation writing into `out`: (value, written), where
-    `written` means the value is XLA's buffer itself (nothing left to copy). Otherwise
-    the value is to be copied into `out` as usual; it may be a view of `out` (the buffer
-    held an intermediate, and the result is, say, its transpose): NumPy's assignment
-    into `out` detects the overlap and copies through a temporary."""
+def run_redirected(call: Callable[[], Any], out: np.ndarray, plan: Plan
+                   ) -> tuple[Any, bool, bool]:
+    """Run `call` with the plan's operation writing into `out`: (value, written, moved).
+
+    `written`: the value is XLA's buffer itself (nothing left to copy). Otherwise the
+    value is to be copied into `out` as usual. `moved`: when the call ended, tensors
+    besides the call's own shared the buffer (a result or an intermediate the function
+    kept, or the value as a view of it: the buffer held an intermediate and the result
+    is, say, its transpose); they were moved to private memory, all at once, so they
+    stay valid and the value can be copied into `out` without reading what the copy
+    writes. XLA's buffer itself still holds what was written into it."""
     target = to_torch(out)
+    memory = memory_of(target)
+    own = memory_users(memory)  # tensors sharing the buffer (a bfloat16 view has two)
     redirect = _Redirect(plan, target)
-    with redirect:
-        value = call()
-    redirect.target = None  # the caller counts the references to `value` (a kept result)
-    return value, value is target
+    refs = sys.getrefcount(target) - 1  # `target` and the argument, after the call
+    value = moved = None
+    try:
+        with redirect:
+            value = call()
+    finally:  # a call that raised may have kept the buffer as well
+        redirect.target = None
+        # other tensors sharing the buffer, or the result object itself kept elsewhere
+        if memory_users(memory) > own or sys.getrefcount(target) - (value is target) > refs:
+            move_to_private_memory(target)
+            moved = True
+    return value, value is target, bool(moved)
 
 
 def overlaps_inputs(tensors: list[Any], out: np.ndarray) -> bool:

@@ -12,6 +12,11 @@ Both are `TorchFunction`s again, with rules of their own, so every derivative is
 itself differentiable: `hessian` (forward over reverse) runs `torch.func.jvp` of
 `torch.func.vjp`, a third derivative one more level down, and so on -- torch's
 transforms compose, and JAX's `jit`, `vmap` and sharding apply at every level.
+
+A function that draws random numbers (found when it is first traced, `_shapes`) is
+called through a second `jb.foreign` function whose forward call also returns torch's
+generator state from before the call, as a residual: its derived functions take that
+state as a first argument and replay it (`_rng`), so they see the forward's draws.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import torch
 from .._core.arrays import is_array_leaf
 from .._core.capabilities import Derivatives
 from .._foreign.api import ForeignFunction, callable_name
-from ._convert import numpy_dtype, struct_of, torch_dtype
-from ._device import device_filler, zeros_device
+from . import _rng, _shapes
+from ._convert import numpy_dtype, torch_dtype
+from ._device import device_filler
 from ._host import _Batching, run_host, run_in_place, run_one
 
 __all__ = ["TorchFunction", "wrap"]
@@ -37,6 +43,8 @@ VMAP_CHOICES = ("vectorized", "loop")
 # The static keyword carrying the ranks of the unbatched array arguments: how the host
 # side tells a batched call (under jax.vmap) from a plain one.
 RANKS = "_jaxbridge_ranks"
+# Call signatures whose shape-inference runs are kept per function.
+INFERRED_KEPT = 256
 
 
 def _inexact(x: Any) -> bool:
@@ -53,7 +61,9 @@ class TorchFunction:
 
     `fn` is the torch function; calling the object calls it from JAX. Built on
     `jaxbridge.foreign` (a host function with ``out=True`` and JAX-written derivative
-    rules), so everything said there about host calls holds.
+    rules), so everything said there about host calls holds. `stochastic`: whether
+    `fn` draws random numbers (None: found at its first trace; the derivative
+    functions made here pass False, as they replay a generator state they are given).
 
     Example:
         >>> import jax.numpy as jnp, torch
@@ -68,14 +78,16 @@ class TorchFunction:
     def __init__(self, fn: Callable[..., Any], result: Any = None, *,
                  vmap: str = "vectorized", batch_dims: int = 0, on_mesh: str = "error",
                  backend: str = "auto", name: str | None = None,
-                 composable: Callable[..., Any] | None = None, out: bool = False):
+                 composable: Callable[..., Any] | None = None, out: bool = False,
+                 redirect: bool = False, stochastic: bool | None = None):
         where = "jaxbridge.torch.wrap"
         if not callable(fn):
             raise TypeError(f"{where}: expected a torch function to wrap, got {fn!r}")
         if vmap not in VMAP_CHOICES:
             raise ValueError(f"{where}: vmap must be one of {VMAP_CHOICES}, got {vmap!r}")
-        if out is not True and out is not False:
-            raise TypeError(f"{where}: out must be True or False, got {out!r}")
+        for flag, value in (("out", out), ("redirect", redirect)):
+            if value is not True and value is not False:
+                raise TypeError(f"{where}: {flag} must be True or False, got {value!r}")
         if out and result is None:
             raise TypeError(
                 f"{where}: out=True needs result= (the shapes and dtypes of the buffers "
@@ -94,12 +106,24 @@ class TorchFunction:
         self.__doc__ = getattr(fn, "__doc__", None)
         self._options: dict[str, Any] = dict(vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
                              backend=backend)
-        self._batching = _Batching(None if out else fn)
+        self._batching = _Batching(None if out else fn, redirect)
         self._derived: dict[Any, TorchFunction] = {}
-        forward = self._host_forward()
-        self._foreign = ForeignFunction(forward, self._declare, out=True, **self._options)
-        self._foreign.defvjp(self._adjoint_rule, kind="jax")
-        self._foreign.defjvp(self._tangent_rule, kind="jax")
+        # Whether `fn` draws random numbers: None until its first trace finds out;
+        # False for derived functions (they replay a state they are given).
+        self._stochastic = stochastic
+        self._inferred: dict[Any, _shapes.Inferred] = {}
+        self._foreign = self._make_foreign(stochastic=False)
+        self._stochastic_foreign: ForeignFunction | None = None
+
+    def _make_foreign(self, stochastic: bool) -> ForeignFunction:
+        """The `jb.foreign` function that runs the calls: for a function that draws
+        random numbers, one whose forward also returns the generators' state."""
+        foreign = ForeignFunction(self._host_forward(stochastic), self._declare, out=True,
+                                  residuals=self._rng_residual if stochastic else None,
+                                  **self._options)
+        foreign.defvjp(self._adjoint_rule, kind="jax")
+        foreign.defjvp(self._tangent_rule, kind="jax")
+        return foreign
 
     def __repr__(self) -> str:
         return f"<jaxbridge.torch function {self.__name__!r}>"
@@ -113,51 +137,79 @@ class TorchFunction:
 
     def __call__(self, *args: Any, **static: Any) -> Any:
         ranks = tuple(np.ndim(x) for x in jax.tree_util.tree_leaves(args) if is_array_leaf(x))
-        return self._foreign(*args, **{RANKS: ranks}, **static)
+        foreign = self._foreign if self._stochastic is False else self._foreign_for(args, static)
+        return foreign(*args, **{RANKS: ranks}, **static)
 
-    # ---- shapes: meta tensors, else one run on zeros, else result=
+    def _foreign_for(self, args: tuple, static: dict) -> ForeignFunction:
+        """The `jb.foreign` function for a function that may draw random numbers: the
+        first trace finds out whether it does (its runs on meta tensors or fillings)."""
+        if self._stochastic is None:
+            leaves, tree = jax.tree_util.tree_flatten(args)
+            structs = [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
+                       if is_array_leaf(x) else x for x in leaves]
+            self._stochastic = self._infer(structs, tree, static).random
+        if not self._stochastic:
+            return self._foreign
+        if self._stochastic_foreign is None:
+            self._stochastic_foreign = self._make_foreign(stochastic=True)
+        return self._stochastic_foreign
+
+    # ---- shapes: meta tensors, else fillings (_shapes), else result=
     def _declare(self, *args: Any, **static: Any) -> Any:
         static.pop(RANKS)
         if self.result is not None:
             if callable(self.result) and not hasattr(self.result, "shape"):
                 return self.result(*args, **static)
             return self.result
-        where = f"jaxbridge.torch: function {self.__name__!r}"
         leaves, tree = jax.tree_util.tree_flatten(args)
+        return self._infer(leaves, tree, static).structs
 
-        def run_on(make: Callable[[Any], torch.Tensor]) -> Any:
-            tensors = [make(x) if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves]
-            # Run as on the host, not as part of the JAX trace in progress: torch code
-            # that calls JAX itself gets concrete values.
-            with torch.no_grad(), jax.ensure_compile_time_eval():
-                value = self.fn(*jax.tree_util.tree_unflatten(tree, tensors), **static)
-            return jax.tree_util.tree_map(lambda t: struct_of(t, where), value)
+    def _infer(self, leaves: list, tree: Any, static: dict) -> _shapes.Inferred:
+        """What runs without data find for one call signature (`_shapes.infer`), once:
+        the result shapes (unless declared) and whether the function draws random
+        numbers."""
+        key = (tree, tuple((x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
+                           else ("static", x) for x in leaves), tuple(sorted(static.items())))
+        found = self._inferred.get(key)
+        if found is None:
+            fn = self._composable if self.in_place else self.fn
+            found = _shapes.infer(fn, leaves, tree, static, self.__name__,
+                                  shapes=self.result is None)
+            if len(self._inferred) >= INFERRED_KEPT:
+                self._inferred.clear()
+            self._inferred[key] = found
+        return found
 
-        try:
-            return run_on(lambda s: torch.empty(s.shape, dtype=torch_dtype(s.dtype, where),
-                                                device="meta"))
-        except Exception as meta_error:  # noqa: BLE001 - data-dependent: try zeros
-            try:
-                device = zeros_device()
-                return run_on(lambda s: torch.zeros(s.shape, dtype=torch_dtype(s.dtype, where),
-                                                    device=device))
-            except Exception as zeros_error:
-                raise TypeError(
-                    f"{where}: could not find the shapes and dtypes of its results: it fails "
-                    f"on meta tensors ({type(meta_error).__name__}: {meta_error}) and on "
-                    f"zero-filled tensors ({type(zeros_error).__name__}: {zeros_error}). "
-                    f"Declare them: wrap(fn, result=jax.ShapeDtypeStruct(shape, dtype)) or "
-                    f"result=lambda *args: ... (args as ShapeDtypeStructs).") from zeros_error
+    def _rng_residual(self, *args: Any, **static: Any) -> jax.ShapeDtypeStruct:
+        """The residual carrying the generators' state: one per call, or per row of the
+        leading `batch_dims` (one call per shard: each shard's rows share its state)."""
+        state = _rng.state_struct()
+        batch = self._options["batch_dims"]
+        if not batch:
+            return state
+        first = next(x for x in jax.tree_util.tree_leaves(args)
+                     if isinstance(x, jax.ShapeDtypeStruct))
+        return jax.ShapeDtypeStruct((*first.shape[:batch], *state.shape), state.dtype)
 
     # ---- the host side of one call
-    def _host_forward(self) -> Callable[..., None]:
-        """The forward host call: `fn` on zero-copy tensors, results into `out`."""
+    def _host_forward(self, stochastic: bool) -> Callable[..., None]:
+        """The forward host call: `fn` on zero-copy tensors, results into `out` (and,
+        `stochastic`, the generators' state before the call into the residual)."""
         fn, name, state = self.fn, self.__name__, self._batching
         vectorized = self._options["vmap"] == "vectorized"
         in_place, functional = self.in_place, self._composable
 
         def forward(*args: Any, out: Any, _jaxbridge_ranks: tuple, **static: Any) -> None:
-            if not in_place and not static and len(args) == 1 \
+            if stochastic:  # the generators' state travels in the residual (`_rng`)
+                outputs, rng_state = out
+                with _rng.holding():
+                    run(args, outputs, _jaxbridge_ranks, static, rng_state)
+            else:
+                run(args, out, _jaxbridge_ranks, static, None)
+
+        def run(args: tuple, out: Any, _jaxbridge_ranks: tuple, static: dict,
+                rng_state: Any) -> None:
+            if rng_state is None and not in_place and not static and len(args) == 1 \
                     and type(args[0]) is np.ndarray \
                     and (not vectorized or args[0].ndim == _jaxbridge_ranks[0]):
                 run_one(name, fn, args[0], out, state)  # the hot path: one array, unbatched
@@ -173,11 +225,13 @@ class TorchFunction:
                 first = next(x for x in leaves if isinstance(x, (np.ndarray, torch.Tensor)))
                 depth = first.ndim - _jaxbridge_ranks[0]
             if in_place and depth == 0:
+                if rng_state is not None:
+                    _rng.capture_into(rng_state)
                 run_in_place(name, fn, leaves, tree, static, out, state)
                 return
             # A torch operator on its arguments as they are may write into `out`.
             op = fn if state.op and not static and len(leaves) == len(args) else None
-            run_host(name, call, leaves, out, depth, state, op)
+            run_host(name, call, leaves, out, depth, state, op, rng_state)
 
         forward.__name__ = forward.__qualname__ = name  # named in errors
         forward.jaxbridge_adapt_fill = self._adapt_fill  # type: ignore[attr-defined]
@@ -210,28 +264,40 @@ class TorchFunction:
             derived = self._derived[key] = make()
         return derived
 
-    def _adjoint_rule(self, primals: tuple, y: Any, ct: Any, **static: Any) -> tuple:
+    def _with_state(self, primals: tuple, res: tuple) -> tuple[Callable[..., Any], tuple]:
+        """What the derived functions differentiate, and its primals. A call that
+        carries the generators' state (`res`, see `_rng`) differentiates `fn` replaying
+        it, the state a first primal (an integer array: no derivative)."""
+        if not res:
+            return self._composable, primals
+        return _rng.replayed(self._composable), (res[0], *primals)
+
+    def _adjoint_rule(self, primals: tuple, y: Any, ct: Any, *res: Any, **static: Any) -> tuple:
         static.pop(RANKS)
+        fn, primals = self._with_state(primals, res)
         p_leaves, in_tree = jax.tree_util.tree_flatten(primals)
         y_leaves, out_tree = jax.tree_util.tree_flatten(y)
         diff_in = tuple(i for i, x in enumerate(p_leaves) if _inexact(x))
         diff_out = tuple(j for j, v in enumerate(y_leaves) if _inexact(v))
         ct_leaves = jax.tree_util.tree_leaves(ct)  # None (integer outputs) drops out
         if not diff_in or not diff_out:
-            return tuple(None for _ in primals)
+            return tuple(None for _ in primals[len(res):])
         key = ("adjoint", in_tree, _avals_key(p_leaves), out_tree, diff_out,
                tuple(sorted(static.items())))
         adjoint = self._derive(key, lambda: TorchFunction(
-            _autograd_vjp(self._composable, in_tree, diff_in, diff_out, static),
+            _autograd_vjp(fn, in_tree, diff_in, diff_out, static),
             lambda p, cts: [p[i] for i in diff_in], name=f"adjoint of {self.__name__}",
-            composable=_torch_vjp(self._composable, in_tree, diff_in, diff_out, static),
+            composable=_torch_vjp(fn, in_tree, diff_in, diff_out, static), stochastic=False,
             **self._options))
         cts = iter(adjoint(p_leaves, ct_leaves))
         leaves = [next(cts) if i in diff_in else None for i in range(len(p_leaves))]
-        return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))
+        return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))[len(res):]
 
-    def _tangent_rule(self, primals: tuple, y: Any, tangents: tuple, **static: Any) -> Any:
+    def _tangent_rule(self, primals: tuple, y: Any, tangents: tuple, *res: Any,
+                      **static: Any) -> Any:
         static.pop(RANKS)
+        fn, primals = self._with_state(primals, res)
+        tangents = (None,) * len(res) + tuple(tangents)
         p_leaves, in_tree = jax.tree_util.tree_flatten(primals)
         t_leaves: list[Any] = []
         for arg, t in zip(primals, tangents):
@@ -249,8 +315,8 @@ class TorchFunction:
         key = ("tangent", in_tree, _avals_key(p_leaves), live, out_tree,
                _avals_key(out_structs), diff_out, tuple(sorted(static.items())))
         tangent = self._derive(key, lambda: TorchFunction(
-            _torch_jvp(self._composable, in_tree, live, diff_out, static), out_structs,
-            name=f"tangent of {self.__name__}", **self._options))
+            _torch_jvp(fn, in_tree, live, diff_out, static), out_structs,
+            name=f"tangent of {self.__name__}", stochastic=False, **self._options))
         touts = iter(tangent(p_leaves, [t_leaves[i] for i in live]))
         leaves = [next(touts) if j in diff_out else None for j in range(len(y_leaves))]
         return jax.tree_util.tree_unflatten(out_tree, leaves)
@@ -348,7 +414,7 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
          vmap: Literal["vectorized", "loop"] = "vectorized", batch_dims: int = 0,
          on_mesh: Literal["error", "replicate"] = "error",
          backend: Literal["auto", "native", "pure_callback"] = "auto",
-         out: bool = False) -> Any:
+         out: bool = False, redirect: bool = False) -> Any:
     """Make a PyTorch function a JAX function, with its derivatives from torch.
 
     `fn` takes torch tensors (pytrees of them, as positional arguments; keyword
@@ -362,8 +428,11 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
       result: the results' shapes and dtypes (a pytree of `jax.ShapeDtypeStruct`, or a
         function of the arguments as ShapeDtypeStructs). Usually not needed: at trace
         time `fn` runs on meta tensors (shapes only, no data); if that fails (say,
-        control flow on values), it runs once on zero-filled tensors per input
-        signature. Tracing never runs `fn` on your data.
+        control flow on values), it runs on zero-filled tensors, ones and a spread of
+        values, once per input signature, and a result shape that differs between
+        them (or is empty on all of them) is a `ResultMismatchError` asking for
+        `result`. Tracing never runs `fn` on your data; an exception `fn` raises
+        there reaches you as itself, with a note.
       vmap: ``"vectorized"`` (default): under `jax.vmap` one call runs `fn` under
         `torch.vmap`; a function torch.vmap cannot batch (``.item()``, control flow on
         values) falls back to one call per element, learned on first use.
@@ -376,6 +445,20 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
         path for large arrays: ``torch.add(x, 1, out=out)``). It must write every
         element. Its derivatives and `vmap` run it through
         `torch.func.functionalize`, which turns the writes into functional operations.
+      redirect: ``True``: from the second call on, the torch operation that makes a
+        large result (1 MiB and up, one result, unbatched, on the CPU path) writes it
+        straight into XLA's output buffer (no allocation, no copy: up to about 2x
+        faster for ``x + 1`` on 1M elements). Off by default, because the result is
+        then XLA's memory: a tensor `fn` keeps that shares it (``y.detach()``,
+        ``y.view(...)``, in a list, a dict, an attribute) is found and moved to
+        private memory, and stays valid, but a NumPy array (``y.numpy()``) or a
+        DLPack capsule made from it and kept would point into freed memory.
+
+    A function that draws random numbers (dropout, ``torch.bernoulli``, ``torch.randn``;
+    found when it is first traced) carries torch's generator state from its forward
+    call to its derivative calls, which run it again with the same draws and leave the
+    generators where the forward left them: its gradient is the one of the forward
+    that ran, as in eager torch.
 
     `fn` gets zero-copy views of XLA's buffers (valid during the call only: keeping one
     raises `KeptViewError`; writing into one is an error) and its results are copied
@@ -404,6 +487,6 @@ def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,
     """
     def make(f: Callable[..., Any]) -> TorchFunction:
         return TorchFunction(f, result, vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
-                             backend=backend, out=out)
+                             backend=backend, out=out, redirect=redirect)
 
     return make if fn is None else make(fn)
