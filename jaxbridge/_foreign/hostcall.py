@@ -184,7 +184,8 @@ class HostCallable:
                 _native.set_copies_inputs(self.id, True)
             if device_fill is not None:
                 _native.set_device_fill(self.id, device_fill)
-            weakref.finalize(self, _native.unregister_callback, self.id)
+            # Not at exit: a daemon thread may be inside a call of it then.
+            weakref.finalize(self, _native.unregister_callback, self.id).atexit = False
 
     def __repr__(self) -> str:
         return f"<HostCallable #{self.id} {self.what} of {self.name!r}>"
