@@ -12,6 +12,7 @@ recording (``compare``, ``guarded``, ``skip``).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -331,6 +332,9 @@ def check_export(r: Run) -> None:
         why = ("calls back into Python (host functions cannot be exported)" if hosts
                else "no FFI kernel in the program")
         return r.skip(name, f"not enabled: {why} (force with CheckOptions(export=True))")
+    if importlib.util.find_spec("flatbuffers") is None:  # a dependency; in case it is gone
+        return r.skip(name, "not run: jax.export's serialization needs the flatbuffers "
+                            "package, which is not installed (pip install flatbuffers)")
     checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
     # For the platform the call runs on: jax.export's default is the default backend,
     # which is the GPU on a GPU machine even for arrays on the CPU (a CPU-only kernel).
