@@ -17,6 +17,8 @@ against finite differences, against each other, and under JAX's transformations:
 ``jvp_vjp_consistency``   ``<ct, J t> == <J^T ct, t>`` between the two rules, no FD
 ``symbolic_zeros``        rules with unperturbed inputs / zero output cotangents
 ``jit``                   eager vs ``jax.jit``: values, VJP, JVP
+``primal_values``         ``jax.vjp`` / ``jax.jvp`` outputs vs the plain call (a kernel's
+                          forward with residuals, a ``custom_vjp``'s fwd)
 ``vmap``                  ``jax.vmap`` over each argument and all at once vs a loop
 ``batched_grad``          the rules vmapped over cotangents / tangents alone vs a loop
 ``deterministic``         the same call twice agrees (to ``nondet_tol``)

@@ -192,34 +192,42 @@ def test_each_row_of_the_attribute_table(attrs_lib, cpp_type):
         else:
             np.testing.assert_array_equal(k(x), x + float(len(declared) if isinstance(
                 declared, str) else declared))
-    with pytest.raises(KernelError, match="must be a bool, int, float, str"):
-        attrs_lib.kernel(forward=handler, result=lambda x, **_: x, dtypes=["float64"])(
-            x, v=(1, 2))
+    # without attrs=, the C++ binding types the attribute: the same values are accepted
+    k = attrs_lib.kernel(forward=handler, name=f"attr_cpp_{handler}", result=lambda x, **_: x,
+                         dtypes=["float64"])
+    for value in values:
+        want = float(value) if added is None else added
+        np.testing.assert_array_equal(k(x, v=value), x + want)
+    with pytest.raises(KernelError, match=rf"kernel 'attr_cpp_{handler}': attribute 'v' is "
+                                          rf"declared {re.escape(cpp_type)} .*received tuple"):
+        k(x, v=(1, 2))
 
 
-def test_undeclared_attributes_take_their_python_type(attrs_lib):
+def test_attributes_without_attrs_take_their_cpp_types(attrs_lib):
+    """What the guide says: the handler's .Attr<double>("v") types v, so an int is
+    converted and an extra keyword is refused, both before anything runs."""
     x = jnp.arange(3.0)
     k = attrs_lib.kernel(forward="AttrDouble", name="attr_undeclared",
                          result=lambda x, **_: x, dtypes=["float64"])
+    assert k.attrs == {"v": float}
     np.testing.assert_array_equal(k(x, v=2.5), x + 2.5)
-    # an int where the handler binds double: an error only when the program runs
+    np.testing.assert_array_equal(k(x, v=7), x + 7.0)
+    np.testing.assert_array_equal(k(x, v=np.float32(2.5)), x + 2.5)  # F32 for an F64 binding
+    with pytest.raises(KernelError, match="unknown attribute 'extra'"):
+        k(x, v=2.5, extra=1.0)
+
+
+def test_undeclared_attributes_of_capsule_kernels_take_their_python_type(attrs_lib):
+    """A kernel over capsules (an ahead-of-time build: no source to read) without
+    attrs=: each keyword is an attribute of its own Python type, checked only by XLA."""
+    x = jnp.arange(3.0)
+    k = jb.kernel(attrs_lib.handlers["AttrDouble"], name="attr_capsule",
+                  namespace="tests.guide", result=lambda x, **_: x, dtypes=["float64"])
+    np.testing.assert_array_equal(k(x, v=2.5), x + 2.5)
     with pytest.raises(jax.errors.JaxRuntimeError, match="expected F64 but got S64"):
         k(x, v=7).block_until_ready()
-    # every handler binds every attribute: an extra one is refused by XLA
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
         k(x, v=2.5, extra=1.0).block_until_ready()
-
-
-def test_an_undeclared_numpy_bool_attribute_is_a_bool(attrs_lib):
-    k = attrs_lib.kernel(forward="AttrBool", name="attr_np_bool", result=lambda x, **_: x,
-                         dtypes=["float64"])
-    np.testing.assert_array_equal(k(jnp.arange(3.0), v=np.bool_(True)), jnp.arange(3.0) + 1)
-
-
-def test_an_undeclared_attributes_type_does_not_depend_on_earlier_calls(attrs_lib):
-    k = attrs_lib.kernel(forward="AttrDouble", name="attr_call_order",
-                         result=lambda x, **_: x, dtypes=["float64"])
-    x = jnp.arange(3.0)
-    np.testing.assert_array_equal(k(x, v=2.0), x + 2.0)
-    with pytest.raises(jax.errors.JaxRuntimeError, match="expected F64 but got S64"):
-        k(x, v=2).block_until_ready()  # as it does when called first
+    k = jb.kernel(attrs_lib.handlers["AttrBool"], name="attr_np_bool",
+                  namespace="tests.guide", result=lambda x, **_: x, dtypes=["float64"])
+    np.testing.assert_array_equal(k(x, v=np.bool_(True)), x + 1)

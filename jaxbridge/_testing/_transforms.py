@@ -118,6 +118,30 @@ def check_jit(r: Run) -> None:
                    "jvp: jit vs eager")
 
 
+# ------------------------------------------------------------ differentiated values
+def check_primal_values(r: Run) -> None:
+    """The outputs of a differentiated call (``jax.vjp``'s and ``jax.jvp``'s primal
+    outputs) are the plain call's: a kernel's forward that also returns residuals, or
+    a ``custom_vjp``'s fwd, must compute what the function itself does."""
+    name = "primal_values"
+    if not r.need_diff(name, "any"):
+        return
+    dyn, diff = r.call.dyn, r.call.diff
+
+    def outputs(d: Sequence[Any]) -> list[Any]:
+        return r.call.call_dyn(r.call.merge(d, dyn))
+
+    primals = [dyn[i] for i in diff]
+    if r.plan.rev:
+        got, _ = jax.vjp(outputs, primals)
+        _close_all(r, name, got, r.call.outs, r.call.out_labels, None,
+                   "values: jax.vjp's outputs vs the call")
+    if r.plan.fwd:
+        got, _ = jax.jvp(outputs, (primals,), ([r.randn(x) for x in primals],))
+        _close_all(r, name, got, r.call.outs, r.call.out_labels, None,
+                   "values: jax.jvp's outputs vs the call")
+
+
 # ------------------------------------------------------------ vmap
 def _perturbed(r: Run, x: Any, size: float) -> np.ndarray:
     """`x` with each element moved by up to `size` times its magnitude (integer and
