@@ -302,42 +302,31 @@ void AliasedOperandIsCopied() {
 }
 
 // ---------------------------------------------------------------- refused, in bounds
-void BadCallsAreErrors() {
+// A guarded call of one float64[4] operand and a result buffer of `elements`, refused
+// with a message containing `expected`.
+void Refused(const char* what, int64_t elements, const char* target,
+             std::vector<int64_t> aliases, const char* expected) {
+  Frame f;
+  f.Arg({4}, 1.0);
+  f.Ret({elements});
   auto none = [](Frame&) {};
-  {  // a layout whose sizes do not match the result buffer
-    Frame f;
-    f.Arg({4}, 1.0);
-    f.Ret({8});
-    Guard(f, "scale_forward", {{4}}, 256, {}, none, none);
-    Expect(Contains(Run(f.Get(), JaxbridgeGuardedCpu), "does not match its layout"),
-           "layout mismatch");
-  }
-  {  // an alias to an operand that is not there
-    Frame f;
-    f.Arg({4}, 1.0);
-    f.Ret({kFrontElems + 4 + 32});
-    Guard(f, "scale_forward", {{4}}, 256, {5, 0}, none, none);
-    Expect(Contains(Run(f.Get(), JaxbridgeGuardedCpu), "does not match its operand"),
-           "bad alias");
-  }
-  {  // a target nobody registered
-    Frame f;
-    f.Arg({4}, 1.0);
-    f.Ret({kFrontElems + 4 + 32});
-    Guard(f, "not_registered", {{4}}, 256, {}, none, none);
-    Expect(Contains(Run(f.Get(), JaxbridgeGuardedCpu), "registered through jaxbridge"),
-           "unknown target");
-  }
-  {  // a truncated layout attribute
-    Frame f;
-    f.Arg({4}, 1.0);
-    f.Ret({kFrontElems + 4 + 32});
-    f.String("jaxbridge_guard_context", "kernel 'test'");
-    f.Layout({1, kFront, 32, 256});
-    f.String("jaxbridge_guard_target", "scale_forward");
-    Expect(Contains(Run(f.Get(), JaxbridgeGuardedCpu), "jaxbridge_guard_layout"),
-           "truncated layout");
-  }
+  Guard(f, target, {{4}}, 256, std::move(aliases), none, none);
+  Expect(Contains(Run(f.Get(), JaxbridgeGuardedCpu), expected), what);
+}
+
+void BadCallsAreErrors() {
+  const int64_t right = kFrontElems + 4 + 32;
+  Refused("layout mismatch", 8, "scale_forward", {}, "does not match its layout");
+  Refused("bad alias", right, "scale_forward", {5, 0}, "does not match its operand");
+  Refused("unknown target", right, "not_registered", {}, "registered through jaxbridge");
+  Frame f;  // a truncated layout attribute
+  f.Arg({4}, 1.0);
+  f.Ret({right});
+  f.String("jaxbridge_guard_context", "kernel 'test'");
+  f.Layout({1, kFront, 32, 256});
+  f.String("jaxbridge_guard_target", "scale_forward");
+  Expect(Contains(Run(f.Get(), JaxbridgeGuardedCpu), "jaxbridge_guard_layout"),
+         "truncated layout");
 }
 
 }  // namespace
