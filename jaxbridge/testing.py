@@ -34,7 +34,10 @@ The checker asks the function which derivatives it has (``f.derivatives()``, a
 and kernels answer) and plans from the answer; for other callables (``jax.custom_vjp``,
 ``jax.custom_jvp``, functions built on jaxbridge functions) it tries each mode.
 ``derivatives_checked`` fails when a mode the function has was not checked by any
-enabled derivative check, so a rule cannot pass unseen.
+enabled derivative check, so a rule cannot pass unseen. Every ``jb.kernel`` traced
+during a run guards its outputs (``jaxbridge.kernel(..., guard_outputs=True)``): a
+handler that writes outside an output fails the check that ran it instead of
+corrupting memory.
 
 Finite differences step each input element relative to its own magnitude, extrapolate
 (Richardson; refined by a complex step where the function takes complex inputs) and

@@ -1065,6 +1065,20 @@ def test_kernels_round_trip_through_jax_export(rng):
     assert "calls back into Python" in report.results[0].note
 
 
+@pytest.mark.skipif(not jb.ops.available(), reason="built-in kernels not built")
+def test_the_export_check_without_flatbuffers_is_skipped_not_run(rng, monkeypatch):
+    """Right after `pip install .` (no extras) jax.export's serialization lacked
+    flatbuffers: the check reported ERROR. flatbuffers is now a dependency; should it
+    be missing anyway, the check says it did not run, and why."""
+    monkeypatch.setitem(sys.modules, "flatbuffers", None)  # `import flatbuffers` fails
+    monkeypatch.delitem(sys.modules, "jax._src.export.serialization", raising=False)
+    report = check_rules(jb.ops.softplus, rng.standard_normal(5),
+                         check_options=CheckOptions(checks=("export",)))
+    (row,) = report.by_name("export")
+    assert row.status == "skip" and "needs the flatbuffers package" in row.note
+    assert report.passed
+
+
 SCRIBBLE = """
 #include "jaxbridge/ffi_helpers.h"
 namespace ffi = xla::ffi;
