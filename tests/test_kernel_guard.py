@@ -24,6 +24,7 @@ import jaxbridge as jb
 from jaxbridge import ops
 from jaxbridge._kernel import guard
 from jaxbridge.errors import KernelError
+from jaxbridge.testing import check_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS_CC = ROOT / "tests" / "native" / "kernel_checks.cc"
@@ -81,6 +82,9 @@ def test_the_guarded_program_calls_the_guarded_target(lib):
     text = jax.jit(jax.grad(lambda x: jnp.sum(k(x) ** 2))).lower(x).as_text()
     assert guard.TARGET in text
     assert k.target("forward", "cpu") in text and k.target("adjoint", "cpu") in text
+    exported = jax.export.export(jax.jit(k), platforms=["cpu"],
+                                 disabled_checks=k.export_checks())(x)
+    np.testing.assert_array_equal(jax.export.deserialize(exported.serialize()).call(x), 2 * x)
 
 
 def test_aliased_results_start_from_their_operand(lib):
@@ -135,6 +139,22 @@ def test_a_target_registered_elsewhere_cannot_be_guarded():
                                           r"'tests_guard.softplus_elsewhere': guard_outputs="
                                           r"True runs the handler that jaxbridge registered"):
         k(jnp.ones(3))
+
+
+def test_check_rules_leaves_a_kernel_it_cannot_guard_as_it_is():
+    """A kernel over a target registered outside jaxbridge: check_rules checks it
+    unguarded (as before guarded outputs existed) rather than failing every check."""
+    capsule = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_fwd"]
+    adjoint = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_adj"]
+    jax.ffi.register_ffi_target("tests_guard.sp_fwd_elsewhere", capsule, platform="cpu")
+    jax.ffi.register_ffi_target("tests_guard.sp_adj_elsewhere", adjoint, platform="cpu")
+    k = jb.kernel("tests_guard.sp_fwd_elsewhere", "tests_guard.sp_adj_elsewhere",
+                  result=lambda x, **_: x, attrs={"beta": 1.0}, name="sp_unguardable",
+                  pass_outputs=False)
+    x = jnp.linspace(-2.0, 2.0, 5)
+    with guard.guarding():
+        assert guard.TARGET not in jax.jit(k).lower(x).as_text()
+    assert check_rules(k, x).passed
 
 
 def test_reserved_attribute_names(lib):

@@ -219,9 +219,11 @@ class Kernel:
 
         The targets are not in JAX's list of stable custom calls, so exporting needs
         an explicit opt-in; the exported artifact runs where the same targets are
-        registered (same library loaded).
+        registered (same library loaded). A guarded kernel's program calls the guarded
+        call too (which runs the kernel's targets registered in that process).
         """
-        return [jax.export.DisabledSafetyCheck.custom_call(t) for t in self.targets()]
+        targets = self.targets() + [guard.TARGET] * self.guard_outputs
+        return [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
 
     def _argname(self, i: int) -> str:
         if self.arg_names and i < len(self.arg_names):
@@ -246,7 +248,8 @@ class Kernel:
         # Without a forward_with_residuals target, the forward target returns them.
         sig = KernelSignature(self.spec, tuple(sorted(attrs.items())), avals,
                               residual_outputs=not self.spec.forward_with_residuals,
-                              guarded=self.spec.guard_outputs or guard.active())
+                              guarded=self.spec.guard_outputs or (
+                                  guard.active() and self._guardable()))
         sig.check_aliases(where)
         outs = kernel_pair.call(sig, *arrays)
         return jax.tree_util.tree_unflatten(out_tree, outs[:sig.n_outputs])
@@ -262,6 +265,13 @@ class Kernel:
             (False, True)
         """
         return Kernel(dataclasses.replace(self.spec, guard_outputs=True))
+
+    def _guardable(self) -> bool:
+        """Whether every target was registered through jaxbridge, so that the guarded
+        call can run it: `guard.guarding()` (check_rules) leaves other kernels as they
+        are, where ``guard_outputs=True`` refuses them."""
+        return all(is_registered(target, platform) for role in ROLES
+                   for platform, target in self.spec.table(role).items())
 
     def _check_dtypes(self, where: str, structs: list) -> None:
         if self.dtypes is None:
