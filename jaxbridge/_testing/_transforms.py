@@ -12,6 +12,7 @@ recording (``compare``, ``guarded``, ``skip``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -356,7 +357,7 @@ def check_export(r: Run) -> None:
                else "no FFI kernel in the program")
         return r.skip(name, f"not enabled: {why} (force with CheckOptions(export=True))")
     try:  # a dependency of jaxbridge's, for this; in case it is gone
-        import flatbuffers  # noqa: F401
+        importlib.import_module("flatbuffers")
     except ImportError:
         return r.skip(name, "not run: jax.export's serialization needs the flatbuffers "
                             "package, which is not installed (pip install flatbuffers)")
