@@ -458,11 +458,11 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         (``adjoint(*primals, *cotangents)``), so ``jax.grad`` need not run the forward
         kernel when only the gradient is used.
       aliases: ``{role: {operand index: result index}}`` (role ``"forward"``,
-        ``"adjoint"``, ``"tangent"`` or ``"transpose"``; indices into that kernel's
-        operands and results): the result is written into the operand's buffer, as
-        ``jax.ffi.ffi_call``'s ``input_output_aliases`` (XLA copies the operand first
-        when it is still needed). Same shape and dtype; the kernel must be correct in
-        place.
+        ``"forward_with_residuals"``, ``"adjoint"``, ``"tangent"`` or ``"transpose"``;
+        indices into that kernel's operands and results): the result is written into
+        the operand's buffer, as ``jax.ffi.ffi_call``'s ``input_output_aliases`` (XLA
+        copies the operand first when it is still needed). Same shape and dtype; the
+        kernel must be correct in place.
       linear: the forward kernel is linear in all its (array) arguments jointly. Then
         its tangent is the forward kernel on the tangents and its adjoint is
         ``transpose(*cotangents) -> one cotangent per argument``: derivatives of every
@@ -496,10 +496,12 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
     Raises:
       KernelError: a bad target (not a name, capsule or ``{platform: ...}`` dict; an
         invalid or reserved ``jaxbridge_`` name) or contradictory options (an unknown
-        ``vmap``, ``linear`` with ``adjoint``/``tangent``, ``transpose`` without
-        ``linear``, malformed ``attrs`` or ``aliases``). Calls raise it too, at trace
-        time: a dtype outside ``dtypes``, an unknown or missing attribute or one of the
-        wrong type, aliased buffers of different shapes; ``check`` raises its own.
+        ``vmap``, ``linear`` with ``adjoint``/``tangent`` or ``residuals``,
+        ``transpose`` without ``linear``, ``forward_with_residuals`` without
+        ``residuals``, malformed ``attrs`` or ``aliases``). Calls raise it too, at trace
+        time: a dtype outside ``dtypes``, an unknown or missing attribute, one of the
+        wrong type or a traced one, aliased buffers of different shapes, a target
+        registered outside jaxbridge with ``guard_outputs``; ``check`` raises its own.
 
     Example (compiles C++, so not run as a doctest; docs/getting-started.md and
     docs/guides/kernels.md run complete ones):
