@@ -68,7 +68,7 @@ def test_typed_attrs_merges_python_defaults_into_the_cpp_types():
 def lib(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAXBRIDGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield jb.cpp.load("rms_norm_attrs", sources=[RMS_NORM_CC])
+        yield jb.cpp.load("rms_norm", sources=[RMS_NORM_CC])
 
 
 def test_the_types_come_from_the_cpp(lib):
@@ -110,6 +110,17 @@ def test_declarations_that_contradict_the_cpp_are_refused(lib):
         lib.kernel("RmsNorm", name="rms_s", result=lambda x, **_: x, attrs={"eps": "small"})
 
 
+def test_handlers_that_bind_different_attributes_are_refused_when_declared():
+    bindings = {"F": {"eps": np.float32}, "A": {"eps": float}, "T": {}}
+    with pytest.raises(KernelError, match=r"kernel 'k': handler 'F' \(forward\) binds "
+                                          r"\.Attr<float>\(\"eps\"\) and handler 'A' "
+                                          r"\(adjoint\) binds \.Attr<double>\(\"eps\"\)"):
+        typed_attrs("k", {"forward": "F", "adjoint": "A"}, bindings, None)
+    with pytest.raises(KernelError, match=r"handler 'T' \(tangent\) binds no attribute 'eps'"):
+        typed_attrs("k", {"forward": "F", "tangent": "T"}, bindings, None)
+
+
+@pytest.mark.slow  # a C++ build of its own (10-20 s); the test above has the logic
 def test_handlers_that_bind_different_attributes_are_refused(tmp_path):
     source = RMS_NORM_CC.read_text().replace(
         'XLA_FFI_DEFINE_HANDLER_SYMBOL(RmsNormDerivative, DerivativeImpl,\n'

@@ -99,7 +99,7 @@ def test_aliased_results_start_from_their_operand(lib):
 
 
 def test_residual_kernels_guarded(cache):
-    lib = jb.cpp.load("rms_norm_guarded", sources=[RMS_NORM_CC])
+    lib = jb.cpp.load("rms_norm", sources=[RMS_NORM_CC])
     plain = lib.kernel("RmsNorm", adjoint="RmsNormDerivative", tangent="RmsNormDerivative",
                        forward_with_residuals="RmsNormWithResiduals", name="rms_guarded",
                        result=lambda x, **_: x, attrs={"eps": 1e-5}, pass_outputs=False,
@@ -179,81 +179,85 @@ def run_python(code: str, cache: Path) -> subprocess.CompletedProcess:
         pytest.fail(f"did not finish in {TIMEOUT_S} s:\n{exc.stdout}\n{exc.stderr}")
 
 
-PRELUDE = f"""
-import jax, jax.numpy as jnp, numpy as np
-import jaxbridge as jb
-lib = jb.cpp.load("kernel_checks", sources=[{str(CHECKS_CC)!r}])
-k = lib.kernel("ScaleFwd", adjoint="ScaleAdj", tangent="ScaleTan", name="scale",
-               result=lambda x, **_: x, attrs={{"extra": 0, "before": 0, "role": ""}},
-               dtypes=["float64"], arg_names=("x",), guard_outputs=True)
-x = jnp.linspace(-1.0, 1.0, 10)
-"""
-
 CALL = {"forward": "k(x, **bad)",
         "adjoint": "jax.grad(lambda x: jnp.sum(k(x, **bad)))(x)",
         "tangent": "jax.jvp(lambda x: k(x, **bad), (x,), (x,))[1]"}
 OUTPUT = {"forward": "result", "adjoint": "cotangent of argument 'x'",
           "tangent": "tangent of result"}
+CASES = [(role, where) for role in CALL for where in ("past", "before")]
 
 
-@pytest.mark.parametrize("where", ["past", "before"])
-@pytest.mark.parametrize("role", ["forward", "adjoint", "tangent"])
-def test_a_write_outside_an_output_is_reported(lib, cache, role, where):
-    n = 3 if where == "past" else 2
-    bad = {"role": role, "extra" if where == "past" else "before": n}
-    proc = run_python(PRELUDE + f"""
-bad = {bad!r}
+def bad_attrs(role: str, where: str) -> dict:
+    return {"role": role, "extra": 3} if where == "past" else {"role": role, "before": 2}
+
+
+# Every bad case in one interpreter (one start, one load of the libraries); each prints
+# its message between markers, and the interpreter says it is alive at the end.
+BAD_KERNELS = f"""
+import jax, jax.numpy as jnp, numpy as np
+import jaxbridge as jb
+from jaxbridge.testing import RuleCheckError, check_rules
+lib = jb.cpp.load("kernel_checks", sources=[{str(CHECKS_CC)!r}])
+scale = dict(adjoint="ScaleAdj", tangent="ScaleTan", name="scale", result=lambda x, **_: x,
+             attrs={{"extra": 0, "before": 0, "role": ""}}, dtypes=["float64"],
+             arg_names=("x",))
+k = lib.kernel("ScaleFwd", guard_outputs=True, **scale)
+x = jnp.linspace(-1.0, 1.0, 10)
+for role, where, bad, call in {[(r, w, bad_attrs(r, w), CALL[r]) for r, w in CASES]!r}:
+    print(f"<<{{role}} {{where}}>>")
+    try:
+        jax.block_until_ready(eval(call))
+    except jax.errors.JaxRuntimeError as err:
+        print(err)
+print("<<check_rules>>")  # unguarded itself: check_rules guards it
 try:
-    jax.block_until_ready({CALL[role]})
-except Exception as err:
-    print("RAISED", type(err).__name__)
+    check_rules(lib.kernel("ScaleFwd", **scale), x, extra=2, role="forward")
+except RuleCheckError as err:
     print(err)
-print("ALIVE")
-""", cache)
-    out = proc.stdout
-    assert proc.returncode == 0 and "ALIVE" in out, proc.stdout + proc.stderr
-    assert "RAISED JaxRuntimeError" in out
+print("<<too small>>")  # the issue's case: x's shape written into a smaller result
+rms = jb.cpp.load("rms_norm", sources=[{str(RMS_NORM_CC)!r}])
+half = lambda x, **_: jax.ShapeDtypeStruct((x.shape[0] // 2, x.shape[1]), x.dtype)
+small = rms.kernel("RmsNorm", name="rms_small", result=half, attrs={{"eps": 1e-5}})
+try:
+    small.guarded()(jnp.ones((64, 64), jnp.float32)).block_until_ready()
+except jax.errors.JaxRuntimeError as err:
+    print(err)
+print("<<ALIVE>>")
+"""
+
+
+@pytest.fixture(scope="module")
+def reports(cache) -> dict:
+    """{case: what it printed} from one subprocess running every bad case."""
+    proc = run_python(BAD_KERNELS, cache)
+    assert proc.returncode == 0 and "<<ALIVE>>" in proc.stdout, proc.stdout + proc.stderr
+    parts = proc.stdout.split("<<")[1:]
+    return dict(part.split(">>", 1) for part in parts)
+
+
+@pytest.mark.parametrize("role, where", CASES)
+def test_a_write_outside_an_output_is_reported(reports, role, where):
+    out = reports[f"{role} {where}"]
     target = f"cpp.kernel_checks.scale_{role}"
     assert f"jaxbridge kernel 'scale', {role} target '{target}'" in out
-    how = f"up to {8 * n} bytes past its end" if where == "past" else \
-        f"up to {8 * n} bytes before its start"
+    how = "up to 24 bytes past its end" if where == "past" else \
+        "up to 16 bytes before its start"
     assert f"wrote outside output '{OUTPUT[role]}' (shape [10], 80 bytes): {how}" in out
 
 
-def test_check_rules_reports_the_write_without_crashing(cache):
+def test_check_rules_reports_the_write_without_crashing(reports):
     """The checker guards every kernel it traces: a forward that writes 2 elements too
     many is an error of the first check, naming the output; the run ends normally."""
-    proc = run_python(PRELUDE.replace("guard_outputs=True", "guard_outputs=False") + """
-from jaxbridge.testing import RuleCheckError, check_rules
-try:
-    check_rules(k, x, extra=2, role="forward")
-except RuleCheckError as err:
-    print(err)
-print("ALIVE")
-""", cache)
-    assert proc.returncode == 0 and "ALIVE" in proc.stdout, proc.stdout + proc.stderr
-    assert "ERROR output_shapes" in proc.stdout
+    out = reports["check_rules"]
+    assert "ERROR output_shapes" in out
     assert "wrote outside output 'result' (shape [10], 80 bytes): up to 16 bytes past its " \
-           "end" in proc.stdout
+           "end" in out
 
 
-def test_a_result_declared_too_small_is_reported(cache):
+def test_a_result_declared_too_small_is_reported(reports):
     """The issue's case: the handler writes x's shape into a result declared smaller."""
-    proc = run_python(f"""
-import jax, jax.numpy as jnp
-import jaxbridge as jb
-lib = jb.cpp.load("rms_norm_guarded", sources=[{str(RMS_NORM_CC)!r}])
-half = lambda x, **_: jax.ShapeDtypeStruct((x.shape[0] // 2, x.shape[1]), x.dtype)
-k = lib.kernel("RmsNorm", name="rms_small", result=half, attrs={{"eps": 1e-5}}).guarded()
-try:
-    k(jnp.ones((64, 64), jnp.float32)).block_until_ready()
-except Exception as err:
-    print(err)
-print("ALIVE")
-""", cache)
-    assert proc.returncode == 0 and "ALIVE" in proc.stdout, proc.stdout + proc.stderr
     assert "wrote outside output 'result' (shape [32, 64], 8192 bytes): up to 8192 bytes " \
-           "past its end" in proc.stdout
+           "past its end" in reports["too small"]
 
 
 def test_guards_are_sized_to_the_largest_operand():

@@ -1,6 +1,7 @@
 // Guarded outputs (guard.h): the handler table, the guarded call, and its CPU handler.
 #include "guard.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -329,6 +330,9 @@ XLA_FFI_Error* Call(XLA_FFI_CallFrame* frame, Platform platform, Memory& memory)
     values.push_back(frame->attrs.attrs[i]);
   }
   XLA_FFI_CallFrame inner = *frame;
+  // What we copied: a handler built against newer headers than this file must not
+  // read past it (it refuses a frame smaller than it expects).
+  inner.struct_size = std::min(frame->struct_size, sizeof(XLA_FFI_CallFrame));
   inner.rets.rets = rets.data();
   inner.attrs.size = static_cast<int64_t>(kept.size());
   inner.attrs.types = types.data();
