@@ -71,6 +71,7 @@ from ._build_cache import (
 )
 from ._kernel import Kernel, get_include, kernel
 from ._kernel.api import vmap_choice
+from ._kernel.bindings import bound_attributes, typed_attrs
 from .errors import CompileError, KernelError, UnsafeCacheError
 
 __all__ = ["CompileError", "UnsafeCacheError", "Library", "load", "cache_dir"]
@@ -201,6 +202,9 @@ class Library:
       path: the cache file it was loaded from (or published to, when it was just
         built); None when the cache could not be written and it was loaded uncached.
       handlers: ``{symbol: PyCapsule}`` for every handler symbol.
+      bindings: ``{symbol: {attribute: type}}``, the attributes each handler binds as
+        read from its C++ source (None where its binding could not be read; see
+        `kernel`).
 
     Example (compiles C++, so not run as a doctest; docs/getting-started.md runs a
     complete one):
@@ -211,6 +215,8 @@ class Library:
 
     def __init__(self, name: str, path: Path | None, handlers: dict[str, Any], cdll: Any):
         self.name, self.path, self.handlers, self._cdll = name, path, handlers, cdll
+        # {symbol: {attribute: type} or None}, read from the sources by `load`
+        self.bindings: dict[str, dict[str, Any] | None] = {}
 
     def __repr__(self) -> str:
         path = None if self.path is None else str(self.path)
@@ -233,21 +239,44 @@ class Library:
         return out
 
     def kernel(self, forward: Any, adjoint: Any = None, tangent: Any = None, *,
-               transpose: Any = None, name: str | None = None, **kwargs: Any) -> Kernel:
+               transpose: Any = None, forward_with_residuals: Any = None,
+               name: str | None = None, **kwargs: Any) -> Kernel:
         """`jaxbridge.kernel` over this library's handlers, given by symbol name
-        (``forward``, ``adjoint``, ``tangent`` and, for ``linear=True``, ``transpose``).
+        (``forward``, ``adjoint``, ``tangent``, ``forward_with_residuals`` and, for
+        ``linear=True``, ``transpose``).
 
-        Targets are registered with XLA under ``cpp.<library>.<name>_<role>``.
+        Targets are registered with XLA under ``cpp.<library>.<name>_<role>``. The
+        attributes' types come from the handlers' C++ bindings (``.Attr<float>("eps")``
+        makes ``eps`` a float32 attribute), read from the sources by `load`: ``attrs=``
+        then only gives defaults (converted to those types), and a keyword argument of
+        another type, or a declaration that differs from the C++, is a `KernelError`
+        naming the kernel and the attribute. Where a binding cannot be read (it is not
+        written inside ``XLA_FFI_DEFINE_HANDLER_SYMBOL``), ``attrs=`` declares the types.
+
+        Example:
+            >>> lib = jaxbridge.cpp.load("rms", sources=["rms_norm.cc"])  # doctest: +SKIP
+            >>> rms_norm = lib.kernel("RmsNorm", adjoint="RmsNormAdjoint",
+            ...                       forward_with_residuals="RmsNormForwardWithResiduals",
+            ...                       result=lambda x, **_: x, attrs={"eps": 1e-5},
+            ...                       residuals=lambda x, **_: jax.ShapeDtypeStruct(
+            ...                           x.shape[:-1], x.dtype))  # doctest: +SKIP
         """
         if "vmap" in kwargs:
             kwargs["vmap"] = vmap_choice(kwargs["vmap"])
         if name is None:
             first = forward if isinstance(forward, str) else next(iter(forward.values()))
             name = re.sub(r"(_?(fwd|forward|Fwd|Forward))$", "", first) or first
-        return kernel(self._capsules(forward, "forward"), self._capsules(adjoint, "adjoint"),
-                      self._capsules(tangent, "tangent"), name=name,
-                      transpose=self._capsules(transpose, "transpose"),
-                      namespace=f"cpp.{self.name}", **kwargs)
+        roles = {"forward": forward, "adjoint": adjoint, "tangent": tangent,
+                 "transpose": transpose, "forward_with_residuals": forward_with_residuals}
+        capsules = {role: self._capsules(spec, role) for role, spec in roles.items()}
+        symbols = {f"{role} ({plat})" if isinstance(spec, Mapping) else role: sym
+                   for role, spec in roles.items() if spec is not None
+                   for plat, sym in (spec.items() if isinstance(spec, Mapping)
+                                     else [("cpu", spec)])}
+        kwargs["attrs"] = typed_attrs(name, symbols, self.bindings, kwargs.get("attrs"))
+        return kernel(capsules.pop("forward"), capsules.pop("adjoint"),
+                      capsules.pop("tangent"), name=name, namespace=f"cpp.{self.name}",
+                      **capsules, **kwargs)
 
 
 def _collect_sources(name: str, sources: Any, source: str | None, cuda: bool
@@ -369,6 +398,8 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
         finally:
             if root_fd is not None:
                 os.close(root_fd)
+        for _, data in srcs:
+            lib.bindings.update(bound_attributes(data.decode(errors="replace")))
         _loaded[key] = lib
         return lib
 

@@ -17,6 +17,8 @@ against finite differences, against each other, and under JAX's transformations:
 ``jvp_vjp_consistency``   ``<ct, J t> == <J^T ct, t>`` between the two rules, no FD
 ``symbolic_zeros``        rules with unperturbed inputs / zero output cotangents
 ``jit``                   eager vs ``jax.jit``: values, VJP, JVP
+``primal_values``         ``jax.vjp`` / ``jax.jvp`` outputs vs the plain call (a kernel's
+                          forward with residuals, a ``custom_vjp``'s fwd)
 ``vmap``                  ``jax.vmap`` over each argument and all at once vs a loop
 ``batched_grad``          the rules vmapped over cotangents / tangents alone vs a loop
 ``deterministic``         the same call twice agrees (to ``nondet_tol``)
@@ -32,7 +34,10 @@ The checker asks the function which derivatives it has (``f.derivatives()``, a
 and kernels answer) and plans from the answer; for other callables (``jax.custom_vjp``,
 ``jax.custom_jvp``, functions built on jaxbridge functions) it tries each mode.
 ``derivatives_checked`` fails when a mode the function has was not checked by any
-enabled derivative check, so a rule cannot pass unseen.
+enabled derivative check, so a rule cannot pass unseen. Every ``jb.kernel`` traced
+during a run guards its outputs (``jaxbridge.kernel(..., guard_outputs=True)``): a
+handler that writes outside an output fails the check that ran it instead of
+corrupting memory.
 
 Finite differences step each input element relative to its own magnitude, extrapolate
 (Richardson; refined by a complex step where the function takes complex inputs) and

@@ -2,6 +2,8 @@
 host call lowers for CUDA on this CPU machine, under jit, grad, jvp and vmap, to the
 native targets (never a silent fallback)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,3 +235,40 @@ def test_torch_out_true_calls_lower_for_cuda(how):
     text = cuda_hlo(transforms(f, 1)[how], jnp.ones(2))
     assert "jaxbridge_host_call" in text
     assert "python_gpu_callback" not in text
+
+
+# ------------------------------------------------------------------ kernels with residuals
+def _residual_kernel(guarded):
+    """A kernel with residuals and a forward_with_residuals target on CPU and CUDA (the
+    built-in softplus handlers re-registered under this kernel's names: lowering checks
+    which targets a program calls, not what they compute)."""
+    regs = {p.lower(): t for p, t in ops._kernels.registrations().items()}
+    both = {role: {plat: regs[plat][f"jaxbridge_softplus_{sym}"] for plat in ("cpu", "cuda")}
+            for role, sym in (("fwd", "fwd"), ("adj", "adj"), ("tan", "tan"))}
+    return jb.kernel(both["fwd"], both["adj"], both["tan"], forward_with_residuals=both["fwd"],
+                     name="residual_lowering", namespace="tests.cuda",
+                     result=lambda x, **_: x, residuals=lambda x, **_: x,
+                     attrs={"beta": 1.0}, vmap="vectorized", pass_outputs=False,
+                     guard_outputs=guarded)
+
+
+RESIDUAL_ROLE = {"jit": "forward", "grad": "adjoint", "jvp": "tangent", "vmap": "forward"}
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_kernels_with_residuals_lower_for_cuda(how, guarded):
+    """The plain forward where nothing is differentiated, the forward with residuals and
+    the derivative kernel where something is; guarded, the same targets through the
+    guarded call (its CUDA handler: csrc/builtin/guard_cuda.cc)."""
+    ops.softplus(jnp.ones(1))  # registers the built-in handlers (CPU and CUDA)
+    k = _residual_kernel(guarded)
+    text = cuda_hlo(transforms(k, 1)[how], jnp.linspace(-1.0, 1.0, 4))
+
+    def calls(role):  # the target's name, not a longer one it begins
+        return re.search(re.escape(k.target(role, "cuda")) + r"(?![\w.])", text) is not None
+
+    assert calls(RESIDUAL_ROLE[how])
+    assert calls("forward_with_residuals") == (how in ("grad", "jvp"))
+    assert calls("forward") == (how in ("jit", "vmap"))
+    assert ("jaxbridge_guarded" in text) == guarded

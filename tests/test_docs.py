@@ -73,10 +73,12 @@ def test_docstring_examples(name):
 # Every ```python block in README.md and docs/ runs, in order, one namespace per page,
 # with Sybil (its Markdown parsers: fenced code blocks, and `<!-- skip: next "why" -->`
 # comments that skip a block and say why). A block checks its own result with `assert`
-# or a doctest-style `>>>` session. docs/guides/kernels.md is run by tests/test_guide.py,
-# which first writes its C++ blocks to the files its Python blocks compile.
+# or a doctest-style `>>>` session. docs/guides/kernels.md and ffi-tutorial.md are run by
+# tests/test_guide.py, which first writes their C++ blocks to the files their Python
+# blocks compile.
 ROOT = Path(__file__).resolve().parents[1]
-RUN_ELSEWHERE = {"docs/guides/kernels.md": "tests/test_guide.py"}
+RUN_ELSEWHERE = {"docs/guides/kernels.md": "tests/test_guide.py",
+                 "docs/guides/ffi-tutorial.md": "tests/test_guide.py"}
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
 
 

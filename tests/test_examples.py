@@ -28,6 +28,7 @@ REQUIRES = {
     "training_loop.py": (),
     "torch_model.py": ("torch", "optax"),
     "neural_ode.py": ("optax", "tqdm"),  # (matplotlib optional: the PNG is skipped)
+    "rms_norm.py": (),  # compiles C++ (examples/rms_norm.cc, rms_norm_tutorial.cc)
 }
 
 
@@ -66,7 +67,11 @@ def test_listed_examples_exist():
 # (5-6 s each): pytrees and Equinox modules as arguments are covered by unit tests in
 # the default run (test_foreign.py, test_scipy_closures.py); Flax NNX's example stays
 SLOW_EXAMPLES = {"neural_ode.py", "projectile_events.py", "torch_model.py",
-                 "pytree_model.py", "equinox_module.py"}
+                 "pytree_model.py", "equinox_module.py",
+                 # 40 s here (two C++ builds, check_rules, timings); its kernel's values,
+                 # derivatives, programs, checker run and guard are in the default run
+                 # (test_kernel_residuals.py, test_kernel_guard.py, docs/guides/ffi-tutorial.md)
+                 "rms_norm.py"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES

@@ -1,6 +1,8 @@
-"""docs/guides/kernels.md, the kernel authors' guide: its code compiles and runs as written, and
-what its prose and tables claim is what jaxbridge does."""
+"""The kernel authors' guides, docs/guides/kernels.md and docs/guides/ffi-tutorial.md: their
+code compiles and runs as written, and what their prose and tables claim is what
+jaxbridge does."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -15,7 +17,9 @@ import jaxbridge as jb
 from jaxbridge.errors import KernelError, MissingRuleError
 from jaxbridge.testing import RuleCheckError, check_rules
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "kernels.md"
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "guides" / "kernels.md"
+TUTORIAL = ROOT / "docs" / "guides" / "ffi-tutorial.md"
 _FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 # The guide's kernels are compiled for the CPU only: on JAX's CPU device (mark `cpu`)
@@ -24,16 +28,16 @@ pytestmark = [pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is N
                                  reason="no C++ compiler"), pytest.mark.cpu]
 
 
-def blocks(lang: str) -> list[tuple[int, str]]:
-    """(line number, code) of the guide's fenced blocks in `lang`, in order."""
-    text = GUIDE.read_text()
+def blocks(lang: str, page: Path = GUIDE) -> list[tuple[int, str]]:
+    """(line number, code) of the page's fenced blocks in `lang`, in order."""
+    text = page.read_text()
     return [(text.count("\n", 0, m.start(2)) + 1, m.group(2)) for m in _FENCE.finditer(text)
             if m.group(1) == lang]
 
 
-def prose() -> str:
-    """The guide's text with whitespace collapsed (inline code may wrap lines)."""
-    return " ".join(GUIDE.read_text().split())
+def prose(page: Path = GUIDE) -> str:
+    """The page's text with whitespace collapsed (inline code may wrap lines)."""
+    return " ".join(page.read_text().split())
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +49,28 @@ def workdir(tmp_path_factory):
         yield d
 
 
-@pytest.fixture(scope="module")
-def guide(workdir):
-    """Write the guide's C++ files (named by their first comment line), then run its
+def run_page(page: Path, workdir: Path) -> dict:
+    """Write the page's C++ files (named by their first comment line), then run its
     Python blocks in order in one namespace, which is returned."""
-    for line, code in blocks("cpp"):
+    for line, code in blocks("cpp", page):
         name = re.match(r"// (\w+\.cc)", code)
-        assert name, f"{GUIDE}:{line}: a cpp block must start with '// <file>.cc'"
+        assert name, f"{page}:{line}: a cpp block must start with '// <file>.cc'"
         (workdir / name.group(1)).write_text(code)
     namespace: dict = {"__name__": "guide"}
-    for line, code in blocks("python"):
-        # blank lines in front keep tracebacks' line numbers those of the guide
-        exec(compile("\n" * (line - 1) + code, str(GUIDE), "exec"), namespace)
+    for line, code in blocks("python", page):
+        # blank lines in front keep tracebacks' line numbers those of the page
+        exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
     return namespace
+
+
+@pytest.fixture(scope="module")
+def guide(workdir):
+    return run_page(GUIDE, workdir)
+
+
+@pytest.fixture(scope="module")
+def tutorial(workdir):
+    return run_page(TUTORIAL, workdir)
 
 
 def test_the_guide_has_its_example(guide):
@@ -192,34 +205,83 @@ def test_each_row_of_the_attribute_table(attrs_lib, cpp_type):
         else:
             np.testing.assert_array_equal(k(x), x + float(len(declared) if isinstance(
                 declared, str) else declared))
-    with pytest.raises(KernelError, match="must be a bool, int, float, str"):
-        attrs_lib.kernel(forward=handler, result=lambda x, **_: x, dtypes=["float64"])(
-            x, v=(1, 2))
+    # without attrs=, the C++ binding types the attribute: the same values are accepted
+    k = attrs_lib.kernel(forward=handler, name=f"attr_cpp_{handler}", result=lambda x, **_: x,
+                         dtypes=["float64"])
+    for value in values:
+        want = float(value) if added is None else added
+        np.testing.assert_array_equal(k(x, v=value), x + want)
+    with pytest.raises(KernelError, match=rf"kernel 'attr_cpp_{handler}': attribute 'v' is "
+                                          rf"declared {re.escape(cpp_type)} .*received tuple"):
+        k(x, v=(1, 2))
 
 
-def test_undeclared_attributes_take_their_python_type(attrs_lib):
+def test_attributes_without_attrs_take_their_cpp_types(attrs_lib):
+    """What the guide says: the handler's .Attr<double>("v") types v, so an int is
+    converted and an extra keyword is refused, both before anything runs."""
     x = jnp.arange(3.0)
     k = attrs_lib.kernel(forward="AttrDouble", name="attr_undeclared",
                          result=lambda x, **_: x, dtypes=["float64"])
+    assert k.attrs == {"v": float}
     np.testing.assert_array_equal(k(x, v=2.5), x + 2.5)
-    # an int where the handler binds double: an error only when the program runs
+    np.testing.assert_array_equal(k(x, v=7), x + 7.0)
+    np.testing.assert_array_equal(k(x, v=np.float32(2.5)), x + 2.5)  # F32 for an F64 binding
+    with pytest.raises(KernelError, match="unknown attribute 'extra'"):
+        k(x, v=2.5, extra=1.0)
+
+
+def test_undeclared_attributes_of_capsule_kernels_take_their_python_type(attrs_lib):
+    """A kernel over capsules (an ahead-of-time build: no source to read) without
+    attrs=: each keyword is an attribute of its own Python type, checked only by XLA."""
+    x = jnp.arange(3.0)
+    k = jb.kernel(attrs_lib.handlers["AttrDouble"], name="attr_capsule",
+                  namespace="tests.guide", result=lambda x, **_: x, dtypes=["float64"])
+    np.testing.assert_array_equal(k(x, v=2.5), x + 2.5)
     with pytest.raises(jax.errors.JaxRuntimeError, match="expected F64 but got S64"):
         k(x, v=7).block_until_ready()
-    # every handler binds every attribute: an extra one is refused by XLA
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong number of attributes"):
         k(x, v=2.5, extra=1.0).block_until_ready()
+    k = jb.kernel(attrs_lib.handlers["AttrBool"], name="attr_np_bool",
+                  namespace="tests.guide", result=lambda x, **_: x, dtypes=["float64"])
+    np.testing.assert_array_equal(k(x, v=np.bool_(True)), x + 1)
 
 
-def test_an_undeclared_numpy_bool_attribute_is_a_bool(attrs_lib):
-    k = attrs_lib.kernel(forward="AttrBool", name="attr_np_bool", result=lambda x, **_: x,
-                         dtypes=["float64"])
-    np.testing.assert_array_equal(k(jnp.arange(3.0), v=np.bool_(True)), jnp.arange(3.0) + 1)
+# ------------------------------------------------------------------ the FFI tutorial page
+def test_the_tutorial_page_runs_and_its_cpp_is_the_example(tutorial):
+    (_, code), = blocks("cpp", TUTORIAL)
+    assert code == (ROOT / "examples" / "rms_norm.cc").read_text()
+    assert isinstance(tutorial["rms_norm"], jb.Kernel) and tutorial["report"].passed
 
 
-def test_an_undeclared_attributes_type_does_not_depend_on_earlier_calls(attrs_lib):
-    k = attrs_lib.kernel(forward="AttrDouble", name="attr_call_order",
-                         result=lambda x, **_: x, dtypes=["float64"])
-    x = jnp.arange(3.0)
-    np.testing.assert_array_equal(k(x, v=2.0), x + 2.0)
-    with pytest.raises(jax.errors.JaxRuntimeError, match="expected F64 but got S64"):
-        k(x, v=2).block_until_ready()  # as it does when called first
+def _custom_calls_and_copies(f, *args) -> tuple[int, int]:
+    """Custom calls, and copies as instructions of their own (not inside a fusion), in
+    the compiled program."""
+    text = jax.jit(f).lower(*args).compile().as_text()
+    entry = text[text.index("ENTRY"):]
+    return entry.count("custom-call("), len(re.findall(r"= \S+ copy\(", entry))
+
+
+def test_the_tutorial_and_jaxbridge_compile_to_the_same_program(tutorial, workdir):
+    """What the page's side-by-side says: one custom call for a plain call, the forward
+    with its residual and the derivative for a gradient, no copy; a cotangent that is
+    an argument is copied for jaxbridge's aliased adjoint."""
+    spec = importlib.util.spec_from_file_location("rms_norm_example",
+                                                  ROOT / "examples" / "rms_norm.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    theirs, ours = example.tutorial_rms_norm(), tutorial["rms_norm"]
+    x, w = tutorial["x"], tutorial["w"]
+
+    def loss(f):
+        return jax.grad(lambda x, w: 0.5 * jnp.sum((f(x) - w) ** 2))
+
+    def vjp(f):
+        return lambda x, w: jax.vjp(f, x)[1](w)[0]
+
+    assert _custom_calls_and_copies(ours, x) == _custom_calls_and_copies(theirs, x) == (1, 0)
+    assert _custom_calls_and_copies(loss(ours), x, w) == \
+        _custom_calls_and_copies(loss(theirs), x, w) == (2, 0)
+    assert _custom_calls_and_copies(vjp(ours), x, w) == (2, 1)
+    assert _custom_calls_and_copies(vjp(theirs), x, w) == (2, 0)
+    np.testing.assert_allclose(jax.jit(loss(ours))(x, w), jax.jit(loss(theirs))(x, w),
+                               rtol=1e-6, atol=1e-7)

@@ -1065,6 +1065,37 @@ def test_kernels_round_trip_through_jax_export(rng):
     assert "calls back into Python" in report.results[0].note
 
 
+def test_primal_values_catches_a_fwd_that_computes_other_outputs(rng):
+    """A custom_vjp whose fwd returns another value than the function: jax.vjp gives
+    the fwd's (what training sees), a plain call the function's. A kernel's forward
+    with residuals is checked the same way (test_kernel_residuals.py)."""
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x) * 1.001, x), lambda x, ct: (jnp.cos(x) * ct,))
+    with pytest.raises(RuleCheckError) as info:
+        check_rules(f, _x(rng, 4), check_options=CheckOptions(checks=("primal_values",)))
+    (row,) = _failed(info.value)["primal_values"]
+    assert row.note == "values: jax.vjp's outputs vs the call"
+    assert check_rules(jnp.sin, _x(rng, 4), check_options=CheckOptions(
+        checks=("primal_values",))).passed
+
+
+@pytest.mark.skipif(not jb.ops.available(), reason="built-in kernels not built")
+def test_the_export_check_without_flatbuffers_is_skipped_not_run(rng, monkeypatch):
+    """Right after `pip install .` (no extras) jax.export's serialization lacked
+    flatbuffers: the check reported ERROR. flatbuffers is now a dependency; should it
+    be missing anyway, the check says it did not run, and why."""
+    monkeypatch.setitem(sys.modules, "flatbuffers", None)  # `import flatbuffers` fails
+    monkeypatch.delitem(sys.modules, "jax._src.export.serialization", raising=False)
+    report = check_rules(jb.ops.softplus, rng.standard_normal(5),
+                         check_options=CheckOptions(checks=("export",)))
+    (row,) = report.by_name("export")
+    assert row.status == "skip" and "needs the flatbuffers package" in row.note
+    assert report.passed
+
+
 SCRIBBLE = """
 #include "jaxbridge/ffi_helpers.h"
 namespace ffi = xla::ffi;

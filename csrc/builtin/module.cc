@@ -1,12 +1,20 @@
 // jaxbridge._kernels: hands the built-in kernels' FFI handler capsules to Python.
 //   registrations() -> {"cpu": {target: capsule}, "CUDA": {...}}   (CUDA when built)
 //   targets()       -> {op: {role: target}}                         (targets.h)
+//   guarded_call()  -> {"cpu": capsule, "CUDA": capsule}             (guard.h)
+//   guard_register(platform, target, capsule): a handler the guarded call may run
 #include <pybind11/pybind11.h>
 
 #include <string>
 
+#include "guard.h"
 #include "handlers.h"
 #include "kernels/cpu_isa.h"
+
+extern "C" XLA_FFI_Error* JaxbridgeGuardedCpu(XLA_FFI_CallFrame* frame);
+#ifdef JAXBRIDGE_WITH_CUDA
+extern "C" XLA_FFI_Error* JaxbridgeGuardedCuda(XLA_FFI_CallFrame* frame);
+#endif
 
 namespace py = pybind11;
 namespace jk = ::jaxbridge::kernels;
@@ -53,6 +61,35 @@ PYBIND11_MODULE(_kernels, m) {
         return ops;
       },
       "The built-in kernels' targets: {op: {'forward'|'adjoint'|'tangent': target name}}.");
+  // Guarded outputs (guard.h): the checked call, and the handlers it may run.
+  m.def(
+      "guarded_call",
+      []() {
+        py::dict out;
+        out["cpu"] = Capsule(JaxbridgeGuardedCpu);
+#ifdef JAXBRIDGE_WITH_CUDA
+        out["CUDA"] = Capsule(JaxbridgeGuardedCuda);
+#endif
+        return out;
+      },
+      "The guarded call's FFI handler capsules: {platform: capsule}.");
+  m.def(
+      "guard_register",
+      [](const std::string& platform, std::string target, py::capsule handler) {
+        namespace g = ::jaxbridge::builtin::guard;
+        g::Platform p;
+        if (platform == "cpu") {
+          p = g::Platform::kCpu;
+        } else if (platform == "cuda") {
+          p = g::Platform::kCuda;
+        } else {
+          throw py::value_error("guard_register: platform must be 'cpu' or 'cuda', got '" +
+                                platform + "'");
+        }
+        g::Register(p, std::move(target),
+                    reinterpret_cast<XLA_FFI_Handler*>(handler.get_pointer()));
+      },
+      "Records the handler registered with XLA under `target`, for the guarded call.");
   // CPU instruction-set dispatch of the kernels (csrc/kernels/cpu_isa.h), for tests
   // and benchmarks: run the baseline / AVX2 code paths on an AVX-512 machine.
   m.def(

@@ -9,8 +9,10 @@ newer (tested on 0.10 and 0.12).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -43,6 +45,7 @@ __all__ = [
     "lower_buffer_callback",
     "make_batch_partitionable",
     "deferred_release",
+    "trace_flag",
 ]
 
 
@@ -382,3 +385,34 @@ def _explicit_batch_sharding(in_avals: Any, num_batch_dims: int) -> Any:
         if any(axis is not None for axis in lead):
             return sharding, lead
     return None
+
+
+# ---- options that JAX's tracing caches are keyed on ----
+def trace_flag(name: str, help: str) -> tuple[Callable[[bool], Any], Callable[[], bool]]:
+    """A boolean option read at trace time, as (context manager factory, getter).
+
+    It is a JAX configuration state included in JAX's trace context, so a function
+    traced with the option on and off gets a trace for each: a `jax.jit` function
+    compiled before the option was turned on is traced again inside the block, and the
+    program traced inside it is not reused after. Like JAX's own options it can also
+    be set with ``jax.config.update(name, True)`` or the environment variable
+    ``NAME`` (upper case) before import. Where JAX has no such states, a context
+    variable (one trace shared by both values: a function jitted before keeps its
+    program).
+    """
+    try:
+        from jax._src import config as _config
+        state = _config.bool_state(name, False, help, include_in_trace_context=True)
+        return state, lambda: bool(state.value)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - JAX-dependent
+        var: contextvars.ContextVar[bool] = contextvars.ContextVar(name, default=False)
+
+        @contextlib.contextmanager
+        def set_to(value: bool) -> Iterator[None]:
+            token = var.set(bool(value))
+            try:
+                yield
+            finally:
+                var.reset(token)
+
+        return set_to, var.get

@@ -9,9 +9,11 @@ JAX as three primitives. Host functions (`jaxbridge._foreign`) and C++/CUDA kern
   its transpose is `tangent` again.
 
 `fixed` are the operands a derivative needs besides the (co)tangents: the primals and
-(usually) the forward outputs; none for a linear function, whose tangent is the function
-itself. So `grad`/`vjp`/`jacrev` need only the adjoint, `jvp`/`jacfwd` only the tangent,
-and nothing uses `jax.custom_vjp` (which would rule out forward mode).
+(usually) the forward outputs and residuals; none for a linear function, whose tangent
+is the function itself. A signature may bind a different forward call when it is
+differentiated (`with_residuals`): one that also returns residuals. So
+`grad`/`vjp`/`jacrev` need only the adjoint, `jvp`/`jacfwd` only the tangent, and
+nothing uses `jax.custom_vjp` (which would rule out forward mode).
 
 Each primitive is parameterized by a *signature* (`sig`): a hashable description of one
 call that says what the derivatives are and how to lower each role (see `Signature`).
@@ -45,7 +47,8 @@ from .jaxapi import (
     zero_tangent,
 )
 
-__all__ = ["ROLES", "VMAP_CHOICES", "Signature", "Pair", "make_pair", "join_varying"]
+__all__ = ["ROLES", "VMAP_CHOICES", "Signature", "Pair", "make_pair", "join_varying",
+           "with_residuals"]
 
 ROLES = ("forward", "tangent", "adjoint")
 # How vmap runs a pair (Signature.vectorized): one call per batch element, or one call
@@ -93,6 +96,15 @@ def join_varying(arrays: list) -> list:
     the others (the gradient of a replicated input is then summed over shards)."""
     axes = frozenset().union(*(varying_axes(aval_of(x)) for x in arrays))
     return [cast_to_varying(x, axes) for x in arrays] if axes else arrays
+
+
+def with_residuals(sig: Signature) -> Signature:
+    """The signature of the call that derivatives need: `sig.with_residuals()` where a
+    signature has it (a kernel whose forward for differentiation returns residuals
+    after its outputs, from a target of its own, so that a call nobody differentiates
+    does not compute them), else `sig` itself. Its results begin with `sig`'s."""
+    more = getattr(sig, "with_residuals", None)
+    return sig if more is None else more()
 
 
 def _zeros(aval: Any) -> Any:
@@ -179,20 +191,25 @@ class Pair:
     # ---- forward mode
     def _forward_jvp(self, primals: Sequence[Any], tangents: Sequence[Any], *,
                      sig: Signature) -> tuple[list, list]:
-        outs = self.forward.bind(*primals, sig=sig)
         live = tuple(d and not is_zero(t) for d, t in zip(sig.diff_in, tangents))
-        zeros = [zero_tangent(aval_of(o)) for o in outs]
         if not any(live):
-            return outs, zeros
+            outs = self.forward.bind(*primals, sig=sig)
+            return outs, [zero_tangent(aval_of(o)) for o in outs]
         if sig.rule("tangent") is None and sig.rule("adjoint") is None:
             raise sig.missing("any")
+        # The call the derivatives need: its forward may also return residuals (after
+        # the outputs), which only the derivative rules receive.
+        dsig = with_residuals(sig)
+        full = self.forward.bind(*primals, sig=dsig)
+        outs = full[:len(sig.out_avals)]
+        zeros = [zero_tangent(aval_of(o)) for o in outs]
         nz = live if sig.prune_zero_tangents else tuple(sig.diff_in)
         tans = [t for t, z in zip(_instantiate(tangents, sig.in_avals), nz) if z]
-        fixed = sig.fixed(primals, outs)
+        fixed = dsig.fixed(primals, full)
         if sig.rule("tangent") == "traced" and sig.rule("adjoint") is None:
             out_t = sig.traced("tangent", nz)(*fixed, *tans)  # JAX transposes it itself
         else:
-            out_t = self.tangent.bind(*fixed, *tans, sig=sig, nz=nz)
+            out_t = self.tangent.bind(*fixed, *tans, sig=dsig, nz=nz)
         each = iter(out_t)
         return outs, [next(each) if t else z for t, z in zip(sig.tangent_outs, zeros)]
 

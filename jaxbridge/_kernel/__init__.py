@@ -1,8 +1,10 @@
 """C++/CUDA XLA FFI kernels as differentiable JAX functions: `jaxbridge.kernel`.
 
 api.py (Kernel, kernel) -> signature.py (KernelSpec: what kernel() was given, frozen;
-KernelSignature: one call, the parameter of the derivative pair) -> attributes.py (FFI
-attribute types) and registry.py (target names and their registration with XLA).
+CallAvals: one call's inputs, outputs and residuals; KernelSignature: one call, the
+parameter of the derivative pair) -> attributes.py (FFI attribute types), bindings.py
+(the attributes a handler binds, read from its C++), guard.py (guarded outputs) and
+registry.py (target names and their registration with XLA).
 """
 
 from .api import Kernel, get_include, kernel, kernel_pair

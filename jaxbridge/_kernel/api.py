@@ -27,6 +27,7 @@ spelling of ``"vectorized"``, the word `jaxbridge.foreign` uses too.)
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,9 +45,10 @@ from .._core.jaxapi import (
 from .._core.pair import VMAP_CHOICES, make_pair
 from .._core.scalars import convert_scalar, is_scalar
 from ..errors import KernelError
-from .attributes import attr_type, convert_attr
+from . import guard
+from .attributes import RESERVED_ATTR_PREFIX, attr_type, convert_attr
 from .registry import check_name, is_registered, platform_key, register_target
-from .signature import ROLES, KernelSignature, KernelSpec
+from .signature import ROLES, CallAvals, KernelSignature, KernelSpec
 
 __all__ = ["Kernel", "kernel", "get_include", "kernel_pair"]
 
@@ -131,6 +133,9 @@ class Kernel:
     Attributes:
       name: the kernel's name in messages.
       forward: the forward targets, ``{platform: target name}``.
+      forward_with_residuals: the targets of the forward that also returns the
+        residuals (empty if the forward returns them, or there are none).
+      residuals: the declared residuals (or None).
       adjoint: the adjoint targets (or None).
       tangent: the tangent targets (or None).
       transpose: the transpose targets of a linear kernel (or None).
@@ -138,6 +143,7 @@ class Kernel:
       vmap: ``"batch"`` or ``"loop"``.
       dtypes: the allowed dtypes of differentiable arguments (None: any).
       batch_dims: the number of leading dimensions split per shard.
+      guard_outputs: every call checks that the handlers write inside their outputs.
 
     Example (the built-in softplus is a `Kernel`):
         >>> import jax, jax.numpy as jnp
@@ -170,6 +176,9 @@ class Kernel:
     aliases = property(lambda self: self.spec.aliases)
     linear = property(lambda self: self.spec.linear)
     batch_dims = property(lambda self: self.spec.batch_dims)
+    residuals = property(lambda self: self.spec.residuals)
+    forward_with_residuals = property(lambda self: self.spec.forward_with_residuals)
+    guard_outputs = property(lambda self: self.spec.guard_outputs)
 
     def __repr__(self) -> str:
         extra = (f"transpose={self.transpose}" if self.linear
@@ -210,9 +219,11 @@ class Kernel:
 
         The targets are not in JAX's list of stable custom calls, so exporting needs
         an explicit opt-in; the exported artifact runs where the same targets are
-        registered (same library loaded).
+        registered (same library loaded). A guarded kernel's program calls the guarded
+        call too (which runs the kernel's targets registered in that process).
         """
-        return [jax.export.DisabledSafetyCheck.custom_call(t) for t in self.targets()]
+        targets = self.targets() + [guard.TARGET] * self.guard_outputs
+        return [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
 
     def _argname(self, i: int) -> str:
         if self.arg_names and i < len(self.arg_names):
@@ -229,30 +240,70 @@ class Kernel:
         attrs = self._attributes(where, static)
         arrays = self._arrays(where, args)
         structs = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in arrays]
-        if self.dtypes is not None:
-            for i, s in enumerate(structs):
-                if i in self.nondiff_argnums:
-                    continue
-                if np.dtype(s.dtype) not in self.dtypes:
-                    raise KernelError(
-                        f"{where}: argument {self._argname(i)!r}: expected dtype "
-                        f"{' or '.join(d.name for d in self.dtypes)}, received "
-                        f"{np.dtype(s.dtype).name} (shape {tuple(s.shape)})")
+        self._check_dtypes(where, structs)
         py_attrs = {k: v.item() if isinstance(v, np.generic) else v for k, v in attrs.items()}
         if self.check is not None:
             self.check(*structs, **py_attrs)
-        result = self.result(*structs, **py_attrs) if callable(self.result) else self.result
-        out_leaves, out_tree = jax.tree_util.tree_flatten(result)
-        out_avals = tuple(self._result_aval(where, o) for o in out_leaves)
-        in_avals = tuple(ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in structs)
-        k = self.batch_dims(*structs, **py_attrs) if callable(self.batch_dims) \
-            else self.batch_dims
-        _check_batch_dims(where, k, in_avals + out_avals)
-        sig = KernelSignature(self.spec, tuple(sorted(attrs.items())), in_avals, out_avals,
-                              frozenset(self.nondiff_argnums), int(k))
+        avals, out_tree = self._call_avals(where, structs, py_attrs)
+        # Without a forward_with_residuals target, the forward target returns them.
+        sig = KernelSignature(self.spec, tuple(sorted(attrs.items())), avals,
+                              residual_outputs=not self.spec.forward_with_residuals,
+                              guarded=self.spec.guard_outputs or (
+                                  guard.active() and self._guardable()))
         sig.check_aliases(where)
         outs = kernel_pair.call(sig, *arrays)
-        return jax.tree_util.tree_unflatten(out_tree, outs)
+        return jax.tree_util.tree_unflatten(out_tree, outs[:sig.n_outputs])
+
+    def guarded(self) -> Kernel:
+        """This kernel with ``guard_outputs=True``: each call checks that its handlers
+        write inside their outputs (see `kernel`).
+
+        Example:
+            >>> import jaxbridge as jb
+            >>> k = jb.kernel("my_forward", result=lambda x: x)
+            >>> k.guard_outputs, k.guarded().guard_outputs
+            (False, True)
+        """
+        return Kernel(dataclasses.replace(self.spec, guard_outputs=True))
+
+    def _guardable(self) -> bool:
+        """Whether every target was registered through jaxbridge, so that the guarded
+        call can run it: `guard.guarding()` (check_rules) leaves other kernels as they
+        are, where ``guard_outputs=True`` refuses them."""
+        return all(is_registered(target, platform) for role in ROLES
+                   for platform, target in self.spec.table(role).items())
+
+    def _check_dtypes(self, where: str, structs: list) -> None:
+        if self.dtypes is None:
+            return
+        for i, s in enumerate(structs):
+            if i not in self.nondiff_argnums and np.dtype(s.dtype) not in self.dtypes:
+                raise KernelError(
+                    f"{where}: argument {self._argname(i)!r}: expected dtype "
+                    f"{' or '.join(d.name for d in self.dtypes)}, received "
+                    f"{np.dtype(s.dtype).name} (shape {tuple(s.shape)})")
+
+    def _call_avals(self, where: str, structs: list, attrs: dict) -> tuple[CallAvals, Any]:
+        """The call's abstract values and names, and the tree of its result."""
+        def declared(spec: Any, what: str) -> tuple[list, Any]:
+            value = spec(*structs, **attrs) if callable(spec) else spec
+            leaves, tree = jax.tree_util.tree_flatten_with_path(value)
+            avals = [self._result_aval(where, leaf, what) for _, leaf in leaves]
+            names = [what + jax.tree_util.keystr(path) for path, _ in leaves]
+            return list(zip(avals, names)), tree
+
+        outs, out_tree = declared(self.result, "result")
+        res = declared(self.residuals, "residuals")[0] if self.residuals is not None else []
+        in_avals = tuple(ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in structs)
+        k = self.batch_dims(*structs, **attrs) if callable(self.batch_dims) \
+            else self.batch_dims
+        _check_batch_dims(where, k, in_avals + tuple(a for a, _ in outs + res))
+        avals = CallAvals(
+            in_avals, tuple(a for a, _ in outs), tuple(a for a, _ in res),
+            frozenset(self.nondiff_argnums), int(k),
+            input_names=tuple(self._argname(i) for i in range(len(structs))),
+            output_names=tuple(n for _, n in outs), residual_names=tuple(n for _, n in res))
+        return avals, out_tree
 
     def _attributes(self, where: str, static: dict) -> dict:
         values = dict(self.defaults)
@@ -327,13 +378,13 @@ class Kernel:
                     f"{' or '.join(d.name for d in self.dtypes)})") from None
         return arrays
 
-    def _result_aval(self, where: str, o: Any) -> Any:
+    def _result_aval(self, where: str, o: Any, what: str = "result") -> Any:
         if not hasattr(o, "shape") or not hasattr(o, "dtype"):
-            raise KernelError(f"{where}: the result spec must be a pytree of "
+            raise KernelError(f"{where}: the {what} spec must be a pytree of "
                               f"jax.ShapeDtypeStruct; got a leaf {o!r}")
         shape = tuple(o.shape)
         if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
-            raise KernelError(f"{where}: the result spec declares shape {shape}; dimensions "
+            raise KernelError(f"{where}: the {what} spec declares shape {shape}; dimensions "
                               f"must be non-negative integers")
         return ShapedArray(tuple(int(d) for d in shape), np.dtype(o.dtype))
 
@@ -354,7 +405,8 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
            nondiff_argnums: Sequence[int] = (), namespace: str | None = None,
            pass_outputs: bool = True, aliases: Mapping[str, Mapping[int, int]] | None = None,
            linear: bool = False, transpose: Any = None,
-           batch_dims: int | Callable[..., int] = 0) -> Kernel:
+           batch_dims: int | Callable[..., int] = 0, residuals: Any = None,
+           forward_with_residuals: Any = None, guard_outputs: bool = False) -> Kernel:
     """Turn XLA FFI targets into one differentiable JAX function.
 
     Calling conventions (``...`` = the static keyword arguments, passed as FFI
@@ -364,6 +416,13 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         forward(*primals, ...)                         -> outputs
         adjoint(*primals, *outputs, *cotangents, ...)  -> one cotangent per diff. input
         tangent(*primals, *outputs, *tangents, ...)    -> one tangent per diff. output
+
+    With ``residuals=``, what the forward computed for the derivatives reaches them
+    (after the outputs; callers never see residuals)::
+
+        forward_with_residuals(*primals, ...)          -> outputs, residuals
+        adjoint(*primals, *outputs, *residuals, *cotangents, ...)
+        tangent(*primals, *outputs, *residuals, *tangents, ...)
 
     ``grad``/``vjp``/``jacrev`` use the adjoint, ``jvp``/``jacfwd`` the tangent; either
     may be omitted (the transformation that needs it then raises `MissingRuleError`).
@@ -399,11 +458,11 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         (``adjoint(*primals, *cotangents)``), so ``jax.grad`` need not run the forward
         kernel when only the gradient is used.
       aliases: ``{role: {operand index: result index}}`` (role ``"forward"``,
-        ``"adjoint"``, ``"tangent"`` or ``"transpose"``; indices into that kernel's
-        operands and results): the result is written into the operand's buffer, as
-        ``jax.ffi.ffi_call``'s ``input_output_aliases`` (XLA copies the operand first
-        when it is still needed). Same shape and dtype; the kernel must be correct in
-        place.
+        ``"forward_with_residuals"``, ``"adjoint"``, ``"tangent"`` or ``"transpose"``;
+        indices into that kernel's operands and results): the result is written into
+        the operand's buffer, as ``jax.ffi.ffi_call``'s ``input_output_aliases`` (XLA
+        copies the operand first when it is still needed). Same shape and dtype; the
+        kernel must be correct in place.
       linear: the forward kernel is linear in all its (array) arguments jointly. Then
         its tangent is the forward kernel on the tangents and its adjoint is
         ``transpose(*cotangents) -> one cotangent per argument``: derivatives of every
@@ -414,6 +473,22 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         the arguments' structs and attributes returning one). Under `jit` on inputs
         sharded along them (automatic or explicit mesh axes), XLA runs one call per
         shard on local data instead of refusing the call.
+      residuals: what the derivative kernels take from the forward besides the outputs,
+        declared like ``result`` (a pytree of ``jax.ShapeDtypeStruct`` or a function
+        returning one). They follow the outputs in the operands of the adjoint and
+        tangent (also with ``pass_outputs=False``), and `jax.jit` keeps them from the
+        forward pass to the backward pass as `jax.custom_vjp` does.
+      forward_with_residuals: the target of the forward that returns the outputs and
+        then the residuals (same forms as ``forward``); differentiated calls run it,
+        other calls run ``forward``, which then returns the outputs only, so a call
+        nobody differentiates computes no residual. Without it, ``forward`` returns
+        the residuals too, on every call.
+      guard_outputs: check every call of every role: each output lies between guard
+        bytes, and a handler that writes outside one fails the call with an error
+        naming the kernel, the target and the output, instead of corrupting memory.
+        Costs a copy of each output and 2-3x its memory (and a device wait on CUDA);
+        `Kernel.guarded()` turns it on for an existing kernel, and
+        `jaxbridge.testing.check_rules` for every kernel it traces.
 
     Returns:
       A `Kernel`, called as ``k(*arrays, **attrs)``.
@@ -421,10 +496,12 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
     Raises:
       KernelError: a bad target (not a name, capsule or ``{platform: ...}`` dict; an
         invalid or reserved ``jaxbridge_`` name) or contradictory options (an unknown
-        ``vmap``, ``linear`` with ``adjoint``/``tangent``, ``transpose`` without
-        ``linear``, malformed ``attrs`` or ``aliases``). Calls raise it too, at trace
-        time: a dtype outside ``dtypes``, an unknown or missing attribute or one of the
-        wrong type, aliased buffers of different shapes; ``check`` raises its own.
+        ``vmap``, ``linear`` with ``adjoint``/``tangent`` or ``residuals``,
+        ``transpose`` without ``linear``, ``forward_with_residuals`` without
+        ``residuals``, malformed ``attrs`` or ``aliases``). Calls raise it too, at trace
+        time: a dtype outside ``dtypes``, an unknown or missing attribute, one of the
+        wrong type or a traced one, aliased buffers of different shapes, a target
+        registered outside jaxbridge with ``guard_outputs``; ``check`` raises its own.
 
     Example (compiles C++, so not run as a doctest; docs/getting-started.md and
     docs/guides/kernels.md run complete ones):
@@ -449,6 +526,31 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         name = forward if isinstance(forward, str) else "kernel"
         name = name.removesuffix("_fwd").removesuffix("_forward")
     name = str(name)
+    _check_roles(name, linear, adjoint, tangent, transpose, residuals, forward_with_residuals)
+    fwd = _targets(forward, "forward", name, platforms, namespace)
+    if not fwd:
+        raise KernelError(f"jaxbridge.kernel {name!r}: a forward target is required")
+    plats = platforms or list(fwd)
+    targets = {"forward": fwd,
+               "adjoint": _targets(adjoint, "adjoint", name, plats, namespace),
+               "tangent": _targets(tangent, "tangent", name, plats, namespace),
+               "transpose": _targets(transpose, "transpose", name, plats, namespace),
+               "forward_with_residuals": _targets(forward_with_residuals,
+                                                  "forward_with_residuals", name, plats,
+                                                  namespace)}
+    dts = None if dtypes is None else tuple(np.dtype(d) for d in dtypes)
+    return Kernel(KernelSpec(
+        name=name, **targets, result=result, vmap=vmap, dtypes=dts,
+        arg_names=None if arg_names is None else tuple(arg_names),
+        attrs=_check_attrs_arg(name, attrs), check=check,
+        nondiff_argnums=tuple(nondiff_argnums), pass_outputs=bool(pass_outputs),
+        aliases=_check_aliases_arg(name, aliases), linear=bool(linear), batch_dims=batch_dims,
+        residuals=residuals, guard_outputs=bool(guard_outputs)))
+
+
+def _check_roles(name: str, linear: bool, adjoint: Any, tangent: Any, transpose: Any,
+                 residuals: Any, forward_with_residuals: Any) -> None:
+    """Raise on a combination of kernels and options that cannot work together."""
     where = f"jaxbridge.kernel {name!r}"
     if linear and (adjoint is not None or tangent is not None):
         raise KernelError(f"{where}: a linear kernel's tangent is the forward kernel and its "
@@ -457,26 +559,28 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
     if transpose is not None and not linear:
         raise KernelError(f"{where}: transpose= is for linear kernels (linear=True); give "
                           f"adjoint= for this one")
-    fwd = _targets(forward, "forward", name, platforms, namespace)
-    if not fwd:
-        raise KernelError(f"{where}: a forward target is required")
-    plats = platforms or list(fwd)
-    targets = {"forward": fwd,
-               "adjoint": _targets(adjoint, "adjoint", name, plats, namespace),
-               "tangent": _targets(tangent, "tangent", name, plats, namespace),
-               "transpose": _targets(transpose, "transpose", name, plats, namespace)}
+    if linear and residuals is not None:
+        raise KernelError(f"{where}: a linear kernel has no residuals (its derivatives do not "
+                          f"depend on its inputs); drop residuals= or linear=True")
+    if forward_with_residuals is not None and residuals is None:
+        raise KernelError(f"{where}: forward_with_residuals= returns the residuals, so "
+                          f"declare them: residuals=<pytree of jax.ShapeDtypeStruct, or a "
+                          f"function of the arguments returning one>")
+
+
+def _check_attrs_arg(name: str, attrs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``attrs`` as a dict, each entry a default value or a type of an FFI attribute."""
+    where = f"jaxbridge.kernel {name!r}"
     attrs = dict(attrs or {})
     for key, value in attrs.items():
+        if str(key).startswith(RESERVED_ATTR_PREFIX):
+            raise KernelError(f"{where}: attrs[{key!r}]: the prefix {RESERVED_ATTR_PREFIX!r} "
+                              f"is reserved for jaxbridge's own attributes; rename it")
         if attr_type(value) is None:
             raise KernelError(f"{where}: attrs[{key!r}] must be a default value (bool, int, "
                               f"float, str or a NumPy scalar) or one of those types; "
                               f"received {value!r}")
-    dts = None if dtypes is None else tuple(np.dtype(d) for d in dtypes)
-    return Kernel(KernelSpec(
-        name=name, **targets, result=result, vmap=vmap, dtypes=dts,
-        arg_names=None if arg_names is None else tuple(arg_names), attrs=attrs, check=check,
-        nondiff_argnums=tuple(nondiff_argnums), pass_outputs=bool(pass_outputs),
-        aliases=_check_aliases_arg(name, aliases), linear=bool(linear), batch_dims=batch_dims))
+    return attrs
 
 
 def _check_aliases_arg(name: str, aliases: Any) -> dict[str, tuple[tuple[int, int], ...]]:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
-from ..errors import KernelError
+from ..errors import KernelError, describe
 
-__all__ = ["ATTR_TYPES", "attr_type", "convert_attr"]
+__all__ = ["ATTR_TYPES", "RESERVED_ATTR_PREFIX", "attr_type", "convert_attr"]
+
+#: Attribute names of jaxbridge's own (the guarded call's); a kernel may not use them.
+RESERVED_ATTR_PREFIX = "jaxbridge_"
 
 # Python value (or declared type) -> the C++ type the handler binds with .Attr<T>().
 ATTR_TYPES: dict[Any, str] = {
@@ -37,8 +41,30 @@ def attr_type(value: Any) -> type | None:
     return None
 
 
+def _not_static(where: str, key: str, value: Any, declared: type | None) -> KernelError:
+    """The error for a JAX value given as an attribute (a static value)."""
+    wanted = (f"declared {ATTR_TYPES[declared]} ({declared.__name__})" if declared
+              else "an FFI attribute")
+    if isinstance(value, jax.core.Tracer):
+        got = f"a traced value ({describe(value)}, inside jit, grad, vmap or a loop)"
+    else:
+        got = f"a JAX array ({describe(value)})"
+    return KernelError(
+        f"{where}: attribute {key!r} ({wanted}) received {got}. Attributes are static: "
+        f"compiled into the program, one compilation per value, like jax.jit's "
+        f"static_argnums. Pass a Python or NumPy scalar; for a value that changes at run "
+        f"time, make it an array argument of the kernel instead (a positional argument, "
+        f"an .Arg<ffi::Buffer<...>>() in the C++ binding; listed in nondiff_argnums if it "
+        f"is not differentiated).")
+
+
 def convert_attr(where: str, key: str, value: Any, declared: type | None) -> Any:
     """`value` as the FFI attribute of type `declared` (inferred from `value` if None)."""
+    if isinstance(value, jax.Array):  # tracers are too
+        raise _not_static(where, key, value, declared)
+    if str(key).startswith(RESERVED_ATTR_PREFIX):
+        raise KernelError(f"{where}: attribute {key!r}: the prefix {RESERVED_ATTR_PREFIX!r} is "
+                          f"reserved for jaxbridge's own attributes; rename it")
     kind = declared or attr_type(value)
     if kind is None:
         raise KernelError(f"{where}: attribute {key!r} must be a bool, int, float, str or "

@@ -1,5 +1,6 @@
 """XLA FFI target names: validation, the reserved `jaxbridge_` prefix, and registration
-with XLA (a process-wide table: the same name may not be given two handlers)."""
+with XLA (a process-wide table: the same name may not be given two handlers). Each
+handler is also handed to the guarded call (guard.py), which runs it by name."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import jax
 
+from .._core import extensions
 from ..errors import KernelError
 
 __all__ = ["PLATFORMS", "RESERVED_PREFIX", "platform_key", "check_name", "register_target",
@@ -101,6 +103,9 @@ def register_target(name: str, handler: Any, *, platform: str = "cpu",
             return full
         jax.ffi.register_ffi_target(full, handler, platform=PLATFORMS[plat])
         _registry[(full, plat)] = ptr
+        native = extensions.load("_kernels")
+        if native is not None and plat in ("cpu", "cuda"):
+            native.guard_register(plat, full, handler)
     return full
 
 

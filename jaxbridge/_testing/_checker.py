@@ -18,11 +18,13 @@ rule, an eager loop) and records one `CheckResult` per (argument leaf, output le
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
 
 from .._foreign import ForeignFunction
+from .._kernel.guard import guarding
 from . import _derivative_checks as derivs
 from . import _diagnose, _transforms
 from ._flat import FlatCall
@@ -43,6 +45,7 @@ CHECK_TABLE: dict[str, Callable[[Run], None]] = {
     "jvp_vjp_consistency": derivs.check_consistency,
     "symbolic_zeros": derivs.check_symbolic_zeros,
     "jit": _transforms.check_jit,
+    "primal_values": _transforms.check_primal_values,
     "vmap": _transforms.check_vmap,
     "batched_grad": _transforms.check_batched_grad,
     "deterministic": _transforms.check_deterministic,
@@ -57,7 +60,14 @@ assert tuple(CHECK_TABLE) == CHECKS, "CHECKS (the public list) and the table dis
 
 def run_checks(f: Callable[..., Any], args: tuple, static: dict,
                opts: CheckOptions) -> RuleReport:
-    """Run every enabled check on `f(*args, **static)` and return the report."""
+    """Run every enabled check on `f(*args, **static)` and return the report; the
+    kernels traced meanwhile guard their outputs (unless ``opts.guard_outputs`` is off)."""
+    with guarding() if opts.guard_outputs else contextlib.nullcontext():
+        return _run_checks(f, args, static, opts)
+
+
+def _run_checks(f: Callable[..., Any], args: tuple, static: dict,
+                opts: CheckOptions) -> RuleReport:
     call = FlatCall.inputs(f, args, static)
     try:  # the primal call: everything else depends on it
         call = call.called()

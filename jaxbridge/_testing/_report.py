@@ -21,6 +21,7 @@ CHECKS: tuple[str, ...] = (
     "jvp_vjp_consistency",  # <ct, J t> == <J^T ct, t>, to near machine precision
     "symbolic_zeros",       # rules with unperturbed inputs / zero output cotangents
     "jit",                  # eager vs jax.jit: values and gradients
+    "primal_values",        # jax.vjp / jax.jvp outputs vs the plain call (residual forwards)
     "vmap",                 # jax.vmap vs a loop: values, vjp (and jvp)
     "batched_grad",         # vmap of the rules over cotangents/tangents alone vs a loop
     "deterministic",        # the same call twice gives the same values and derivatives
@@ -78,6 +79,12 @@ class CheckOptions:
       batch_size: number of perturbed copies stacked for the vmap checks.
       upcast: evaluate the finite-difference checks in float64 when the function accepts
         float64 inputs (default True; needs ``jax_enable_x64``).
+      guard_outputs: every ``jb.kernel`` traced during the run guards its outputs
+        (``jaxbridge.kernel(..., guard_outputs=True)``): a handler that writes outside an
+        output or residual fails the check that ran it, with the kernel, target and
+        output named, instead of corrupting memory (default True; functions jitted
+        before the run are traced again for it, and its guarded programs are not
+        reused after it).
 
     Finite-difference steps are per element: element i of an input moves by at most
     ``eps * |x_i|`` (elements that are zero, or negligible next to the largest, move
@@ -105,6 +112,7 @@ class CheckOptions:
     jacobian_max_size: int = 50
     batch_size: int = 3
     upcast: bool = True
+    guard_outputs: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.checks or ()) | set(self.skip)

@@ -12,6 +12,7 @@ recording (``compare``, ``guarded``, ``skip``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -115,6 +116,30 @@ def check_jit(r: Run) -> None:
         _close_all(r, name, jax.jit(r.call.jvp_all)(r.call.dyn, tans),
                    r.call.jvp_all(r.call.dyn, tans), r.call.olabels(), None,
                    "jvp: jit vs eager")
+
+
+# ------------------------------------------------------------ differentiated values
+def check_primal_values(r: Run) -> None:
+    """The outputs of a differentiated call (``jax.vjp``'s and ``jax.jvp``'s primal
+    outputs) are the plain call's: a kernel's forward that also returns residuals, or
+    a ``custom_vjp``'s fwd, must compute what the function itself does."""
+    name = "primal_values"
+    if not r.need_diff(name, "any"):
+        return
+    dyn, diff = r.call.dyn, r.call.diff
+
+    def outputs(d: Sequence[Any]) -> list[Any]:
+        return r.call.call_dyn(r.call.merge(d, dyn))
+
+    primals = [dyn[i] for i in diff]
+    if r.plan.rev:
+        got, _ = jax.vjp(outputs, primals)
+        _close_all(r, name, got, r.call.outs, r.call.out_labels, None,
+                   "values: jax.vjp's outputs vs the call")
+    if r.plan.fwd:
+        got, _ = jax.jvp(outputs, (primals,), ([r.randn(x) for x in primals],))
+        _close_all(r, name, got, r.call.outs, r.call.out_labels, None,
+                   "values: jax.jvp's outputs vs the call")
 
 
 # ------------------------------------------------------------ vmap
@@ -331,6 +356,11 @@ def check_export(r: Run) -> None:
         why = ("calls back into Python (host functions cannot be exported)" if hosts
                else "no FFI kernel in the program")
         return r.skip(name, f"not enabled: {why} (force with CheckOptions(export=True))")
+    try:  # a dependency of jaxbridge's, for this; in case it is gone
+        importlib.import_module("flatbuffers")
+    except ImportError:
+        return r.skip(name, "not run: jax.export's serialization needs the flatbuffers "
+                            "package, which is not installed (pip install flatbuffers)")
     checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
     # For the platform the call runs on: jax.export's default is the default backend,
     # which is the GPU on a GPU machine even for arrays on the CPU (a CPU-only kernel).
