@@ -140,6 +140,7 @@ def test_cache_dir_is_private_and_reused(cube_lib, cache):
     assert again.path == cube_lib.path
 
 
+@pytest.mark.slow  # two compilations (10-30 s)
 def test_source_text_and_compile_error(cache):
     src = CUBE.read_text()
     lib = cpp.load("cube_text", source=src)

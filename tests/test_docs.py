@@ -53,7 +53,8 @@ def _modules_with_examples() -> list:
 
 MODULES = _modules_with_examples()
 # Long by nature (a solver compiled per example): in the slow run
-SLOW_MODULES = {"jaxbridge.scipy.integrate"}
+SLOW_MODULES = {"jaxbridge.scipy.integrate", "jaxbridge.scipy.optimize", "jaxbridge.scipy._bvp",
+                "jaxbridge.scipy._dense"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow)

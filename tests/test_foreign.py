@@ -232,6 +232,8 @@ def test_jax_rules_are_inlined_not_host_calls():
     np.testing.assert_allclose(jvp(x, x)[1], jnp.cos(x) * x, rtol=1e-15)
 
 
+@pytest.mark.slow  # 10-30 s; test_jax_jvp_rule_alone_is_transposed_by_jax_and_gives_hessians
+# keeps second order in the default run
 def test_jax_rules_give_second_order_in_both_orders():
     f = make_sin_mul("jax")
     x, y = inputs(np.float64)

@@ -59,6 +59,7 @@ def test_unsynced_training_loop_whose_host_code_calls_jax_does_not_deadlock(tmp_
     assert "steps done" in proc.stdout
 
 
+@pytest.mark.slow  # 10-30 s; the jax.jit variant above stays in the default run
 def test_unsynced_training_loop_through_a_scipy_root_solve(tmp_path):
     # Every jaxbridge.scipy solver calls JAX from its host code: an Adam loop that never
     # waits for its steps is the case that used to hang.

@@ -159,7 +159,7 @@ def test_linear_function_jacobians_equal_its_matrix():
         np.testing.assert_allclose(jax.jit(jac(dct))(x), DCT_MATRIX, atol=1e-13)
 
 
-@pytest.mark.parametrize("order", [2, 3])
+@pytest.mark.parametrize("order", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_linear_function_derivatives_of_every_order(order):
     dct = make_dct()
     x = jnp.linspace(-1.0, 2.0, N)

@@ -64,6 +64,7 @@ def test_gradients_closed_form_every_transform():
                                k * np.cos(k * x) / np.sin(k), rtol=1e-6)
 
 
+@pytest.mark.slow  # 10-40 s; the default run keeps test_values_match_scipy
 def test_unknown_parameter_eigenvalue():
     """y'' + p y = 0 on [0, b], y(0) = y(b) = 0, y'(0) = 1: p = (pi / b)^2."""
     def eig(b, c):
@@ -84,6 +85,7 @@ def test_unknown_parameter_eigenvalue():
                                np.sin(np.pi / 4) / np.pi, rtol=1e-7)
 
 
+@pytest.mark.slow  # 10-30 s; the derivative matrix's default cells cover solve_bvp
 def test_gradient_vs_finite_differences_of_scipy():
     """A nonlinear problem (Bratu, y'' + a e^y = 0, y(0) = y(1) = 0), parameters in
     fun (closed over) and in bc (args of a closure), against central differences of
