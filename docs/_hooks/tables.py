@@ -1,0 +1,33 @@
+"""A mkdocs hook: code in table cells may break after a dot, a comma, a slash or an
+opening parenthesis, never inside a name.
+
+The site's CSS keeps identifiers in table cells whole (Material lets them break
+anywhere, "integrate.sol ve_ivp"); a long dotted name such as
+``jaxbridge.scipy.sparse.linalg.spsolve`` then gets a ``<wbr>`` after each dot, so a
+narrow column can still wrap it between its parts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_CELL = re.compile(r"<(td|th)\b[^>]*>.*?</\1>", re.DOTALL)
+_CODE = re.compile(r"(<code>)(.*?)(</code>)", re.DOTALL)
+_TAG = re.compile(r"(<[^>]*>)")
+# after a dot before a name (not inside a number like 1.5), or after , / (
+_BREAK_AFTER = re.compile(r"(\.(?=[A-Za-z_])|[,/(](?=[^\s<]))")
+
+
+def soft_breaks(html: str) -> str:
+    """`html` with a <wbr> after each break point inside code in table cells."""
+    def code(match: re.Match[str]) -> str:
+        pieces = _TAG.split(match[2])  # text at even indices, tags (left alone) at odd ones
+        text = "".join(p if i % 2 else _BREAK_AFTER.sub(r"\1<wbr>", p)
+                       for i, p in enumerate(pieces))
+        return match[1] + text + match[3]
+    return _CELL.sub(lambda cell: _CODE.sub(code, cell[0]), html)
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    return soft_breaks(html)
