@@ -24,7 +24,8 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "docs-cache"
 # An output line longer than this is cut: a JSON dump of 40 losses is not worth a screen
-LONGEST_LINE = 240
+# (messages are single lines of a few hundred characters: they are shown whole)
+LONGEST_LINE = 1000
 
 
 class BuildError(PluginError):
