@@ -2,7 +2,7 @@
 
 Each example is run as a subprocess (as a user would run it) and must exit 0 and
 print its success line, `OK`. Examples that need an optional dependency (the
-`jaxbridge[examples]` extra) are skipped, with the reason, where it is missing.
+`examples` extra, `pip install -e ".[examples]"`) are skipped, with the reason, where it is missing.
 """
 
 import importlib
@@ -38,7 +38,7 @@ def require(module: str, example: str) -> None:
         importlib.import_module(module)
     except ImportError as err:
         extra = "torch" if module == "torch" else "examples"
-        pytest.skip(f"{example} needs {module} (pip install 'jaxbridge[{extra}]'): {err}")
+        pytest.skip(f"{example} needs {module} (pip install -e '.[{extra}]'): {err}")
 
 
 def run_example(name: str, *args: str) -> subprocess.CompletedProcess:
