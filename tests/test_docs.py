@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+import sys
 import unittest
 import warnings
 from pathlib import Path
@@ -168,22 +169,73 @@ def test_the_errors_guide_covers_every_exception():
 
 
 # ---------------------------------------------------------------- numbers come from files
-def test_the_performance_tables_are_rendered_from_the_benchmark_results():
-    spec = importlib.util.spec_from_file_location("plots", ROOT / "benchmarks" / "plots.py")
-    plots = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plots)
+def _plots():
+    """benchmarks/plots.py as a module (registered: its dataclasses look themselves up)."""
+    if "benchmarks_plots" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("benchmarks_plots",
+                                                      ROOT / "benchmarks" / "plots.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["benchmarks_plots"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["benchmarks_plots"]
+
+
+def test_the_performance_figures_are_rendered_from_the_benchmark_results():
+    """docs/performance.md and benchmarks/RESULTS.md hold no figure typed by hand: their
+    goals and tables are what benchmarks/plots.py renders from benchmarks/results/."""
+    plots = _plots()
     results = plots.load()
     page = (ROOT / "docs" / "performance.md").read_text()
+    record = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     assert plots.render_page(page, results) == page, \
         "docs/performance.md is out of date: run python benchmarks/plots.py"
+    assert plots.render_record(record, results) == record, \
+        "benchmarks/RESULTS.md is out of date: run python benchmarks/plots.py"
+    assert "<!-- goals -->\n| case |" in page and "<!-- goals -->\n| case |" in record
+    assert len(record.splitlines()) < 300, "RESULTS.md is the current record, not a journal"
     for name, result in results.items():  # every file is shown, with where it came from
-        assert f"<!-- results: {name} -->" in page
-        if name in plots.PLOTTERS:  # the others are tables only
-            assert f"assets/performance/{name}.png" in page
-        for key in ("script", "command", "date", "machine", "versions", "conditions",
-                    "provenance"):
+        assert f"<!-- results: {name} -->" in page, f"{name}.json is not on the page"
+        assert f"<!-- record: {name} -->" in record, f"{name}.json is not in RESULTS.md"
+        for key in ("script", "command", "date", "commit", "machine", "versions",
+                    "conditions", "provenance"):
             assert result[key], f"benchmarks/results/{name}.json: no {key!r}"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", result["date"]), result["date"]
+        assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?", result["commit"]), result["commit"]
         assert (ROOT / result["script"]).exists()
+    for plot, (_, names) in plots.PLOTS.items():
+        assert f"assets/performance/{plot}.png" in page
+        assert all(name in results for name in names), (plot, names)
+
+
+def test_every_goal_finds_its_figures():
+    """Each goal of the performance page names rows and columns that its results file
+    has: a renamed row or column would otherwise show "not measured"."""
+    plots = _plots()
+    results = plots.load()
+    for goal in plots.GOALS:
+        row = plots.goal_row(goal, results)
+        assert "not measured" not in row, f"{goal.case}, {goal.goal}: {row}"
+        assert row[5] in ("yes", "**no**"), row
+
+
+def test_goal_rows_compare_the_fastest_peer():
+    """The ratio is the fastest peer's time over ours, read from the cells as written."""
+    plots = _plots()
+    result = {"columns": ["mechanism", "time"], "date": "2026-01-02", "commit": "abcdef0",
+              "rows": [["ours", "2.0 / 2.5"], ["slow", "8.0 / 9.0"], ["fast", "3.0 / 3.1"]]}
+    goal = plots.Goal("case", "at least 1.4x faster", "r",
+                      plots.Figure("ours", "time", {"mechanism": "ours"}),
+                      (plots.Figure("slow", "time", {"mechanism": "slow"}),
+                       plots.Figure("fast", "time", {"mechanism": "fa*"})), 1.4, "us")
+    assert plots.goal_row(goal, {"r": result}) == [
+        "case", "at least 1.4x faster", "2.0 us", "3.0 us (fast)", "1.50x faster", "yes",
+        "2026-01-02 `abcdef0`"]
+    slower = plots.Goal("case", "g", "r", plots.Figure("ours", "time", {"mechanism": "slow"}),
+                        (plots.Figure("x", "time", {"mechanism": "ours"}),), 1.0, "us")
+    assert plots.goal_row(slower, {"r": result})[4:6] == ["4.00x slower", "**no**"]
+    missing = plots.Goal("case", "g", "r", plots.Figure("ours", "time", {"mechanism": "none"}),
+                         (plots.Figure("x", "time", {"mechanism": "ours"}),), 1.0, "us")
+    assert plots.goal_row(missing, {"r": result})[2] == "not measured"
 
 
 def test_every_test_the_reliability_guide_names_exists():
