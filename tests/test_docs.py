@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+import subprocess
 import sys
 import unittest
 import warnings
@@ -85,9 +86,9 @@ def _sybil() -> Sybil:
     return Sybil(parsers=[PythonCodeBlockParser(), SkipParser()])
 
 
-# Long by nature (ODE gradients compiled block by block): in the slow run; since
-# session 14 (the default run's budget) also the host-functions guide (5 s), whose
-# examples are the ones test_foreign.py checks in more detail
+# Long by nature (ODE gradients compiled block by block): in the slow run; for the default
+# run's budget also the host-functions guide (5 s), whose examples are the ones
+# test_foreign.py checks in more detail
 SLOW_PAGES = {"docs/guides/ode-events.md", "docs/guides/ode-gradients.md",
               "docs/guides/scipy.md", "docs/guides/host-functions.md"}
 
@@ -252,3 +253,58 @@ def test_every_test_the_reliability_guide_names_exists():
     scripts = re.findall(r"`(benchmarks/[\w.]+\.sh)`", text)
     assert all((root / s).is_file() for s in scripts), scripts
 
+
+
+# ---------------------------------------------------------------- the product speaks
+# The repository speaks of the product and what a reader can use -- dates, commits,
+# machines, versions -- never of numbered work periods or of who did the work. This
+# file holds the pattern and is not searched.
+SELF_REFERENCE = re.compile(
+    r"session [0-9]+|\bhelpers? `|\bby helpers?\b|\bagents?\b|\bplanners?\b", re.IGNORECASE)
+# Files whose owners rewrite these lines, with the count found on 2026-11-28: the test
+# fails when a count grows, and when it falls (then lower it, or drop the entry at 0).
+PENDING = {"tools/mutation.py": 4}
+
+
+def tracked_text_files() -> dict[str, str]:
+    """Every file git tracks here that reads as UTF-8 text: path -> text."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            timeout=60, check=True).stdout.decode().split("\0")
+    texts = {}
+    for path in filter(None, listed):
+        try:
+            texts[path] = (ROOT / path).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # a binary file (a PNG), or deleted in the working tree
+    return texts
+
+
+def self_references(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if SELF_REFERENCE.search(line)]
+
+
+def test_the_repository_names_no_work_periods_or_workers():
+    found = {path: self_references(text) for path, text in tracked_text_files().items()
+             if path != "tests/test_docs.py"}
+    found = {path: lines for path, lines in found.items() if lines}
+    unexpected = {p: lines for p, lines in found.items() if p not in PENDING}
+    assert not unexpected, ("say what a reader can use (a date, a commit, a machine) "
+                            f"instead of who did the work or when: {unexpected}")
+    for path, count in PENDING.items():
+        assert len(found.get(path, [])) == count, (
+            f"{path}: {len(found.get(path, []))} such lines, PENDING says {count}: "
+            "update PENDING (drop the entry at 0)")
+
+
+@pytest.mark.parametrize("line, named", [
+    ("measured in session 14 on the quiet machine", True),
+    ("helper `hostcall` ran the fourth run", True),
+    ("found by helper mutopen", True),
+    ("other agents' builds loaded the cores", True),
+    ("noted for the planners", True),
+    ("2026-11-26, commit bbf368c, an H200", False),
+    ("kernel-author helpers over the XLA FFI C++ API", False),
+    ("a Python session; tests/test_docs.py", False),
+])
+def test_the_self_reference_pattern(line, named):
+    assert bool(self_references(line)) is named

@@ -62,7 +62,7 @@ def test_listed_examples_exist():
 
 
 # Long by nature (an ODE or a torch model trained for several steps): in the slow run;
-# since session 14 (the default run's budget) also the pytree and Equinox examples
+# for the default run's budget also the pytree and Equinox examples
 # (5-6 s each): pytrees and Equinox modules as arguments are covered by unit tests in
 # the default run (test_foreign.py, test_scipy_closures.py); Flax NNX's example stays
 SLOW_EXAMPLES = {"neural_ode.py", "projectile_events.py", "torch_model.py",
