@@ -115,13 +115,13 @@ ffi::Error InvokeDeviceFill(int64_t callback_id, const Slots& ins,
         "function was not called");
   }
   Gil gil;
-  auto it = Registry().find(callback_id);
-  if (it == Registry().end()) {
+  std::shared_ptr<Entry> entry = FindEntry(callback_id);
+  if (entry == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxbridge device call: callback " + std::to_string(callback_id) +
                           " is no longer registered");
   }
-  py::object handler = py::reinterpret_borrow<py::object>(it->second.handler);
+  py::object handler = py::reinterpret_borrow<py::object>(entry->handler);
   if (HasPending()) {  // an earlier call on this thread raised: skip
     if (PendingSeconds() <= kMaxSkipSeconds) {
       fail_fill(outs);

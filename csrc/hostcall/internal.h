@@ -144,8 +144,11 @@ class ThreadTuner {
 
 // ------------------------------------------------------------------ registry.cc
 struct Entry {
-  PyObject* fill;     // borrowed: the owner unregisters from a weakref finalizer, and
-  PyObject* handler;  // executables keep the owner alive (jaxbridge/_foreign/hostcall.py)
+  // Borrowed: the owner (`handler`, which holds `fill`) unregisters from a weakref
+  // finalizer, executables keep it alive, and a call holds it while it runs
+  // (jaxbridge/_foreign/hostcall.py).
+  PyObject* fill = nullptr;
+  PyObject* handler = nullptr;
   bool copy = false;  // give this callable copies instead of zero-copy views
   // The direct call (direct_call.cc): the user's function itself, how its result is
   // delivered, and the Python function that checks a result the fast path did not take.
@@ -165,7 +168,11 @@ struct Entry {
 };
 
 // Never destroyed: XLA may call handlers during interpreter shutdown. GIL-protected.
-std::unordered_map<int64_t, Entry>& Registry();
+// Entries are shared: a call holds its entry while it runs, so that unregistering the
+// callable meanwhile (its owner collected, or finalized at exit) frees nothing in use.
+std::unordered_map<int64_t, std::shared_ptr<Entry>>& Registry();
+// The entry registered under `callback_id`, or nullptr. With the GIL held.
+std::shared_ptr<Entry> FindEntry(int64_t callback_id);
 
 // Python objects handed over once by jaxbridge/_foreign/hostcall.py (owned, never freed).
 struct Hooks {

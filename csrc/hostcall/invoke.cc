@@ -45,21 +45,21 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs
       return ffi::Error::Success();
     }
     PyObject* exc = CancelPending();
-    auto it = Registry().find(callback_id);
-    if (it == Registry().end()) {
+    std::shared_ptr<Entry> entry = FindEntry(callback_id);
+    if (entry == nullptr) {
       Py_DECREF(exc);
       return Failure("jaxbridge host call: aborted after an earlier host call raised");
     }
-    return Report(exc, it->second.handler, /*python_thread=*/false, outs);
+    return Report(exc, entry->handler, /*python_thread=*/false, outs);
   }
-  auto it = Registry().find(callback_id);
-  if (it == Registry().end()) {
+  std::shared_ptr<Entry> held = FindEntry(callback_id);  // held until the call is done
+  if (held == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxbridge host call: callback " + std::to_string(callback_id) +
                           " is no longer registered (its function was garbage collected "
                           "while a compiled program still used it)");
   }
-  Entry& entry = it->second;  // stays: `handler` keeps its owner (and registration) alive
+  Entry& entry = *held;
   py::object handler = py::reinterpret_borrow<py::object>(entry.handler);
   ThreadBudget threads(&entry);
   try {
@@ -88,7 +88,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs
     exc = ResolveKept(*views, entry, exc);
     if (exc != nullptr) return Report(exc, entry.handler, gil.python_thread(), outs);
     views->CopyOutputsBack(outs);
-    if (clean && Registry().count(callback_id) && entry.spare == nullptr) {
+    if (clean && entry.spare == nullptr) {
       entry.spare = std::move(views);
     }
   } catch (const py::error_already_set&) {

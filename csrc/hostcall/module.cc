@@ -44,7 +44,9 @@ PYBIND11_MODULE(_native, m) {
   }, "Called once by jaxbridge._foreign.hostcall with the Python objects the handler needs.");
   m.def("register_callback", [](int64_t callback_id, py::handle fill, py::handle handler,
                                 py::object direct) {
-    jbh::Entry entry{fill.ptr(), handler.ptr(), false};  // borrowed
+    auto entry = std::make_shared<jbh::Entry>();
+    entry->fill = fill.ptr();  // borrowed
+    entry->handler = handler.ptr();
     if (!direct.is_none()) {  // (fun, kind, finish[, n_in, live]): see CallDirect
       auto parts = direct.cast<py::tuple>();
       int kind = parts.size() >= 3 ? parts[1].cast<int>() : 0;
@@ -55,14 +57,14 @@ PYBIND11_MODULE(_native, m) {
             "register_callback: direct must be (fun, 1 or 2, finish) or "
             "(fun, 3 or 4, finish, n_in, live)");
       }
-      entry.direct_fun = parts[0].ptr();
-      entry.direct_kind = kind;
-      entry.direct_finish = parts[2].ptr();
+      entry->direct_fun = parts[0].ptr();
+      entry->direct_kind = kind;
+      entry->direct_finish = parts[2].ptr();
       if (kind == jbh::kDirectAdjoint || kind == jbh::kDirectAdjointOut) {
-        entry.direct_n_in = parts[3].cast<Py_ssize_t>();
-        entry.direct_live = parts[4].cast<std::vector<int>>();
-        for (int i : entry.direct_live) {
-          if (i < 0 || i >= entry.direct_n_in) throw py::value_error("register_callback: live");
+        entry->direct_n_in = parts[3].cast<Py_ssize_t>();
+        entry->direct_live = parts[4].cast<std::vector<int>>();
+        for (int i : entry->direct_live) {
+          if (i < 0 || i >= entry->direct_n_in) throw py::value_error("register_callback: live");
         }
       }
     }
@@ -88,11 +90,11 @@ PYBIND11_MODULE(_native, m) {
   m.def("num_registered", []() { return jbh::Registry().size(); });
   m.def("copies_inputs", [](int64_t callback_id) {
     auto it = jbh::Registry().find(callback_id);
-    return it != jbh::Registry().end() && it->second.copy;
+    return it != jbh::Registry().end() && it->second->copy;
   }, "Whether the callable gets copies (it kept a view once) instead of zero-copy views.");
   m.def("set_copies_inputs", [](int64_t callback_id, bool copy) {
     auto it = jbh::Registry().find(callback_id);
-    if (it != jbh::Registry().end()) it->second.copy = copy;
+    if (it != jbh::Registry().end()) it->second->copy = copy;
   });
   m.def("take_pending", []() -> py::object {
     PyObject* exc = jbh::TakePending();
@@ -115,14 +117,14 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_concurrency", [](int64_t callback_id, int calls) {
     auto it = jbh::Registry().find(callback_id);
     if (it != jbh::Registry().end()) {
-      it->second.concurrency = std::max(it->second.concurrency, calls);
+      it->second->concurrency = std::max(it->second->concurrency, calls);
     }
   }, py::arg("callback_id"), py::arg("calls"),
      "A compiled program runs up to `calls` calls of `callback_id` at once.");
   m.def("thread_tuning", [](int64_t callback_id) -> py::object {
     auto it = jbh::Registry().find(callback_id);
     if (it == jbh::Registry().end()) return py::none();
-    return it->second.tuner.State();
+    return it->second->tuner.State();
   }, py::arg("callback_id"), "The thread tuner's state of `callback_id` (tests).");
   jbh::DefineDeviceCall(m);
   m.def("begin_shutdown", &jbh::BeginShutdown, py::arg("timeout_seconds"),

@@ -8,37 +8,30 @@ Two mechanisms, one interface (`HostCallable` + `lower_host_call`):
 * fallback: `jax.pure_callback`, used where the native extension or a platform handler
   is unavailable, or when asked for with `backend="pure_callback"`.
 
-Why programs with host calls run synchronously. A host function may call JAX itself
-(every `jaxbridge.scipy` solver does). With CPU async dispatch, a training loop that
-does not wait for each step queues up to 32 steps; a host call running inside one of
-them that dispatches JAX work then waits for a slot that only the queued steps can free:
-a deadlock. PjRt avoids this for JAX's own callbacks by executing any program compiled
-with host callbacks synchronously on the calling thread ("When using host callbacks on
-CPU, we need to use synchronous dispatch to avoid deadlocks with reentrant callbacks",
-xla/python/pjrt_ifrt/pjrt_executable.cc). Lowering registers each `HostCallable` as
-the module's host callback (`_jaxapi.mark_host_callback`), so our programs get exactly
-the same treatment. It also makes the executable own the callable.
+Why single-device programs with host calls run synchronously. A host function may call
+JAX itself (every `jaxbridge.scipy` solver does). With CPU async dispatch, a training
+loop that does not wait for each step queues up to 32 steps; a host call running inside
+one of them that dispatches JAX work then waits for a slot that only the queued steps
+can free: a deadlock. PjRt avoids this for JAX's own callbacks by executing any program
+compiled with host callbacks synchronously on the calling thread ("When using host
+callbacks on CPU, we need to use synchronous dispatch to avoid deadlocks with reentrant
+callbacks", xla/python/pjrt_ifrt/pjrt_executable.cc). Lowering registers each
+`HostCallable` as the module's host callback (`jaxapi.mark_host_callback`), so our
+programs get exactly the same treatment. It also makes the executable own the callable.
 
-Running on the calling thread is also what lets an exception keep its identity: the
-trampoline re-raises it on that thread when the JAX call returns (see csrc/hostcall/delivery.cc).
+Programs on several devices are different: each device runs its part on a thread of its
+own, one part at a time, so JAX work a host call starts there would queue behind the
+part that waits for it. There the call runs inside XLA's buffer callback
+(`jaxapi.lower_buffer_callback`), whose handler makes such work run inline.
 
-Not every host call of such a program runs on the calling thread, though. XLA CPU's
-thunk executor runs independent parts of a program in parallel: the calling thread
-runs the first ready thunk and hands half of any other ready ones to the intra-op
-thread pool, and a thunk runs on whichever thread finished its last input. A
-`jit(grad(...))` of a compiled solve, for instance, has a forward loop and a backward
-loop that XLA starts side by side; the status check after the forward loop runs on a
-worker whenever the forward loop was handed off (about one call in three on 2 cores).
-Per-shard calls run on workers as well. A worker's exception cannot be scheduled on
-the launching thread -- nothing tells the worker which Python thread is blocked in XLA
-for this run (XLA's RunId is JAX's per-executable launch counter, and the launching
-thread need not run any host call of the run) -- so it crosses XLA as an error status
-whose message carries a token (`HostCallable.failure_message`). JAX raises that status
-on the launching thread as `jax.errors.JaxRuntimeError`, and the first such failure
-installs `_core.jaxapi.raise_carried_exceptions`: a runtime error that carries a kept
-exception is built as that exception. So `except SolverError` and `except MyError`
-catch the user's object under jit, grad and vmap wherever XLA ran the call, and the
-`pure_callback` backend's failures too.
+Where the call runs on the calling thread, an exception keeps its identity because the
+trampoline re-raises it on that thread when the JAX call returns; elsewhere (XLA's
+worker threads, a device's part of a program, `pure_callback`) it crosses XLA as an
+error whose text carries a token, and JAX's runtime error for it is built as the
+exception itself (`delivery.py`). XLA CPU's thunk executor runs independent parts of a
+program in parallel, so even a single-device program may run a host call on a worker
+(the status check after a compiled solve's forward loop in `jit(grad(...))`, about one
+call in three on 2 cores).
 """
 
 from __future__ import annotations
@@ -191,7 +184,8 @@ class HostCallable:
                 _native.set_copies_inputs(self.id, True)
             if device_fill is not None:
                 _native.set_device_fill(self.id, device_fill)
-            weakref.finalize(self, _native.unregister_callback, self.id)
+            # Not at exit: a daemon thread may be inside a call of it then.
+            weakref.finalize(self, _native.unregister_callback, self.id).atexit = False
 
     def __repr__(self) -> str:
         return f"<HostCallable #{self.id} {self.what} of {self.name!r}>"
