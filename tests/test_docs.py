@@ -255,6 +255,41 @@ def test_every_test_the_reliability_guide_names_exists():
 
 
 
+def test_code_in_table_cells_breaks_between_parts_never_inside_a_name():
+    tables = _hook("tables")
+    cell = ("<td><code>integrate.solve_ivp(fun, t_span)</code> <code>rtol=1.5e-3</code> "
+            "<code>tests/test_x.py::test_a_failure_raised_in_every_shard_is_delivered_once"
+            "</code></td><p><code>a.b</code></p>")
+    assert tables.soft_breaks(cell) == (
+        "<td><code>integrate.<wbr>solve_ivp(<wbr>fun, t_span)</code> <code>rtol=1.5e-3</code> "
+        "<code>tests/<wbr>test_x.<wbr>py::<wbr>test_<wbr>a_<wbr>failure_<wbr>raised_<wbr>in_<wbr>"
+        "every_<wbr>shard_<wbr>is_<wbr>delivered_<wbr>once</code></td><p><code>a.b</code></p>")
+
+
+def _hook(name: str):
+    spec = importlib.util.spec_from_file_location(f"docs_hooks_{name}",
+                                                  ROOT / "docs" / "_hooks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_doctest_block_copies_its_code_without_prompts_or_output():
+    block = ('<div class="highlight"><pre><span></span><code><span class="gp">&gt;&gt;&gt; </span>'
+             '<span class="n">f</span><span class="p">(</span><span class="s2">&quot;a&quot;'
+             '</span><span class="p">)</span>\n'
+             '<span class="gp">... </span>  <span class="mi">1</span>\n'
+             '<span class="gp">&gt;&gt;&gt;</span>\n'
+             '<span class="go">2.0</span>\n'
+             '<span class="gt">Traceback (most recent call last):</span>\n'
+             '<span class="x">... RuleCheckError ...</span>\n</code></pre></div>')
+    page = _hook("prompts").with_copy_text(block + '<div class="highlight"><pre><code>x = 1'
+                                           '</code></pre></div>')
+    assert page.count("data-copy=") == 1  # only the doctest
+    assert 'data-copy="f(&quot;a&quot;)&#10;  1&#10;"' in page
+
+
 # ---------------------------------------------------------------- the product speaks
 # The repository speaks of the product and what a reader can use -- dates, commits,
 # machines, versions -- never of numbered work periods or of who did the work. This
