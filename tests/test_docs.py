@@ -296,9 +296,6 @@ def test_a_doctest_block_copies_its_code_without_prompts_or_output():
 # file holds the pattern and is not searched.
 SELF_REFERENCE = re.compile(
     r"session [0-9]+|\bhelpers? `|\bby helpers?\b|\bagents?\b|\bplanners?\b", re.IGNORECASE)
-# Files whose owners rewrite these lines, with the count found on 2026-11-28: the test
-# fails when a count grows, and when it falls (then lower it, or drop the entry at 0).
-PENDING = {"tools/mutation.py": 4}
 
 
 def tracked_text_files() -> dict[str, str]:
@@ -322,13 +319,8 @@ def test_the_repository_names_no_work_periods_or_workers():
     found = {path: self_references(text) for path, text in tracked_text_files().items()
              if path != "tests/test_docs.py"}
     found = {path: lines for path, lines in found.items() if lines}
-    unexpected = {p: lines for p, lines in found.items() if p not in PENDING}
-    assert not unexpected, ("say what a reader can use (a date, a commit, a machine) "
-                            f"instead of who did the work or when: {unexpected}")
-    for path, count in PENDING.items():
-        assert len(found.get(path, [])) == count, (
-            f"{path}: {len(found.get(path, []))} such lines, PENDING says {count}: "
-            "update PENDING (drop the entry at 0)")
+    assert not found, ("say what a reader can use (a date, a commit, a machine) "
+                       f"instead of who did the work or when: {found}")
 
 
 @pytest.mark.parametrize("line, named", [
