@@ -135,6 +135,16 @@ def public_names(module_name: str) -> list[str]:
     return sorted(names)
 
 
+def _is_module(target: str) -> bool:
+    """Whether `target` names a module that can be found without importing it; not so
+    for a lazily imported attribute (`jaxbridge.testing.strategies`: `jaxbridge.testing`
+    is a module, not a package)."""
+    try:
+        return importlib.util.find_spec(target) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def documented() -> tuple[set[str], str]:
     """The identifiers the API pages render (`module.name`), and the pages' text."""
     text = "".join(p.read_text() for p in sorted((ROOT / "docs" / "api").glob("*.md")))
@@ -143,7 +153,7 @@ def documented() -> tuple[set[str], str]:
         names.add(target)
         members = re.search(r"^\s+members:(.*)\n((?:\s+- .*\n)*)", options, re.MULTILINE)
         if members is None:  # the whole module: every public name
-            if importlib.util.find_spec(target) is not None:
+            if _is_module(target):
                 names.update(f"{target}.{n}" for n in public_names(target))
         else:
             names.update(f"{target}.{m}" for m in re.findall(r"- (\w+)", members.group(2)))

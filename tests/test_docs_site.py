@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -54,26 +55,46 @@ def site(tmp_path_factory):
     thread.join()
 
 
-# What a reader sees, measured in the page itself: a page asked for with "?measure" gets
-# this script, which writes its findings as JSON into the DOM `chromium --dump-dom` prints.
+# What a reader sees, measured in the page itself: a page asked for with "?measure=KEY"
+# gets this script, which posts its findings as JSON back to /__measured?measure=KEY.
 MEASURE_JS = (ROOT / "tests" / "docs_measure.js").read_text()
 
 
 class MeasuringHandler(http.server.SimpleHTTPRequestHandler):
-    """The built site, quietly; with MEASURE_JS in each page asked for with "?measure"."""
+    """The built site, quietly; with MEASURE_JS in each page asked for with "?measure=KEY",
+    whose findings it keeps in `reports[KEY]`."""
+
+    reports: dict[str, dict] = {}
 
     def log_message(self, *args):
         pass
 
     def do_GET(self):
         path, _, query = self.path.partition("?")
-        if query != "measure":
+        if path == "/__frame":  # the page at an exact size (a window is at least 500 px)
+            ask = urllib.parse.parse_qs(query)
+            frame = (f'<iframe src="{html.escape(ask["page"][0])}?measure='
+                     f'{urllib.parse.quote(ask["measure"][0])}" width="{int(ask["w"][0])}" '
+                     f'height="{int(ask["h"][0])}" style="border: 0"></iframe>')
+            return self.reply(f"<!doctype html><body style='margin: 0'>{frame}</body>".encode(),
+                              "text/html; charset=utf-8")
+        if not query.startswith("measure="):
             return super().do_GET()
         page = Path(self.translate_path(path)) / "index.html"
         body = page.read_text().replace("</body>", f"<script>{MEASURE_JS}</script></body>")
-        data = body.encode()
+        self.reply(body.encode(), "text/html; charset=utf-8")
+
+    def do_POST(self):
+        path, _, query = self.path.partition("?")
+        length = int(self.headers.get("Content-Length", 0))
+        if path == "/__measured" and query.startswith("measure="):
+            key = urllib.parse.unquote(query.removeprefix("measure="))
+            self.reports[key] = json.loads(self.rfile.read(length))
+        self.reply(b"", "text/plain")
+
+    def reply(self, data: bytes, kind: str):
         self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -106,17 +127,22 @@ def pages() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def measured(site, chromium):
+def measured(site, chromium, tmp_path_factory):
     """What MEASURE_JS found on a page at a window size (width, height)."""
+    folder = tmp_path_factory.mktemp("measured")
+
     @functools.cache
     def measure(page: str, width: int = 1280, height: int = 800) -> dict:
-        shown = browse(chromium, f"{site}/{page}?measure", "--dump-dom",
-                       f"--window-size={width},{height}", "--hide-scrollbars",
-                       "--virtual-time-budget=10000")
-        match = re.search(r'<script type="application/json" id="jb-measured">(.*?)</script>',
-                          shown, re.DOTALL)
-        assert match, f"{page or 'home'}: the measuring script did not run"
-        return json.loads(match.group(1))
+        key = f"{page or 'home'}@{width}x{height}"
+        frame = urllib.parse.urlencode({"page": f"/{page}", "measure": key,
+                                         "w": width, "h": height})
+        browse(chromium, f"{site}/__frame?{frame}", f"--screenshot={folder / 'page.png'}",
+               f"--window-size={width + 100},{height + 100}", "--hide-scrollbars",
+               "--virtual-time-budget=10000")
+        assert key in MeasuringHandler.reports, f"{key}: the measuring script did not report"
+        found = MeasuringHandler.reports[key]
+        assert found["width"] == width, f"{key}: laid out at {found['width']} px"
+        return found
     return measure
 
 
@@ -242,3 +268,11 @@ def test_what_a_reader_sees(measured, page):
             f"{where}: no output shown"
         if page != "examples/cpp_extension/":
             assert found["outputs"][0].strip().splitlines()[-1] == "OK", found["outputs"][0][-300:]
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if p.startswith("api/")])
+def test_names_break_between_their_parts_on_a_phone(measured, page):
+    """At 390 px a module's name in its page title ("jaxbridge.scipy.integrate") and the
+    names in tables wrap at their dots, not inside a word."""
+    found = measured(page, 390, 800)
+    assert not found["broken"], f"{page}: names broken inside a word: {found['broken']}"
