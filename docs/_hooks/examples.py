@@ -83,7 +83,7 @@ def extension_files() -> list[Path]:
 def run_extension() -> dict[str, Any]:
     """Build examples/cpp_extension with CMake (as `pip install .` would) and run the
     command its README gives, with the built package on the path."""
-    import pybind11  # the examples' build dependency (in the test and docs extras)
+    import pybind11  # the extension's build dependency (the test extra; CI's docs stage)
 
     def compute() -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="jaxbridge-cpp-extension-") as scratch:
