@@ -33,6 +33,7 @@ import re
 import secrets
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -184,11 +185,24 @@ def describe(aval: Any) -> str:
 # local variables of the others still waiting are released (the exceptions themselves
 # are kept): the other shards of a failed run are never delivered, and their frames can
 # hold whole arrays.
+#
+# A run on several devices fails once per device, and a device's failure may reach JAX
+# after the first one was raised at the call site; JAX's next barrier would raise it as
+# a second exception. Each failure of a per-device call knows its call's ordinal among
+# its host function's calls (`started`): a failure whose call had started before a
+# failure of the same function was delivered belongs to a run already reported, and a
+# barrier does not raise it (`redelivered`). Calls started after that delivery (a retry)
+# are new runs, raised as usual.
 _UNDELIVERED_KEPT = 32
 _DELIVERED_KEPT = 4
 _undelivered: collections.OrderedDict[str, BaseException] = collections.OrderedDict()
-# token -> [the exception, how many times it was raised]
+# token -> [the exception, how many times it was raised, whether its run was reported]
 _delivered: collections.OrderedDict[str, list] = collections.OrderedDict()
+# token -> (host function key, the failed call's ordinal, the function's calls so far)
+_origins: dict[str, tuple[Any, int, Callable[[], int]]] = {}
+# host function key -> how many of its calls had started when a failure was delivered
+_reported_upto: collections.OrderedDict[Any, int] = collections.OrderedDict()
+_REPORTED_KEPT = 256
 _failure_ids = itertools.count(1)
 _failures_lock = threading.Lock()
 #: Tokens name the process (its pid and a random nonce) so that a message that crossed to
@@ -197,14 +211,40 @@ _NONCE = secrets.token_hex(4)
 _TOKEN = re.compile(r"\[jaxbridge failure #([0-9a-f]+-[0-9a-f]+-\d+)")
 
 
-def remember_failure(exc: BaseException) -> str:
-    """Keep `exc` until it is delivered and return its token."""
+def remember_failure(exc: BaseException,
+                     origin: tuple[Any, int, Callable[[], int]] | None = None) -> str:
+    """Keep `exc` until it is delivered and return its token. `origin`: the host
+    function's key, the failed call's ordinal among its calls, and a function that says
+    how many of its calls have started by now (see `redelivered`)."""
     with _failures_lock:
         token = f"{os.getpid():x}-{_NONCE}-{next(_failure_ids)}"
         _undelivered[token] = exc
+        if origin is not None and origin[1] >= 0:
+            _origins[token] = origin
         while len(_undelivered) > _UNDELIVERED_KEPT:
-            _undelivered.popitem(last=False)
+            dropped, _ = _undelivered.popitem(last=False)
+            _origins.pop(dropped, None)
     return token
+
+
+def _reported_run(token: str) -> bool:
+    """Whether the call that failed with `token` had started before a failure of the same
+    host function was delivered; records this delivery for later ones. Lock held."""
+    origin = _origins.pop(token, None)
+    if origin is None:
+        return False
+    key, started, calls_started = origin
+    reported = started < _reported_upto.get(key, 0)
+    try:
+        now = calls_started()
+    except Exception:  # noqa: BLE001 - the function is gone: nothing more to compare
+        now = -1
+    if now > _reported_upto.get(key, 0):
+        _reported_upto[key] = now
+        _reported_upto.move_to_end(key)
+        while len(_reported_upto) > _REPORTED_KEPT:
+            _reported_upto.popitem(last=False)
+    return reported
 
 
 def _deliver(token: str) -> BaseException | None:
@@ -217,7 +257,7 @@ def _deliver(token: str) -> BaseException | None:
                 return None
             entry[1] += 1
             return entry[0]
-        _delivered[token] = [exc, 1]
+        _delivered[token] = [exc, 1, _reported_run(token)]
         while len(_delivered) > _DELIVERED_KEPT:
             _delivered.popitem(last=False)
         waiting = [e for e in _undelivered.values() if e.__traceback__ is not None]
@@ -237,17 +277,21 @@ def carried_failure(args: tuple) -> BaseException | None:
                 return _deliver(match.group(1))
         elif isinstance(arg, BaseException):
             with _failures_lock:
-                kept = (*(e for e, _ in _delivered.values()), *_undelivered.values())
+                kept = (*(entry[0] for entry in _delivered.values()),
+                        *_undelivered.values())
                 if any(arg is e for e in kept):
                     return arg
     return None
 
 
 def redelivered(exc: BaseException) -> bool:
-    """Whether `exc` is a failure raised again after it was delivered (JAX raising the
-    same failed run again, at a later `jax.effects_barrier()` or at exit)."""
+    """Whether `exc` belongs to a failed run that was already reported: raised again
+    after it was delivered (JAX raising the same failed run again, at a later
+    `jax.effects_barrier()` or at exit), or another device's failure of a run whose
+    failure was delivered (see `remember_failure`)."""
     with _failures_lock:
-        return any(exc is e and count > 1 for e, count in _delivered.values())
+        return any(exc is e and (count > 1 or reported)
+                   for e, count, reported in _delivered.values())
 
 
 def original_exception(err: BaseException) -> BaseException | None:

@@ -168,6 +168,32 @@ def test_failures_of_other_shards_do_not_keep_their_arrays():
 
 
 # ---- declared results: the same under jit as eagerly
+def test_a_runs_other_device_failures_are_not_raised_again_at_a_barrier():
+    # A run on 4 devices fails 4 times. The call site raises the first failure to finish
+    # (any shard's); a barrier then raises a device's own failure (another shard's):
+    # the same run, already reported. A retry's failure (its calls started after the
+    # delivery) is a new run. Deterministic form of the per-shard race, which depends
+    # on which shard finishes first under load.
+    from jaxbridge.errors import carried_failure, redelivered, remember_failure
+
+    started = [4]
+    shards = [ValueError(f"shard {i}") for i in range(4)]
+    tokens = [remember_failure(e, ("f", i, lambda: started[0])) for i, e in enumerate(shards)]
+
+    def arrives(token):
+        return carried_failure((f"ValueError: ...\n  [jaxbridge failure #{token}: ...]",))
+
+    assert arrives(tokens[2]) is shards[2] and not redelivered(shards[2])  # the call site
+    assert arrives(tokens[0]) is shards[0] and redelivered(shards[0])  # a later barrier
+    started[0] = 8
+    retry = ValueError("retry")
+    assert arrives(remember_failure(retry, ("f", 5, lambda: started[0]))) is retry
+    assert not redelivered(retry)
+    unrelated = ValueError("another function")
+    assert arrives(remember_failure(unrelated, ("g", 0, lambda: 1))) is unrelated
+    assert not redelivered(unrelated)
+
+
 def test_declared_empty_result_runs_the_function_under_jit_too():
     calls = []
 

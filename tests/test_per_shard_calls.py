@@ -114,6 +114,40 @@ def test_keyboard_interrupt_raised_in_every_shard_is_delivered_once(exc_type):
     assert "Exception ignored" not in proc.stderr
 
 
+def test_a_slower_shards_failure_of_a_reported_run_is_not_raised_again():
+    # The shards of one run fail at different times: the first failure is raised at the
+    # call site, and the others (still running then) must not arrive as a second
+    # exception at the barrier inside the handler. A new run still raises its own.
+    proc = run("""
+        class ShardError(Exception):
+            pass
+
+        @jb.foreign(lambda x: x, batch_dims=1)
+        def f(x):
+            if x[0, 0] > 0:
+                time.sleep(0.5)
+            raise ShardError(f"row {int(x[0, 0])}")
+
+        x = jax.device_put(jnp.arange(8.0).reshape(8, 1), rows)
+        try:
+            jax.block_until_ready(jax.jit(f)(x))
+        except ShardError as err:
+            print("caught", err)
+            jax.effects_barrier()
+            print("barrier in the handler OK")
+        y = jax.jit(f)(x)  # a new run
+        try:
+            y.block_until_ready()
+        except ShardError as err:
+            print("new run raised", err)
+        jax.effects_barrier()
+        print("done")
+    """)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "caught row" in proc.stdout and "barrier in the handler OK" in proc.stdout
+    assert "new run raised row" in proc.stdout and "done" in proc.stdout
+
+
 def test_a_handled_worker_failure_stays_handled():
     # JAX keeps each device's last failed run and raised it again at every barrier, and
     # twice at exit ("Exception ignored in atexit callback").

@@ -141,7 +141,8 @@ void FailedFill(const Slots& outs) {
 // A KeyboardInterrupt or SystemExit raised where no caller waits crosses XLA like any
 // other exception: JAX's error at the call site becomes it, once per failed run (not
 // once per shard), and `except Exception` there cannot swallow it.
-ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread, const Slots& outs) {
+ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread, const Slots& outs,
+                  int64_t started) {
   PyObject* noted = PyObject_CallMethod(handler, "annotate", "O", exc);
   if (noted == nullptr) PyErr_Clear();
   Py_XDECREF(noted);
@@ -151,7 +152,8 @@ ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread, const Sl
     return ffi::Error::Success();
   }
   std::string message;
-  PyObject* text = PyObject_CallMethod(handler, "failure_message", "O", exc);
+  PyObject* text = PyObject_CallMethod(handler, "failure_message", "OL", exc,
+                                       static_cast<long long>(started));
   if (text != nullptr && PyUnicode_Check(text)) {
     const char* utf8 = PyUnicode_AsUTF8(text);
     message = utf8 ? utf8 : "";

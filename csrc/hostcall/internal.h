@@ -165,6 +165,9 @@ struct Entry {
   // threads it runs fastest with when it runs alone (threads.cc).
   int concurrency = 1;
   ThreadTuner tuner;
+  // How many calls of it have started (GIL-protected): a failure carries its call's
+  // ordinal, so that the failures of the shards of one run are recognised as one.
+  int64_t started = 0;
 };
 
 // Never destroyed: XLA may call handlers during interpreter shutdown. GIL-protected.
@@ -259,7 +262,9 @@ ffi::Error Failure(const std::string& message);
 void FailedFill(const Slots& outs);
 // The failure `exc` (stolen) of a call on this thread: delivered to the calling Python
 // thread, or reported through XLA with a message from `handler`.
-ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread, const Slots& outs);
+// `started`: the failed call's ordinal among its callable's calls (-1: not known).
+ffi::Error Report(PyObject* exc, PyObject* handler, bool python_thread, const Slots& outs,
+                  int64_t started = -1);
 
 // ------------------------------------------------------------------ views.cc
 // The kept-view policy after a call. Returns the exception to report (new reference),

@@ -60,6 +60,7 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs
                           "while a compiled program still used it)");
   }
   Entry& entry = *held;
+  const int64_t started = entry.started++;
   py::object handler = py::reinterpret_borrow<py::object>(entry.handler);
   ThreadBudget threads(&entry);
   try {
@@ -86,7 +87,9 @@ ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs
     }
     bool clean = exc == nullptr && !entry.copy && !views->Check().any();
     exc = ResolveKept(*views, entry, exc);
-    if (exc != nullptr) return Report(exc, entry.handler, gil.python_thread(), outs);
+    if (exc != nullptr) {
+      return Report(exc, entry.handler, gil.python_thread(), outs, started);
+    }
     views->CopyOutputsBack(outs);
     if (clean && entry.spare == nullptr) {
       entry.spare = std::move(views);

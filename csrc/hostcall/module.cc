@@ -92,6 +92,10 @@ PYBIND11_MODULE(_native, m) {
     auto it = jbh::Registry().find(callback_id);
     return it != jbh::Registry().end() && it->second->copy;
   }, "Whether the callable gets copies (it kept a view once) instead of zero-copy views.");
+  m.def("calls_started", [](int64_t callback_id) -> int64_t {
+    auto it = jbh::Registry().find(callback_id);
+    return it != jbh::Registry().end() ? it->second->started : -1;
+  }, "How many calls of the callable have started (-1: not registered).");
   m.def("set_copies_inputs", [](int64_t callback_id, bool copy) {
     auto it = jbh::Registry().find(callback_id);
     if (it != jbh::Registry().end()) it->second->copy = copy;

@@ -87,10 +87,12 @@ def annotate(exc: BaseException, what: str, name: str) -> None:
         pass
 
 
-def failure_message(exc: BaseException, what: str, name: str) -> str:
+def failure_message(exc: BaseException, what: str, name: str,
+                    origin: tuple[Any, int, Any] | None = None) -> str:
     """The XLA error text for a failure that crosses XLA as an error: the exception's type,
-    message and origin, and a token (JAX's runtime error for it becomes `exc` itself)."""
-    token = remember_failure(exc)
+    message and origin, and a token (JAX's runtime error for it becomes `exc` itself).
+    `origin`: see `jaxbridge.errors.remember_failure`."""
+    token = remember_failure(exc, origin)
     kind = type(exc)
     qualified = kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else \
         f"{kind.__module__}.{kind.__qualname__}"

@@ -37,6 +37,7 @@ call in three on 2 cores).
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import itertools
 import os
@@ -205,10 +206,15 @@ class HostCallable:
         """Before `exc` is delivered: note which foreign function raised it (once)."""
         delivery.annotate(exc, self.what, self.name)
 
-    def failure_message(self, exc: BaseException) -> str:
+    def failure_message(self, exc: BaseException, started: int = -1) -> str:
         """The XLA error text for a failure that crosses XLA as an error (see
-        `delivery.failure_message`): JAX's runtime error for it becomes `exc` itself."""
-        return delivery.failure_message(exc, self.what, self.name)
+        `delivery.failure_message`): JAX's runtime error for it becomes `exc` itself.
+        `started`: the failed call's ordinal among this callable's calls (-1: unknown);
+        the failures of one run's devices are reported once."""
+        origin = None
+        if started >= 0 and _native is not None:
+            origin = (self.id, started, functools.partial(_native.calls_started, self.id))
+        return delivery.failure_message(exc, self.what, self.name, origin)
 
     def started_copying(self) -> None:
         """The trampoline switched this callable to copies: so do its siblings (the same
