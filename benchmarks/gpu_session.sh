@@ -70,7 +70,7 @@ print('native with_cuda', _native.with_cuda, 'kernel platforms', o._register(), 
           "$REPO/tests/test_torch_device.py" -q -rs -m gpu) > "$OUT/torch_gpu.log" 2>&1
       note "torch_gpu.log: exit $?: $(tail -1 "$OUT/torch_gpu.log")"
       ;;
-    tests)  # ~3 minutes on 16 cores (session 13); the preallocation would starve 8 workers
+    tests)  # ~3 minutes on 16 cores (an H200 host, 2026-11-26); the preallocation would starve 8 workers
       XLA_PYTHON_CLIENT_PREALLOCATE=false run_pytest tests.log -n 8 -p no:randomly ;;
     torch-tests)
       (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 "$PY" -m pytest -p no:cacheprovider \

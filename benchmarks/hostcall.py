@@ -26,7 +26,8 @@ kept-view guard's section (thread budgets: benchmarks/threads.py); `--only faili
 of a host function that raises, in a process of millions of objects.
 
 Usage: `python benchmarks/hostcall.py [--quick] [--repeats N] [--only SECTION ...]
-[--sizes 1 1000 1000000]`.
+[--sizes 1 1000 1000000] [--json [DIR]]`; `--json` also writes the calls and grad tables
+to benchmarks/results/hostcall.json and hostcall_grad.json (see benchmarks/record.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from record import Table, add_json_option
 
 import jaxbridge as jb
 
@@ -55,12 +57,15 @@ except ImportError:  # a peer, installed with the `bench` extra
     jaxbind = None
 
 REPEATS = 5
+# --json DIR: where the tables are written as results files (None: printed only)
+JSON_DIR: str | None = None
 # What a timing measures: wall-clock time, or (--clock cpu) the CPU time of the whole
 # process (XLA runs large loops on its own threads, so the calling thread's CPU time
 # would miss them): time spent waiting for a core that another process holds is not
 # counted, time spent on a core slowed by others' cache and memory traffic still is.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = CLOCKS["wall"]
+clock_name = "wall"
 
 
 def host_sin(x):
@@ -182,6 +187,23 @@ PEERS = ("buffer_cb", "JAXbind", "pure_cb")
 
 
 def section_calls(scale, repeats, sizes=None):
+    table = Table(
+        "hostcall", "Host call of `x + 1` per call inside a jitted fori_loop",
+        "us per call, best / median", ["dtype", "elements", "mode", "ours", "buffer_cb",
+                                       "JAXbind", "pure_cb", "buffer_cb/ours", "JAXbind/ours",
+                                       "pure_cb/ours", "buffer_cb/ours paired",
+                                       "JAXbind/ours paired"],
+        method=(f"{clock_name} clock; each figure best / median of {repeats} interleaved "
+                "rounds with the order rotating; ratios are peer / ours (> 1: ours is "
+                "faster) by best, by median in parentheses, and paired (per round) median "
+                "[min-max]"),
+        legend={"returns": "the function returns a new array",
+                "out=": "it writes np.add(x, 1, out=out) into XLA's output buffer",
+                "in place": "the output is the input's buffer (aliases=; JAXbind and "
+                            "pure_callback have no such mode)",
+                "ours": "jaxbridge (jb.foreign, native handler)",
+                "buffer_cb": "jax.experimental.buffer_callback", "pure_cb": "jax.pure_callback"},
+        packages=("jaxbind",))
     print("\n## x + 1 per call inside a jitted fori_loop (us; best / median of "
           f"{repeats} interleaved rounds); ratio = peer / ours by best (by median); "
           "> 1: ours is faster; paired = peer / ours within each round, median [min-max]")
@@ -205,6 +227,8 @@ def section_calls(scale, repeats, sizes=None):
                            for k in PEERS[:2]]
                 print(f"| {np.dtype(dtype).name} | {n} | {mode} | " + " | ".join(cells)
                       + " | " + " | ".join(ratios) + " |", flush=True)
+                table.add([np.dtype(dtype).name, n, mode, *cells, *ratios])
+    table.save(JSON_DIR)
 
 
 # ---------------------------------------------------------------- grad through many calls
@@ -278,6 +302,16 @@ def section_grad(scale, repeats):
         g = jax.jit(jax.grad(lambda v, f=f: jnp.sum(
             jax.lax.fori_loop(0, GRAD_CALLS, lambda i, u: f(u), v))))(x)
         np.testing.assert_allclose(g, ref, rtol=1e-4, err_msg=name)
+    table = Table(
+        "hostcall_grad", f"jax.grad through {GRAD_CALLS} chained host calls of sin, n = 1000 "
+        "float32", "us per call, best / median", ["mechanism", "us per call", "mechanism/ours",
+                                                  "paired"],
+        method=(f"{clock_name} clock; best / median of {repeats} interleaved rounds; "
+                "mechanism/ours is the mechanism's time over ours (> 1: ours is faster), by "
+                "best, by median in parentheses, and paired median [min-max]"),
+        legend={"ours": "jaxbridge, VJP rule called directly by the native handler",
+                "custom_vjp+pure_cb": "jax.custom_vjp around jax.pure_callback"},
+        packages=("jaxbind",))
     times = {name: [] for name in mechanisms}
     for _ in range(repeats):
         for name, f in mechanisms.items():
@@ -290,6 +324,9 @@ def section_grad(scale, repeats):
     for name, samples in times.items():
         print(f"| {name} | {show(samples)} | {ratio(samples, times['ours'])} | "
               f"{paired(samples, times['ours'])} |")
+        table.add([name, show(samples), ratio(samples, times["ours"]),
+                   paired(samples, times["ours"])])
+    table.save(JSON_DIR)
 
 
 def section_view_guard(scale, repeats):
@@ -421,9 +458,10 @@ def main() -> None:
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
                         help="wall-clock time, or the process's CPU time (calls and grad "
                              "sections; less sensitive to other processes)")
+    add_json_option(parser)
     args = parser.parse_args()
-    global clock
-    clock = CLOCKS[args.clock]
+    global clock, clock_name, JSON_DIR
+    clock, clock_name, JSON_DIR = CLOCKS[args.clock], args.clock, args.json
     jax.config.update("jax_enable_x64", True)  # float64 rows; every array's dtype is explicit
     scale = 0.2 if args.quick else 1.0
     peers = ", ".join(f"{m.__name__} {getattr(m, '__version__', '?')}"

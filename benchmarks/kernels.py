@@ -33,6 +33,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
+from record import Table, add_json_option  # noqa: E402
+
 from jaxbridge import ops  # noqa: E402
 
 
@@ -188,7 +190,12 @@ def rbf_jnp_gemm(x, y, l):
     return jnp.exp(-jnp.maximum(d2, 0) / (2 * l**2))
 
 
-def bench_kernels(quick: bool, bw: float, kernels: list[str], dtypes: list) -> None:
+def bench_kernels(quick: bool, bw: float, kernels: list[str], dtypes: list,
+                  json_dir: str | None = None) -> None:
+    record = Table("kernels", "Built-in kernels against the best jnp/lax equivalent", "us",
+                   ["dtype", "kernel", "size", "jaxbridge (us)", "reference (us)",
+                    "reference is"],
+                   method=f"on {PLATFORM}; alternating rounds, best round kept")
     for dt in dtypes:
         rows = []
         if "softplus" in kernels:
@@ -201,6 +208,16 @@ def bench_kernels(quick: bool, bw: float, kernels: list[str], dtypes: list) -> N
               f"{np.dtype(dt).name}; ratio = jaxbridge / reference; BW = fraction of measured "
               "copy bandwidth reached by the kernel's minimal traffic)",
               ["kernel", "size", "jaxbridge", "reference", "reference is", "ratio", "BW"], rows)
+        for kernel, size, ours, reference, reference_is, *_ in rows:
+            record.add([np.dtype(dt).name, kernel, size, microseconds(ours),
+                        microseconds(reference), reference_is])
+    record.save(json_dir)
+
+
+def microseconds(shown: str) -> float:
+    """A time as fmt_t prints it ("5.45 us", "1.111 ms"), in us to 3 significant digits."""
+    value, unit = shown.split()
+    return float(f"{float(value) * (1e3 if unit == 'ms' else 1.0):.3g}")
 
 
 def bench_softplus(quick: bool, bw: float, dt) -> list:
@@ -292,6 +309,7 @@ def main() -> None:
                    choices=["softplus", "tridiagonal_solve", "rbf_kernel"],
                    help="kernels for part (b)")
     p.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
+    add_json_option(p)
     args = p.parse_args()
     dtypes = [np.float32, np.float64] if args.dtype == "both" else [np.dtype(args.dtype).type]
     bw = device_bandwidth() if ON_GPU else host_bandwidth()
@@ -308,7 +326,7 @@ def main() -> None:
     if args.only in (None, "overhead"):
         bench_overhead(args.quick)
     if args.only in (None, "kernels"):
-        bench_kernels(args.quick, bw, args.kernel, dtypes)
+        bench_kernels(args.quick, bw, args.kernel, dtypes, args.json)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.integrate
+from record import Table, add_json_option
 
 from jaxbridge.scipy.integrate import solve_ivp
 
@@ -96,8 +97,21 @@ def reference() -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
-    rounds = parser.parse_args().rounds
+    add_json_option(parser)
+    args = parser.parse_args()
+    rounds = args.rounds
     t_ref, g_ref = reference()
+    record = Table(
+        "events", "ODE events: jitted value_and_grad of a cannonball's impact time with "
+        "respect to the drag coefficient", "ms per call",
+        ["contender (rtol = atol = 1e-8)", "t*", "dt*/dCD", "gradient rel. error", "median ms",
+         "min-max ms"],
+        method=(f"{rounds} interleaved rounds after one compile, median and min-max; "
+                "reference: central differences of SciPy's solve_ivp (DOP853, rtol = atol = "
+                f"1e-12), t* = {t_ref:.10f} s, dt*/dCD = {g_ref:.10f}"),
+        legend={"ours RK45": "SciPy's event location + the implicit function theorem",
+                "diffrax Tsit5 + Event": "diffrax's Event located by optimistix Newton"},
+        packages=("diffrax", "optimistix"))
     print(f"reference (SciPy DOP853 1e-12, central differences): t* = {t_ref:.10f} s, "
           f"dt*/dCD = {g_ref:.10f}")
     contenders = {"ours RK45": ours("RK45"), "ours DOP853": ours("DOP853")}
@@ -121,6 +135,9 @@ def main() -> None:
         ts = np.array(times[name]) * 1e3
         print(f"{name:24s} {t:14.10f} {g:14.10f} {abs(g - g_ref) / abs(g_ref):12.2e} "
               f"{statistics.median(ts):10.2f} {ts.min():7.2f}-{ts.max():7.2f}")
+        record.add([name, f"{t:.10f}", f"{g:.10f}", f"{abs(g - g_ref) / abs(g_ref):.1e}",
+                    f"{statistics.median(ts):.1f}", f"{ts.min():.1f}-{ts.max():.1f}"])
+    record.save(args.json)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import platform
 import subprocess
 import sys
 
+from record import Table, add_json_option
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "data_parallel.py"
 
@@ -52,12 +54,21 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per device count")
+    add_json_option(parser)
     args = parser.parse_args()
+    record = Table("scaling", f"Data-parallel training step of examples/data_parallel.py, "
+                   f"{args.batch_per_device} examples per device, {args.dtype}",
+                   "examples per second", ["devices", "global batch", "jaxbridge ex/s",
+                                           "jnp twin ex/s"],
+                   method=f"{args.steps} steps per device count; CPU devices share the "
+                          f"{os.cpu_count()} cores, so this shows the scaling shape, not "
+                          "accelerator speed")
 
     rows = []
     for k in args.devices:
         r = measure(k, args)
         rows.append(r)
+        record.add([r["devices"], r["batch"], round(r["bridged"]), round(r["jnp"])])
         print(f"{k} device(s): {r['bridged']:,.0f} examples/s bridged, {r['jnp']:,.0f} jnp",
               file=sys.stderr, flush=True)
     base = rows[0]
@@ -77,6 +88,7 @@ def main() -> int:
               f"{r['jnp'] / (k * base['jnp']):.0%} | {r['bridged'] / r['jnp']:.2f} |")
     print(f"\nEfficiency = throughput(k) / (k x throughput({n0})). CPU devices are threads "
           f"sharing {os.cpu_count()} cores: the table shows the scaling shape, not speed.")
+    record.save(args.json)
     return 0
 
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from record import Table, add_json_option
 
 import jaxbridge as jb
 import jaxbridge.torch as jt
@@ -206,8 +207,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="fewer calls per sample")
+    add_json_option(parser)
     args = parser.parse_args()
     scale = 0.2 if args.quick else 1.0
+    record = Table(
+        "torch_bridge", "PyTorch bridge: per call of `x + 1` inside a jitted fori_loop",
+        "us of CPU time per call, median (min-max)",
+        ["mechanism", "1 element", "1M elements"],
+        method=(f"CPU time of the process per call, median (min-max) of {args.repeats} "
+                "interleaved repeats; all mechanisms in one process"),
+        legend={"jaxbridge.torch": "jaxbridge.torch.wrap(lambda x: x + 1), the default "
+                                   "(the result copied into XLA's buffer)",
+                "jaxbridge.torch redirect": "the same with redirect=True (torch writes the "
+                                            "result into XLA's buffer)",
+                "jaxbridge.torch op": "wrap(torch.add) called as add(x, np.float32(1))",
+                "jaxbridge.torch out=": "wrap(fn, out=True): fn calls torch.add(x, 1, out=out)",
+                "pure_callback": "jax.pure_callback with torch.from_numpy",
+                "numpy jb.foreign": "NumPy through jb.foreign (a new array; out=: in place)"},
+        packages=("torch", "wrap-torch2jax"))
+    measured: dict[str, dict[int, str]] = {}
     print(f"jax {jax.__version__}, torch {torch.__version__}, torch2jax "
           f"{'not installed' if torch2jax is None else 'installed'}, "
           f"{torch.get_num_threads()} torch threads; {args.repeats} interleaved repeats")
@@ -228,6 +246,7 @@ def main() -> None:
         for name in cases:
             print(f"  {name:22s} cpu {summary(cpu[name])}  wall {summary(wall[name])}  "
                   f"x{summary(ratios[name])}")
+            measured.setdefault(name, {})[n] = summary(cpu[name])
         print("  goals, CPU-time ratios per repeat, median (min-max):")
         goals = [("pure_callback", "jaxbridge.torch"), ("torch2jax", "jaxbridge.torch"),
                  ("jaxbridge.torch", "numpy jb.foreign"),
@@ -242,6 +261,10 @@ def main() -> None:
                       f"{summary([p / q for p, q in zip(cpu[a], cpu[b])])}")
         if n > 1:
             bridge_overheads(n, cpu, args.repeats)
+
+    for name, cells in measured.items():
+        record.add([name, cells.get(1, "-"), cells.get(1_000_000, "-")])
+    record.save(args.json)
 
     redirect_worth(1_000_000, max(int(200 * scale), 5), args.repeats)
 

@@ -11,7 +11,7 @@ one argument, `eqx.filter_jvp` w.r.t. several at once) and reverse mode
 (`eqx.filter_grad` of a partly frozen module) against JAX autodiff of a jnp twin,
 then train the cell. Exits non-zero if a check fails.
 
-Needs: equinox (`pip install "jaxbridge[examples]"`).
+Needs: equinox (`pip install -e ".[examples]"`).
 """
 
 import collections
@@ -21,7 +21,7 @@ from collections.abc import Callable
 try:
     import equinox as eqx
 except ImportError as err:  # the test skips before running us; a user sees why
-    print(f"this example needs equinox ({err}); pip install 'jaxbridge[examples]'")
+    print(f"this example needs equinox ({err}); pip install -e '.[examples]'")
     sys.exit(2)
 
 import jax

@@ -6,7 +6,7 @@ check `nnx.grad` of the module state against JAX autodiff of a jnp twin module w
 the same parameters, then fit a teacher network with `nnx.Optimizer` + optax in an
 `nnx.jit`-compiled step. Exits non-zero if a check fails.
 
-Needs: flax, optax (`pip install "jaxbridge[examples]"`).
+Needs: flax, optax (`pip install -e ".[examples]"`).
 """
 
 import sys
@@ -15,7 +15,7 @@ try:
     import optax
     from flax import nnx
 except ImportError as err:  # the test skips before running us; a user sees why
-    print(f"this example needs flax and optax ({err}); pip install 'jaxbridge[examples]'")
+    print(f"this example needs flax and optax ({err}); pip install -e '.[examples]'")
     sys.exit(2)
 
 import jax

@@ -7,7 +7,7 @@ with `torch.optim.Adam` in eager torch; both see the same mini-batches. The loss
 the final parameters must agree (float32 rounding only), and the loss must fall.
 Exits non-zero if a check fails.
 
-Needs: torch (`pip install "jaxbridge[torch]"`), optax (`pip install "jaxbridge[examples]"`).
+Needs: torch and optax (`pip install -e ".[torch,examples]"`).
 """
 
 import copy
@@ -20,7 +20,7 @@ try:
     import jaxbridge.torch as jt
 except ImportError as err:  # the test skips before running us; a user sees why
     print(f"this example needs torch and optax ({err}); "
-          f"pip install 'jaxbridge[torch,examples]'")
+          f"pip install -e '.[torch,examples]'")
     sys.exit(2)
 
 import jax

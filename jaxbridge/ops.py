@@ -42,7 +42,7 @@ _kernels = extensions.load("_kernels")
 
 
 def available() -> bool:
-    """True when the compiled built-in kernels (`jaxbridge._kernels`) are importable.
+    """True when the compiled built-in kernels (the C++ extension module) are importable.
 
     Without them (Python started in the repository root with a non-editable install,
     or a failed build), calling an op raises; `jaxbridge.info()["kernels_error"]` says

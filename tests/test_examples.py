@@ -2,7 +2,7 @@
 
 Each example is run as a subprocess (as a user would run it) and must exit 0 and
 print its success line, `OK`. Examples that need an optional dependency (the
-`jaxbridge[examples]` extra) are skipped, with the reason, where it is missing.
+`examples` extra, `pip install -e ".[examples]"`) are skipped, with the reason, where it is missing.
 """
 
 import importlib
@@ -39,7 +39,7 @@ def require(module: str, example: str) -> None:
         importlib.import_module(module)
     except ImportError as err:
         extra = "torch" if module == "torch" else "examples"
-        pytest.skip(f"{example} needs {module} (pip install 'jaxbridge[{extra}]'): {err}")
+        pytest.skip(f"{example} needs {module} (pip install -e '.[{extra}]'): {err}")
 
 
 def run_example(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -63,7 +63,7 @@ def test_listed_examples_exist():
 
 
 # Long by nature (an ODE or a torch model trained for several steps): in the slow run;
-# since session 14 (the default run's budget) also the pytree and Equinox examples
+# for the default run's budget also the pytree and Equinox examples
 # (5-6 s each): pytrees and Equinox modules as arguments are covered by unit tests in
 # the default run (test_foreign.py, test_scipy_closures.py); Flax NNX's example stays
 SLOW_EXAMPLES = {"neural_ode.py", "projectile_events.py", "torch_model.py",

@@ -66,7 +66,7 @@ def scipy_reference(fun, t_span, y0, method, args, events=(), **kw):
 # ------------------------------------------------------------------ events: values
 # Exact agreement with SciPy holds where XLA does SciPy's float64 arithmetic operation for
 # operation (XLA:CPU). XLA:GPU contracts multiply-adds into FMAs, which moved step times
-# by up to 1e-3 relative (LSODA) on an H200 (session 13): these run on the CPU (mark
+# by up to 1e-3 relative (LSODA) on an H200 (2026-11-26): these run on the CPU (mark
 # `cpu`). On any device, the closed-form tests below (event times, dense output and their
 # gradients) hold the GPU to the solution's accuracy.
 @pytest.mark.cpu
@@ -89,7 +89,7 @@ def test_event_times_and_states_match_scipy(method):
     assert n == len(ref.t) and sol.t.shape == (4097,)
     if method == "Radau":
         # Radau's step sizes come from an error estimate that cancels heavily, so they
-        # follow the host BLAS's rounding: on the H200 host's CPU (session 13) its step
+        # follow the host BLAS's rounding: on the H200 host's CPU (2026-11-26) its step
         # times differed from SciPy's by 1.2e-5 relative (every other method: < 1e-13).
         # The states must still be SciPy's solution at our step times.
         np.testing.assert_allclose(sol.t[:n], ref.t, rtol=1e-4)

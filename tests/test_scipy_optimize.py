@@ -234,7 +234,7 @@ def ift_reference(data, loss="linear", f_scale=1.0):
     # 5-35 s each on 2 shared cores, all in the slow stage: the derivative matrix's
     # default cells take trf's, dogbox's and lm's derivatives (vmap.jacrev/jacfwd), and
     # test_least_squares_cost_of_every_loss_matches_scipys compares every loss's cost
-    # with SciPy's (dogbox-cauchy, 13 s, did that by default until session 14)
+    # with SciPy's (dogbox-cauchy, 13 s, did that by default until 2026-11-26)
     pytest.param(method, loss, marks=pytest.mark.slow)
     for loss in ("linear", "soft_l1", "cauchy")
     for method in ("trf", "dogbox", "lm") if method != "lm" or loss == "linear"])

@@ -375,7 +375,7 @@ def test_derivatives_near_an_equilibrium_at_zero_are_finite(method):
     # y' = 1 - exp(y) settles at y = 0: there the state is ~1e-9, but the right-hand side
     # rounds terms of size one, so Newton's corrections on the stages stall near h eps.
     # A purely relative convergence test called every such step unconverged, and both
-    # modes returned NaN (found by helper mutopen). Closed form: with u = exp(-y),
+    # modes returned NaN (found by mutation testing). Closed form: with u = exp(-y),
     # u' = 1 - u, so dy(t)/dy0 = exp(-y0 - t + y(t)).
     te = jnp.array([2.0, 20.0])
 

@@ -609,7 +609,7 @@ def test_import_jaxbridge_does_not_import_torch_and_says_how_to_install_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert "torch imported: False" in proc.stdout, proc.stdout + proc.stderr
-    assert 'pip install "jaxbridge[torch]"' in proc.stdout, proc.stdout + proc.stderr
+    assert 'pip install -e ".[torch]"' in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_users_never_see_torchs_warning_about_read_only_inputs():

@@ -55,9 +55,9 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # argument, bound regime and mode; then test_scipy_optimize.py's default tests of the
     # Krylov solves (gmres, cg, their failure policy), the failure policy, the bounds
     # (minimize's box; least_squares where trf stops just inside), the singular system's
-    # error, least_squares' cost against SciPy's for every loss (since session 14; before
+    # error, least_squares' cost against SciPy's for every loss (since 2026-11-26; before
     # it dogbox-cauchy's, now in the slow stage), robust losses with an outlier, and
-    # session 14's tests of bounds held by _active alone and of root's "auto" switch
+    # the tests of bounds held by _active alone and of root's "auto" switch
     # (107 s wall at load 4, beside a second test run; 67 s at load 3 before the cauchy
     # and arctan outlier cases). The rest of the file (2 min), the matrix's slow cells and
     # the float32 bound test are left to the suite.
@@ -111,7 +111,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     ),
     # solve_bvp: the matrix's float64 cells in jacrev, jacfwd and their vmaps (the IFT
     # solve both ways), then the whole file with its slow closed-form test (sol(x) in x,
-    # vmap, the interval's end in reverse mode). 45 s at load 6 before session 10's
+    # vmap, the interval's end in reverse mode). 45 s at load 6 before its 2026-11-26
     # three tests (about 4 s of CPU each).
     "jaxbridge/scipy/_bvp.py": (
         f"{_M} tests/test_scipy_bvp.py -m 'not docs'",
@@ -144,7 +144,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # solve_ivp with events / dense output / t_eval=None: the gradient tests (event times
     # by the implicit function theorem, dense output, steps) of the fast methods first,
     # then the terminal, count, max_steps and failure paths, and the tests written for
-    # its mutation survivors (session 9). 93 s here at load 7 before those (+11 s).
+    # its mutation survivors (2026-11-26). 93 s here at load 7 before those (+11 s).
     "jaxbridge/scipy/_events.py": (
         "tests/test_scipy_events.py -m 'not docs'",
         "(decay_event_gradients and not RK23) or (cannonball and not RK45) "

@@ -67,8 +67,10 @@ class ForeignFunction:
     """
 
     def __init__(self, fun: Callable[..., Any], result: Any, *, residuals: Any = None,
-                 vmap: str = "loop", backend: str = "auto", batch_dims: int = 0,
-                 on_mesh: str = "error", out: bool = False, linear: bool = False,
+                 vmap: Literal["loop", "vectorized"] = "loop",
+                 backend: Literal["auto", "native", "pure_callback"] = "auto",
+                 batch_dims: int = 0, on_mesh: Literal["error", "replicate"] = "error",
+                 out: bool = False, linear: bool = False,
                  cast: bool = False, aliases: dict | None = None):
         where = "jaxbridge.foreign"
         if not callable(fun):
@@ -199,10 +201,11 @@ class ForeignFunction:
         return register if rule is None else register(rule)
 
     @overload
-    def defvjp(self, rule: F, *, kind: str = "numpy", out: bool = False) -> F: ...
+    def defvjp(self, rule: F, *, kind: Literal["numpy", "jax"] = "numpy",
+               out: bool = False) -> F: ...
     @overload
-    def defvjp(self, rule: None = None, *, kind: str = "numpy", out: bool = False
-               ) -> Callable[[F], F]: ...
+    def defvjp(self, rule: None = None, *, kind: Literal["numpy", "jax"] = "numpy",
+               out: bool = False) -> Callable[[F], F]: ...
 
     def defvjp(self, rule=None, *, kind="numpy", out=False):
         """Register the adjoint: `rule(primals, y, ct, [res,] **static) -> cts`.
@@ -228,10 +231,11 @@ class ForeignFunction:
         return self._set_rule("vjp", rule, kind, out)
 
     @overload
-    def defjvp(self, rule: F, *, kind: str = "numpy", out: bool = False) -> F: ...
+    def defjvp(self, rule: F, *, kind: Literal["numpy", "jax"] = "numpy",
+               out: bool = False) -> F: ...
     @overload
-    def defjvp(self, rule: None = None, *, kind: str = "numpy", out: bool = False
-               ) -> Callable[[F], F]: ...
+    def defjvp(self, rule: None = None, *, kind: Literal["numpy", "jax"] = "numpy",
+               out: bool = False) -> Callable[[F], F]: ...
 
     def defjvp(self, rule=None, *, kind="numpy", out=False):
         """Register the tangent rule: `rule(primals, y, tangents, [res,] **static)`.
@@ -256,10 +260,11 @@ class ForeignFunction:
         return self._set_rule("jvp", rule, kind, out)
 
     @overload
-    def deftranspose(self, rule: F, *, kind: str = "numpy", out: bool = False) -> F: ...
+    def deftranspose(self, rule: F, *, kind: Literal["numpy", "jax"] = "numpy",
+                     out: bool = False) -> F: ...
     @overload
-    def deftranspose(self, rule: None = None, *, kind: str = "numpy", out: bool = False
-                     ) -> Callable[[F], F]: ...
+    def deftranspose(self, rule: None = None, *, kind: Literal["numpy", "jax"] = "numpy",
+                     out: bool = False) -> Callable[[F], F]: ...
 
     def deftranspose(self, rule=None, *, kind="numpy", out=False):
         """Register the transpose of a linear function: `rule(ct, **static) -> cts`.

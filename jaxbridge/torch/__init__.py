@@ -7,8 +7,9 @@
 * :func:`wrap_module` -- an `nn.Module` becomes ``apply(params, *args)`` and a dict of
   JAX arrays keyed by torch's parameter names, for training with optax.
 
-Needs PyTorch: ``pip install "jaxbridge[torch]"`` (pins the CPU build, torch==2.13.0,
-on Python 3.11). ``import jaxbridge`` never imports torch; this module does.
+Needs PyTorch: ``pip install -e ".[torch]"`` in a clone of the repository (pins the
+CPU build, torch==2.13.0, on Python 3.11). ``import jaxbridge`` never imports torch;
+this module does.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ try:
 except ImportError as _error:
     raise ImportError(
         "jaxbridge.torch needs PyTorch, which is not installed. Install it with "
-        "`pip install \"jaxbridge[torch]\"` (on Python 3.11 this pins torch==2.13.0, the CPU "
-        "build; an unpinned `pip install torch` may download a CUDA build of several GB)."
+        "`pip install -e \".[torch]\"` in a clone of the repository (on Python 3.11 this pins "
+        "torch==2.13.0, the CPU build; an unpinned `pip install torch` may download a CUDA "
+        "build of several GB)."
     ) from _error
 
 from ._module import wrap_module
