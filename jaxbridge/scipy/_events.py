@@ -54,6 +54,7 @@ from ._common import (
     unsupported,
 )
 from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult, ode_functions
+from ._linear import linear_with_transpose
 from ._trace import HostFun, array_aval, check_args, convert
 
 __all__ = ["OdeEventResult", "solve_ivp", "MAX_EVENTS", "MAX_STEPS"]
@@ -387,9 +388,44 @@ def _ift(event: Callable, fun: Callable, args: tuple, t_c: Any, y_c: Any, valid:
     _, g_dot = jax.jvp(lambda t, y: event(t, y, *args), (sg(t), sg(y)),
                        (jnp.ones_like(t), f))
     g_dot = jnp.where(valid, sg(g_dot), 1.0)
-    dt = -(g - sg(g)) / g_dot
+    dt = _time_shift(g - sg(g), g_dot)
     nan = jnp.asarray(jnp.nan, t.dtype)
-    return jnp.where(valid, sg(t_c) + dt, nan), jnp.where(valid, y + f * dt, nan)
+    # (components that do not move at t* follow y(t*) alone, even where dt* has none)
+    return (jnp.where(valid, sg(t_c) + dt, nan),
+            jnp.where(valid, y + jnp.where(f == 0, 0.0, f * dt), nan))
+
+
+@jax.custom_jvp
+def _time_shift(delta: Any, g_dot: Any) -> Any:
+    """The event time's implicit-function shift `-delta / g_dot`, valued exactly 0.
+
+    `delta = g - stop_gradient(g)` is zero, only its derivative `dg` is not, so this is
+    `dt* = -dg / (dg/dt)` as a derivative, and adds nothing to SciPy's t*. Where
+    `dg/dt = 0` (the event function touches zero without crossing it, e.g. an event
+    at t0 with a zero time derivative) t* has no derivative: its tangent is NaN, and
+    so is a cotangent through it -- but a zero cotangent (the slot is not used) stays
+    zero, so that the gradients of the other outputs (other event slots, y at
+    t_eval) stay exact. A plain division would be 0/0 there and make the value itself
+    NaN (issue #38).
+    """
+    return jnp.zeros_like(delta)
+
+
+@_time_shift.defjvp
+def _time_shift_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    delta, g_dot = primals
+    flat = g_dot == 0
+    scale = jnp.where(flat, jnp.nan, -1.0 / jnp.where(flat, 1.0, g_dot))
+
+    def tangent(v: Any) -> Any:
+        return v * scale
+
+    def cotangent(c: Any) -> Any:  # (a scalar map is its own transpose)
+        return jnp.where(flat & (c == 0), 0.0, c * scale)
+
+    d = jnp.reshape(tangents[0], (1,))
+    return jnp.zeros_like(delta), linear_with_transpose(tangent, cotangent, d, d).reshape(
+        jnp.shape(delta))
 
 
 def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",

@@ -46,6 +46,8 @@ import numpy as np
 import scipy.integrate
 from jax.flatten_util import ravel_pytree
 
+from ._linear import linear_with_transpose
+
 EXPLICIT = ("RK23", "RK45", "DOP853")
 OPTIONS = ("first_step", "max_step")  # solve_ivp options this loop implements
 SAFETY, MIN_FACTOR, MAX_FACTOR = 0.9, 0.2, 10.0
@@ -394,29 +396,6 @@ def _bind_fixed(fun: Callable, fixed: Any, t: Any, y: Any, params: Any) -> Any:
     return fun(t, y, params, fixed)
 
 
-def _linear_with_transpose(forward: Callable, transpose: Callable, b: Any, out_like: Any
-                           ) -> Any:
-    """`forward(b)` (a linear map of the flat vector b), whose transpose JAX takes to be
-    `transpose` (reverse mode then runs `transpose`, never `forward`).
-
-    `lax.custom_linear_solve` is JAX's public way to give a linear map its own
-    transpose; it wants the argument and result shaped alike, so both are padded to
-    one length.
-    """
-    nb, no = b.size, out_like.size
-    m = max(nb, no)
-
-    def solve(_: Any, v: Any) -> Any:
-        return jnp.pad(jnp.ravel(forward(v[:nb])), (0, m - no))
-
-    def transpose_solve(_: Any, v: Any) -> Any:
-        return jnp.pad(transpose(v[:no].reshape(out_like.shape)), (0, m - nb))
-
-    x = jax.lax.custom_linear_solve(lambda v: v, jnp.pad(b, (0, m - nb)), solve,
-                                    transpose_solve)
-    return x[:no].reshape(out_like.shape)
-
-
 def _plain(spec: Spec, t0: Any, y0: Any, t_bound: Any, t_eval: Any, atol: Any, params: Any,
            fixed: Any) -> tuple:
     return solve(spec.method, lambda t, y: spec.fun(t, y, params, fixed), t0, y0, t_bound,
@@ -492,7 +471,7 @@ def _differentiable_solve_jvp(spec: Spec, primals: tuple, tangents: tuple) -> tu
         return jnp.concatenate([-(a @ f0)[None], a, jnp.asarray(mu, y0.dtype),
                                 jnp.sum(c * f_out, axis=1)])
 
-    dys = _linear_with_transpose(forward, transpose, b, ys)
+    dys = linear_with_transpose(forward, transpose, b, ys)
     zero = np.zeros((), jax.dtypes.float0)
     return (ys, status, final.nfev, n_steps), (dys, zero, zero, zero)
 

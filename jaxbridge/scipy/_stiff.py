@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ._rk import _linear_with_transpose
+from ._linear import linear_with_transpose
 
 NEWTON_MAX_ITER = 12
 # Newton on the stages stops, at the latest, once its corrections fall below this
@@ -284,6 +284,6 @@ def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) 
         mu = jnp.where(bad, jnp.nan, ravel_pytree(mu_tree)[0].astype(dtype))
         return jnp.concatenate([-(a @ f0)[None], a, mu, jnp.sum(c * f_out, axis=1)])
 
-    dys = _linear_with_transpose(forward, transpose, b, ys)
+    dys = linear_with_transpose(forward, transpose, b, ys)
     zero = np.zeros(stats.shape, jax.dtypes.float0)
     return (ys, stats), (dys, zero)
