@@ -9,7 +9,8 @@ newer (tested on 0.10 and 0.12).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -37,6 +38,7 @@ __all__ = [
     "cast_to_varying",
     "result_avals",
     "raise_carried_exceptions",
+    "untyped_manual_axes",
 ]
 
 
@@ -266,3 +268,23 @@ def _explicit_batch_sharding(in_avals: Any, num_batch_dims: int) -> Any:
         if any(axis is not None for axis in lead):
             return sharding, lead
     return None
+
+
+@contextlib.contextmanager
+def untyped_manual_axes() -> Iterator[None]:
+    """Trace without `shard_map`'s varying-manual-axes types ("vma").
+
+    Inside a `shard_map` body, a value closed over from the body varies over the mesh
+    axes, and tracing mixes it with replicated values through `pvary` casts, which
+    need the axis bound. A function traced there to run later outside the mesh (a
+    host call's JAX code: "Found an unbound axis name") must not carry them; JAX's
+    own `shard_map(check_vma=False)` traces its body this way.
+    """
+    try:
+        from jax._src import config as jax_config
+        state = jax_config._check_vma
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the JAX release
+        yield
+        return
+    with state(False):
+        yield

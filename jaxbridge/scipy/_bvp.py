@@ -40,6 +40,7 @@ from ._common import (
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     on_cpu,
     unsupported,
@@ -122,8 +123,8 @@ class _Host:
     def __init__(self, st: dict, fun_ops: tuple, bc_ops: tuple) -> None:
         fun, bc, n, k = st["fun"], st["bc"], st["n"], st["k"]
         self.n, self.k, self.st = n, k, st
-        self.f_diff, self.f_fixed = fun_ops
-        self.b_diff, self.b_fixed = bc_ops
+        self.f_diff, self.f_fixed = host_copies(fun_ops)
+        self.b_diff, self.b_fixed = host_copies(bc_ops)
         key = ("bvp", fun, bc, n, k)
 
         def F(fd: Any, ff: Any, x: Any, y: Any, p: Any) -> Any:

@@ -114,6 +114,14 @@ class on_cpu:
         return self._ctx.__exit__(*exc)
 
 
+def host_copies(tree: Any) -> Any:
+    """Private NumPy copies of a host call's input arrays, for host code that hands them
+    to JAX: JAX may hold an input array after the call returns (a host call on one of
+    XLA's worker threads, inside `shard_map`), and the host call's inputs are views of
+    XLA's buffers, valid only during the call."""
+    return jax.tree_util.tree_map(np.array, tree)
+
+
 def f64(x: Any) -> np.ndarray:
     """A writable float64 NumPy copy (JAX results and host-call inputs are read-only)."""
     return np.array(x, dtype=np.float64)

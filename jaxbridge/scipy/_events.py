@@ -46,6 +46,7 @@ from ._common import (
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     np_ravel,
     np_unravel,
@@ -94,7 +95,8 @@ class _Host:
                  tdtype: Any, params: tuple, fixed: tuple, jac_ops: tuple, ev_ops: tuple
                  ) -> None:
         self.shape, self.n = tuple(shape), int(np.prod(shape, dtype=int))
-        self.params, self.fixed, self.jac_ops, self.ev_ops = params, fixed, jac_ops, ev_ops
+        self.params, self.fixed, self.jac_ops, self.ev_ops = host_copies(
+            (params, fixed, jac_ops, ev_ops))
         self.P = np_ravel(params).size
         key = ("events", fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
         roles = ode_functions(fun, jac, shape, ydtype, tdtype)

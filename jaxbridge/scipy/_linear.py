@@ -11,6 +11,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from . import _loops as loops
+
 __all__ = ["linear_with_transpose"]
 
 
@@ -32,6 +34,7 @@ def linear_with_transpose(forward: Callable[[Any], Any], transpose: Callable[[An
     """
     nb, no = b.size, out_like.size
     m = max(nb, no)
+    b = loops.join(b, loops.mesh_axes(b, out_like))  # (inside shard_map: typed alike)
 
     def solve(_: Any, v: Any) -> Any:
         return jnp.pad(jnp.ravel(forward(v[:nb])), (0, m - no))

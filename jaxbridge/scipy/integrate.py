@@ -75,6 +75,7 @@ import scipy.sparse
 from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
+from . import _loops as loops
 from . import _rk, _stiff
 from ._common import (
     as_float_array,
@@ -83,6 +84,7 @@ from ._common import (
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     jnp_ravel,
     nan_like,
@@ -114,7 +116,7 @@ class _Ode:
                  tdtype: Any, params: tuple, fixed: tuple, jac_ops: tuple) -> None:
         self.shape = tuple(shape)
         self.n = int(np.prod(self.shape, dtype=int))
-        self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
+        self.params, self.fixed, self.jac_ops = host_copies((params, fixed, jac_ops))
         self.p_flat = np_ravel(params)
         self.P = self.p_flat.size
         key = (fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
@@ -609,7 +611,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     _check_t_eval(t0, t1, t_eval, name)
     t_aval = jax.ShapeDtypeStruct((), tdtype)
     y_aval = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
-    rhs, ops = convert(fun, name, "fun", (t_aval, y_aval), args, call)
+    rhs, ops = convert(fun, name, "fun", (t_aval, y_aval), args, call,
+                       vary_like=(t0, t1, y0, t_eval))
     _check_out(rhs, y0, name, "fun")
     params, fixed = rhs.split(ops)
     jac_hf = jac
@@ -646,6 +649,7 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
     no host call, derivatives by JAX (forward) and the discrete adjoint (reverse);
     `vmap` batches the loop itself."""
     rhs, shape, ydtype, tdtype = cfg.fun, y0.shape, y0.dtype, t_eval.dtype
+    t0, t1, y0, t_eval, params, fixed = loops.join((t0, t1, y0, t_eval, params, fixed))
 
     def fun(t: Any, y: Any, p: Any, fx: Any) -> Any:
         out = rhs(rhs.merge(p, fx), t.astype(tdtype), y.reshape(shape).astype(ydtype))
@@ -725,6 +729,8 @@ def _stiff_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: t
                fixed: tuple, jac_ops: tuple) -> tuple[jax.Array, jax.Array]:
     """BDF, Radau, LSODA: SciPy's loop forward (on the host), derivatives compiled from
     its recorded steps (`_stiff`: the Radau IIA discrete adjoint / tangent)."""
+    t0, t1, y0, t_eval, params, fixed, jac_ops = loops.join(
+        (t0, t1, y0, t_eval, params, fixed, jac_ops))
     f64_ = jnp.result_type(float)
     n = int(np.prod(y0.shape, dtype=int))
     problem = _StiffProblem(cfg, tuple(y0.shape), np.dtype(y0.dtype), np.dtype(t_eval.dtype),
@@ -811,7 +817,7 @@ def _check_out(hf: HostFun, like: jax.Array, name: str, what: str, shape: tuple 
 class _Integrand:
     def __init__(self, fun: HostFun, xdtype: Any, params: tuple, fixed: tuple) -> None:
         key = (fun, np.dtype(xdtype))
-        self.params, self.fixed = params, fixed
+        self.params, self.fixed = host_copies((params, fixed))
 
         def f(fx: Any, x: Any, p: Any) -> Any:
             return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(

@@ -59,6 +59,7 @@ from ._common import (
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     jnp_ravel,
     nan_like,
@@ -128,7 +129,7 @@ class _Problem:
                  params: tuple, fixed: tuple, jac_ops: tuple, loss: str = "linear",
                  f_scale: float = 1.0) -> None:
         self.shape = tuple(shape)
-        self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
+        self.params, self.fixed, self.jac_ops = host_copies((params, fixed, jac_ops))
         key = (kind, fun, jac, self.shape, np.dtype(xdtype), loss, f_scale)
         shape_ = self.shape
 
@@ -597,7 +598,7 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         x0 = as_float_array(x0)
         hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape,
                                                                                x0.dtype),),
-                          args, "fun(x, *args)")
+                          args, "fun(x, *args)", vary_like=(x0,))
         if options and isinstance(options.get("jac_options"), dict):  # static: hashable
             options = {**options, "jac_options": static_options(options["jac_options"],
                                                                 "optimize.root")}
