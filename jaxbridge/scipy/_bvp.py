@@ -36,6 +36,7 @@ from .. import _foreign
 from ._common import (
     Result,
     check_policy,
+    check_real,
     const,
     f64,
     failure,
@@ -409,6 +410,8 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
         raise unsupported(NAME, "S", "the singular term has no derivative rule here; "
                           "write the problem without it")
     del fun_jac, bc_jac, verbose
+    for what, v in (("x", x), ("y", y), ("p", p)):
+        check_real(v, NAME, what)
     x = jnp.asarray(x)
     y = jnp.asarray(y)
     dtype = jnp.result_type(x.dtype, y.dtype, float)

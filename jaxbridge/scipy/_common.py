@@ -128,8 +128,24 @@ def f64(x: Any) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ arrays and pytrees
-def as_float_array(x: Any) -> jax.Array:
-    """`x` as a JAX array, promoted to the default float dtype if it is not floating."""
+def check_real(x: Any, name: str, what: str) -> None:
+    """Raise a ValueError if `x` (an array or scalar) is complex: the solvers here are
+    real, and casting would drop the imaginary part without a word."""
+    if jnp.iscomplexobj(x):
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: `{what}` must be real; got complex values (dtype "
+            f"{jnp.asarray(x).dtype}). Complex problems are not supported: write them as "
+            f"real ones over the real and imaginary parts")
+
+
+def as_float_array(x: Any, name: str, what: str) -> jax.Array:
+    """`x` as a JAX array, promoted to the default float dtype if it is not floating;
+    complex `x` raises (see `check_real`).
+
+    >>> as_float_array([1, 2], "f", "x").dtype == jnp.result_type(float)
+    True
+    """
+    check_real(x, name, what)
     x = jnp.asarray(x)
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
 

@@ -458,7 +458,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
                              f"static size), got {v!r}")
     call = "fun(t, y, *args)"
     args = check_args(args, name, call, "unpack_checked")
-    y0 = as_float_array(y0)
+    y0 = as_float_array(y0, name, "y0")
     if len(t_span) != 2:
         raise ValueError(f"jaxbridge.scipy.{name}: t_span must be (t0, tf), got {t_span!r}")
     steps = t_eval is None

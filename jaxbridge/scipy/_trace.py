@@ -230,6 +230,7 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
                 f"(raised while jaxbridge.scipy.{name} traced `{what}` as {call}, as SciPy "
                 f"calls it, with args={_describe_args(args)})")
         raise
+    _check_real_results(shape, name, what, call)
     consts = [c if isinstance(c, jax.Array) else jnp.asarray(c) for c in closed.consts]
     axes = frozenset().union(*(varying_axes(aval_of(v)) for v in
                                [*dyn, *consts, *vary_like]))
@@ -246,6 +247,18 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
     hf = HostFun(f"{name}:{what}", closed.jaxpr, jax.tree_util.tree_structure(shape),
                  len(dyn), typed, axes)
     return hf, dyn + consts
+
+
+def _check_real_results(shape: Any, name: str, what: str, call: str) -> None:
+    """The solvers are real: a complex result would lose its imaginary part."""
+    dtypes = {str(s.dtype) for s in jax.tree_util.tree_leaves(shape)
+              if jnp.issubdtype(s.dtype, jnp.complexfloating)}
+    if dtypes:
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: `{what}` must return real values"
+            f"{' (as ' + call + ')' if call else ''}; it returned {', '.join(sorted(dtypes))}."
+            f" Complex problems are not supported: write them as real ones over the real "
+            f"and imaginary parts")
 
 
 def _varying_like(example: Any, axes: frozenset) -> Any:

@@ -599,7 +599,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     del vectorized  # Jacobians come from JAX
     call = "fun(t, y, *args)"
     args = check_args(args, name, call, "unpack_checked")
-    y0 = as_float_array(y0)
+    y0 = as_float_array(y0, name, "y0")
     t_eval = jnp.asarray(t_eval)
     if t_eval.ndim != 1:
         raise ValueError(f"jaxbridge.scipy.{name}: t_eval must be 1-D, got shape {t_eval.shape}")

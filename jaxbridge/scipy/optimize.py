@@ -503,7 +503,7 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
                             f"static); got {type(callback).__name__}") from None
     call = "fun(x, *args)"
     args = check_args(args, qual, call, "unpack" if kind == "lsq" else "wrap")
-    x0 = as_float_array(x0)
+    x0 = as_float_array(x0, qual, "x0")
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
     params, fixed = hf.split(ops)
@@ -595,7 +595,7 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
             raise ValueError(f"jaxbridge.scipy.optimize.root: linear_solver must be one of "
                              f"{LINEAR_SOLVERS}, got {linear_solver!r}")
         args = check_args(args, "optimize.root", "fun(x, *args)", "wrap")
-        x0 = as_float_array(x0)
+        x0 = as_float_array(x0, "optimize.root", "x0")
         hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape,
                                                                                x0.dtype),),
                           args, "fun(x, *args)", vary_like=(x0,))
