@@ -234,7 +234,8 @@ def _trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
     if not s["steps"] and m:
         out["ys"][:m] = np.asarray(sol.y).T.reshape(m, *shape)
     for i in range(E):
-        te, ye = np.asarray(sol.t_events[i]), np.asarray(sol.y_events[i]).reshape(-1, n)
+        te = np.asarray(sol.t_events[i])
+        ye = np.asarray(sol.y_events[i]).reshape(te.size, n)  # (n may be 0)
         k = min(te.size, M)
         out["n_ev"][i] = te.size
         out["t_ev"][i, :k] = te[:k]
@@ -251,8 +252,9 @@ def _trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
             ts = np.asarray(sol.sol.ts)
             ys = np.stack([sol.sol(t) for t in ts])
         stats[5] = ts.size
-        out["nodes_t"][:] = _pad_rows(ts, s["max_steps"] + 1, "t_eval=None or dense_output")
-        out["nodes_y"][:] = _pad_rows(ys, s["max_steps"] + 1, "").reshape(-1, *shape)
+        size = s["max_steps"] + 1
+        out["nodes_t"][:] = _pad_rows(ts, size, "t_eval=None or dense_output")
+        out["nodes_y"][:] = _pad_rows(ys, size, "").reshape(size, *shape)  # (n may be 0)
     if s["dense"]:
         rows = [_dense.coefficients(s["method"], it, n) for it in sol.sol.interpolants]
         S = s["max_steps"]

@@ -657,6 +657,10 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
 
     opts = dict(cfg.options)
     n = int(np.prod(shape, dtype=int))
+    if n == 0:  # SciPy's OdeSolver.step: an empty state ends in one step, after one f call
+        # (the loop's error norm over no components is NaN: every step would be rejected)
+        return (jnp.zeros((t_eval.shape[0], *shape), ydtype),
+                jnp.array([0, 1, 0, 0, 1], jnp.int32))
     L, S = _rk.checkpoint_sizes(cfg.checkpoints, n)
     spec = _rk.Spec(cfg.method, fun, cfg.rtol, opts.get("max_step", np.inf),
                     opts.get("first_step"), L, S, cfg.sensitivity)
@@ -733,6 +737,9 @@ def _stiff_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: t
         (t0, t1, y0, t_eval, params, fixed, jac_ops))
     f64_ = jnp.result_type(float)
     n = int(np.prod(y0.shape, dtype=int))
+    if n == 0:  # SciPy's loop ends at once; nothing to differentiate (and to record)
+        return _ivp(*jax.lax.stop_gradient((t0, t1, y0, t_eval, params, fixed, jac_ops)),
+                    cfg=cfg)
     problem = _StiffProblem(cfg, tuple(y0.shape), np.dtype(y0.dtype), np.dtype(t_eval.dtype),
                             _stiff.max_states(cfg.checkpoints, n))
     ys, stats = _stiff.differentiable_solve(problem, t0.astype(f64_), t1.astype(f64_),
