@@ -419,3 +419,75 @@ def test_dense_output_of_a_one_step_solve_matches_scipy(method):
     np.testing.assert_allclose(ours, ref.sol(np.asarray(ts)), rtol=1e-12, atol=1e-14)
     g = jax.grad(lambda k: jnp.sum(sol_at(k, ts)[0][1]))(0.7)
     np.testing.assert_allclose(g, fd(lambda k: jnp.sum(sol_at(k, ts)[0][1]), 0.7), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ an event at t0 (#38)
+def _oscillator(t, y):
+    return jnp.stack([y[1], -y[0]])
+
+
+def _at_max(t, y):  # y'' = -y from (1, 0): y[0] - 1 touches zero at t0 with g' = 0
+    return y[0] - 1.0
+
+
+_at_max.terminal = True
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("method", METHODS)
+def test_terminal_event_at_t0_with_zero_time_derivative_has_scipys_values(method, jitted):
+    def run(y0):
+        sol = solve_ivp(_oscillator, (0.0, 10.0), y0, method, events=_at_max)
+        return sol.t_events[0], sol.y_events[0], sol.n_events, sol.status, sol.t, sol.y
+
+    y0 = jnp.array([1.0, 0.0])
+    t_ev, y_ev, n_ev, status, t, y = (jax.jit(run) if jitted else run)(y0)
+    ref = scipy_reference(lambda t, y: _oscillator(t, y), (0.0, 10.0), y0, method, (),
+                          [_at_max])
+    assert ref.status == 1 and ref.t_events[0].tolist() == [0.0]
+    assert int(status) == ref.status and int(n_ev[0]) == 1
+    np.testing.assert_array_equal(t_ev[:1], ref.t_events[0])  # t0 exactly, not NaN
+    np.testing.assert_array_equal(y_ev[:1], ref.y_events[0])  # y0 exactly
+    assert np.all(np.isnan(t_ev[1:])) and np.all(np.isnan(y_ev[1:]))
+    m = len(ref.t)  # t_eval=None: SciPy's (t0, t*), both t0
+    np.testing.assert_array_equal(t[:m], ref.t)
+    np.testing.assert_array_equal(y[:, :m], ref.y)
+
+
+def test_derivative_of_an_event_time_where_the_event_function_does_not_cross_is_nan():
+    # docs/guides/ode-events.md: where dg/dt = 0 at t* the event time has no
+    # derivative: NaN in forward and reverse mode; the event state's components that
+    # do not move there (f = 0) follow y(t*) alone
+    def event(a):
+        sol = solve_ivp(_oscillator, (0.0, 10.0), jnp.stack([a, 0.0]), "RK45",
+                        events=_at_max)
+        return sol.t_events[0][0], sol.y_events[0][0]
+
+    assert np.isnan(jax.grad(lambda a: event(a)[0])(1.0))
+    t_star, dt_star = jax.jvp(lambda a: event(a)[0], (1.0,), (1.0,))
+    assert float(t_star) == 0.0 and np.isnan(dt_star)
+    # y*(a) = (a, 0) + f dt*, f = (0, -1): the first component's derivative is 1
+    assert float(jax.grad(lambda a: event(a)[1][0])(1.0)) == 1.0
+    assert np.isnan(jax.grad(lambda a: event(a)[1][1])(1.0))
+    y_star, dy_star = jax.jvp(lambda a: event(a)[1], (1.0,), (1.0,))
+    np.testing.assert_array_equal(y_star, [1.0, 0.0])
+    assert float(dy_star[0]) == 1.0 and np.isnan(dy_star[1])
+
+
+@pytest.mark.parametrize("mode", ["grad", "jacfwd"])
+def test_an_event_without_derivative_leaves_the_other_slots_exact(mode):
+    # y' = 3 k t^2 - 2 t, y(0) = 1: g = y - 1 = t^2 (k t - 1) touches zero at t0 = 0
+    # (g' = 0) and crosses it at t* = 1/k, dt*/dk = -1/k^2
+    def times(k):
+        sol = solve_ivp(lambda t, y: (3 * k * t ** 2 - 2 * t) * jnp.ones_like(y), (0.0, 1.0),
+                        jnp.ones(1), "RK45", events=lambda t, y: y[0] - 1.0, t_eval=[1.0],
+                        **TOL)
+        return sol.t_events[0][:2], sol.y[0, 0]
+
+    t_ev, y1 = times(2.0)
+    np.testing.assert_allclose(t_ev, [0.0, 0.5], atol=1e-12)
+    assert float(t_ev[0]) == 0.0
+    d = jax.grad if mode == "grad" else jax.jacfwd
+    np.testing.assert_allclose(d(lambda k: times(k)[0][1])(2.0), -0.25, rtol=1e-8)
+    np.testing.assert_allclose(d(lambda k: times(k)[1])(2.0), 1.0, rtol=1e-8)  # y(1) = k
+    assert np.isnan(d(lambda k: times(k)[0][0])(2.0))

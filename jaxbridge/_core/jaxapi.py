@@ -46,6 +46,7 @@ __all__ = [
     "make_batch_partitionable",
     "deferred_release",
     "trace_flag",
+    "untyped_manual_axes",
 ]
 
 
@@ -416,3 +417,23 @@ def trace_flag(name: str, help: str) -> tuple[Callable[[bool], Any], Callable[[]
                 var.reset(token)
 
         return set_to, var.get
+
+
+@contextlib.contextmanager
+def untyped_manual_axes() -> Iterator[None]:
+    """Trace without `shard_map`'s varying-manual-axes types ("vma").
+
+    Inside a `shard_map` body, a value closed over from the body varies over the mesh
+    axes, and tracing mixes it with replicated values through `pvary` casts, which
+    need the axis bound. A function traced there to run later outside the mesh (a
+    host call's JAX code: "Found an unbound axis name") must not carry them; JAX's
+    own `shard_map(check_vma=False)` traces its body this way.
+    """
+    try:
+        from jax._src import config as jax_config
+        state = jax_config._check_vma
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the JAX release
+        yield
+        return
+    with state(False):
+        yield

@@ -209,7 +209,7 @@ class Pair:
         if sig.rule("tangent") == "traced" and sig.rule("adjoint") is None:
             out_t = sig.traced("tangent", nz)(*fixed, *tans)  # JAX transposes it itself
         else:
-            out_t = self.tangent.bind(*fixed, *tans, sig=dsig, nz=nz)
+            out_t = self.tangent.bind(*join_varying([*fixed, *tans]), sig=dsig, nz=nz)
         each = iter(out_t)
         return outs, [next(each) if t else z for t, z in zip(sig.tangent_outs, zeros)]
 
@@ -253,7 +253,7 @@ class Pair:
         if how == "traced":
             in_cts = sig.traced("adjoint", nz)(*fixed, *cts)
         else:
-            in_cts = self.adjoint.bind(*fixed, *cts, sig=sig, nz=nz)
+            in_cts = self.adjoint.bind(*join_varying([*fixed, *cts]), sig=sig, nz=nz)
         return [None] * len(fixed) + list(in_cts)
 
     def _adjoint_transpose(self, cts: Sequence[Any], *operands: Any, sig: Signature,
@@ -264,7 +264,8 @@ class Pair:
         cts = _instantiate(cts, _adjoint_avals(sig, nz))
         if sig.rule("tangent") is None:
             raise sig.missing("tangent")
-        return [None] * len(fixed) + list(self.tangent.bind(*fixed, *cts, sig=sig, nz=nz))
+        return [None] * len(fixed) + list(self.tangent.bind(*join_varying([*fixed, *cts]),
+                                                            sig=sig, nz=nz))
 
     # ---- vmap: one vectorized call, or a loop of calls
     def _batch(self, prim: Primitive, args: Sequence[Any], dims: Sequence[int | None], *,

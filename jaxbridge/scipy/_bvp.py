@@ -36,10 +36,12 @@ from .. import _foreign
 from ._common import (
     Result,
     check_policy,
+    check_real,
     const,
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     on_cpu,
     unsupported,
@@ -122,8 +124,8 @@ class _Host:
     def __init__(self, st: dict, fun_ops: tuple, bc_ops: tuple) -> None:
         fun, bc, n, k = st["fun"], st["bc"], st["n"], st["k"]
         self.n, self.k, self.st = n, k, st
-        self.f_diff, self.f_fixed = fun_ops
-        self.b_diff, self.b_fixed = bc_ops
+        self.f_diff, self.f_fixed = host_copies(fun_ops)
+        self.b_diff, self.b_fixed = host_copies(bc_ops)
         key = ("bvp", fun, bc, n, k)
 
         def F(fd: Any, ff: Any, x: Any, y: Any, p: Any) -> Any:
@@ -408,6 +410,8 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
         raise unsupported(NAME, "S", "the singular term has no derivative rule here; "
                           "write the problem without it")
     del fun_jac, bc_jac, verbose
+    for what, v in (("x", x), ("y", y), ("p", p)):
+        check_real(v, NAME, what)
     x = jnp.asarray(x)
     y = jnp.asarray(y)
     dtype = jnp.result_type(x.dtype, y.dtype, float)

@@ -114,14 +114,38 @@ class on_cpu:
         return self._ctx.__exit__(*exc)
 
 
+def host_copies(tree: Any) -> Any:
+    """Private NumPy copies of a host call's input arrays, for host code that hands them
+    to JAX: JAX may hold an input array after the call returns (a host call on one of
+    XLA's worker threads, inside `shard_map`), and the host call's inputs are views of
+    XLA's buffers, valid only during the call."""
+    return jax.tree_util.tree_map(np.array, tree)
+
+
 def f64(x: Any) -> np.ndarray:
     """A writable float64 NumPy copy (JAX results and host-call inputs are read-only)."""
     return np.array(x, dtype=np.float64)
 
 
 # ------------------------------------------------------------------ arrays and pytrees
-def as_float_array(x: Any) -> jax.Array:
-    """`x` as a JAX array, promoted to the default float dtype if it is not floating."""
+def check_real(x: Any, name: str, what: str) -> None:
+    """Raise a ValueError if `x` (an array or scalar) is complex: the solvers here are
+    real, and casting would drop the imaginary part without a word."""
+    if jnp.iscomplexobj(x):
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: `{what}` must be real; got complex values (dtype "
+            f"{jnp.asarray(x).dtype}). Complex problems are not supported: write them as "
+            f"real ones over the real and imaginary parts")
+
+
+def as_float_array(x: Any, name: str, what: str) -> jax.Array:
+    """`x` as a JAX array, promoted to the default float dtype if it is not floating;
+    complex `x` raises (see `check_real`).
+
+    >>> as_float_array([1, 2], "f", "x").dtype == jnp.result_type(float)
+    True
+    """
+    check_real(x, name, what)
     x = jnp.asarray(x)
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
 

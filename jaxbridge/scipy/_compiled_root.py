@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _foreign
 from . import _dfsane, _gmres, _newton_krylov
+from . import _loops as loops
 from ._common import failure
 from ._trace import HostFun
 
@@ -59,6 +60,7 @@ def root(x0: jax.Array, ops: list, *, fun: HostFun, method: str, tol: Any, optio
 
     Jitted on the residual's structure (`HostFun` compares structurally), so an eager
     call with a function seen before (even a fresh closure) reuses the compiled loop."""
+    x0, ops = loops.join((x0, ops))
     return _root(lambda x: fun(ops, x), x0, method, tol, dict(options), linear_solver,
                  on_failure)
 
@@ -93,7 +95,7 @@ def _root(fun: Callable[..., Any], x0: jax.Array, method: str, tol: Any, options
     finite = jnp.all(jnp.isfinite(x))
     ok = (converged == 1) & finite
     if on_failure == "raise":  # the host call (it raises) runs only on failure
-        ok = jax.lax.cond(ok, lambda: ok, lambda: _check_root(
+        ok = loops.cond(ok, lambda: ok, lambda: _check_root(
             status, finite, method=method) == 1)
     # a failed solve poisons the gradients too (NaN, never a silent zero)
     x = (x * jnp.where(ok, 1.0, jnp.nan)).reshape(shape).astype(dtype)
@@ -116,7 +118,7 @@ def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
         rel = jnp.linalg.norm(mv(z) - b) / jnp.where(norm > 0, norm, 1.0)
         good = jnp.all(jnp.isfinite(z)) & (rel <= _LINEAR_ACCEPT)
         if on_failure == "raise":  # the host call (it raises) runs only on failure
-            good = jax.lax.cond(good, lambda: good, lambda: _check_linear(
+            good = loops.cond(good, lambda: good, lambda: _check_linear(
                 good, rel, method=method) == 1)
         return jnp.where(good, z, jnp.nan)
 

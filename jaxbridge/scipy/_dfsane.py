@@ -22,6 +22,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from . import _loops as loops
+
 # scipy.optimize._linesearch._nonmonotone_line_search_cruz's defaults
 _GAMMA, _TAU_MIN, _TAU_MAX = 1e-4, 0.1, 0.5
 # the options the compiled loop reproduces; anything else runs SciPy's own loop
@@ -129,5 +131,5 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, ftol: float = 1e-8
     s0 = _State(x0, F0, f0, jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32), prev0,
                 direction(jnp.asarray(sigma_0, f0.dtype), F0), f0, f0, one, one, one, false,
                 converged0, converged0)
-    s = jax.lax.while_loop(lambda s: ~s.stopped, body, s0)
+    s = loops.while_loop(lambda s: ~s.stopped, body, s0)
     return s.x, Stats(s.nfev, s.k, jnp.where(s.converged, 1, 2), s.converged)

@@ -46,6 +46,7 @@ from ._common import (
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     np_ravel,
     np_unravel,
@@ -54,6 +55,7 @@ from ._common import (
     unsupported,
 )
 from ._ivp_common import IMPLICIT_METHODS, METHODS, OdeResult, ode_functions
+from ._linear import linear_with_transpose
 from ._trace import HostFun, array_aval, check_args, convert
 
 __all__ = ["OdeEventResult", "solve_ivp", "MAX_EVENTS", "MAX_STEPS"]
@@ -93,7 +95,8 @@ class _Host:
                  tdtype: Any, params: tuple, fixed: tuple, jac_ops: tuple, ev_ops: tuple
                  ) -> None:
         self.shape, self.n = tuple(shape), int(np.prod(shape, dtype=int))
-        self.params, self.fixed, self.jac_ops, self.ev_ops = params, fixed, jac_ops, ev_ops
+        self.params, self.fixed, self.jac_ops, self.ev_ops = host_copies(
+            (params, fixed, jac_ops, ev_ops))
         self.P = np_ravel(params).size
         key = ("events", fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
         roles = ode_functions(fun, jac, shape, ydtype, tdtype)
@@ -231,7 +234,8 @@ def _trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
     if not s["steps"] and m:
         out["ys"][:m] = np.asarray(sol.y).T.reshape(m, *shape)
     for i in range(E):
-        te, ye = np.asarray(sol.t_events[i]), np.asarray(sol.y_events[i]).reshape(-1, n)
+        te = np.asarray(sol.t_events[i])
+        ye = np.asarray(sol.y_events[i]).reshape(te.size, n)  # (n may be 0)
         k = min(te.size, M)
         out["n_ev"][i] = te.size
         out["t_ev"][i, :k] = te[:k]
@@ -248,8 +252,9 @@ def _trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
             ts = np.asarray(sol.sol.ts)
             ys = np.stack([sol.sol(t) for t in ts])
         stats[5] = ts.size
-        out["nodes_t"][:] = _pad_rows(ts, s["max_steps"] + 1, "t_eval=None or dense_output")
-        out["nodes_y"][:] = _pad_rows(ys, s["max_steps"] + 1, "").reshape(-1, *shape)
+        size = s["max_steps"] + 1
+        out["nodes_t"][:] = _pad_rows(ts, size, "t_eval=None or dense_output")
+        out["nodes_y"][:] = _pad_rows(ys, size, "").reshape(size, *shape)  # (n may be 0)
     if s["dense"]:
         rows = [_dense.coefficients(s["method"], it, n) for it in sol.sol.interpolants]
         S = s["max_steps"]
@@ -387,9 +392,44 @@ def _ift(event: Callable, fun: Callable, args: tuple, t_c: Any, y_c: Any, valid:
     _, g_dot = jax.jvp(lambda t, y: event(t, y, *args), (sg(t), sg(y)),
                        (jnp.ones_like(t), f))
     g_dot = jnp.where(valid, sg(g_dot), 1.0)
-    dt = -(g - sg(g)) / g_dot
+    dt = _time_shift(g - sg(g), g_dot)
     nan = jnp.asarray(jnp.nan, t.dtype)
-    return jnp.where(valid, sg(t_c) + dt, nan), jnp.where(valid, y + f * dt, nan)
+    # (components that do not move at t* follow y(t*) alone, even where dt* has none)
+    return (jnp.where(valid, sg(t_c) + dt, nan),
+            jnp.where(valid, y + jnp.where(f == 0, 0.0, f * dt), nan))
+
+
+@jax.custom_jvp
+def _time_shift(delta: Any, g_dot: Any) -> Any:
+    """The event time's implicit-function shift `-delta / g_dot`, valued exactly 0.
+
+    `delta = g - stop_gradient(g)` is zero, only its derivative `dg` is not, so this is
+    `dt* = -dg / (dg/dt)` as a derivative, and adds nothing to SciPy's t*. Where
+    `dg/dt = 0` (the event function touches zero without crossing it, e.g. an event
+    at t0 with a zero time derivative) t* has no derivative: its tangent is NaN, and
+    so is a cotangent through it -- but a zero cotangent (the slot is not used) stays
+    zero, so that the gradients of the other outputs (other event slots, y at
+    t_eval) stay exact. A plain division would be 0/0 there and make the value itself
+    NaN (issue #38).
+    """
+    return jnp.zeros_like(delta)
+
+
+@_time_shift.defjvp
+def _time_shift_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    delta, g_dot = primals
+    flat = g_dot == 0
+    scale = jnp.where(flat, jnp.nan, -1.0 / jnp.where(flat, 1.0, g_dot))
+
+    def tangent(v: Any) -> Any:
+        return v * scale
+
+    def cotangent(c: Any) -> Any:  # (a scalar map is its own transpose)
+        return jnp.where(flat & (c == 0), 0.0, c * scale)
+
+    d = jnp.reshape(tangents[0], (1,))
+    return jnp.zeros_like(delta), linear_with_transpose(tangent, cotangent, d, d).reshape(
+        jnp.shape(delta))
 
 
 def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
@@ -420,7 +460,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
                              f"static size), got {v!r}")
     call = "fun(t, y, *args)"
     args = check_args(args, name, call, "unpack_checked")
-    y0 = as_float_array(y0)
+    y0 = as_float_array(y0, name, "y0")
     if len(t_span) != 2:
         raise ValueError(f"jaxbridge.scipy.{name}: t_span must be (t0, tf), got {t_span!r}")
     steps = t_eval is None

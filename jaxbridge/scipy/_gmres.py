@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _loops as loops
+
 _SQRT2 = float(np.sqrt(2.0))
 # from this many unknowns on, Gram-Schmidt runs over the basis rows built so far, one
 # at a time (modified Gram-Schmidt): a pass over the whole (m+1) x n basis is memory
@@ -43,7 +45,7 @@ def _modified_gram_schmidt(V: jax.Array, w: jax.Array, k: jax.Array) -> tuple:
         h, w = hw
         hi = V[i] @ w
         return h.at[i].set(hi), w - hi * V[i]
-    return jax.lax.fori_loop(0, k + 1, body, (jnp.zeros(V.shape[0], w.dtype), w))
+    return loops.fori_loop(0, k + 1, body, (jnp.zeros(V.shape[0], w.dtype), w))
 
 
 def cycle(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, atol: Any,
@@ -86,7 +88,7 @@ def cycle(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, atol
                 w = w - h2 @ V
                 return h + h2, w, jnp.linalg.norm(w)
             # DGKS: pass again only after cancellation
-            h, w, beta = jax.lax.cond(beta < w_norm / _SQRT2, again,
+            h, w, beta = loops.cond(beta < w_norm / _SQRT2, again,
                                       lambda hw: (*hw, beta), (h, w))
         V = V.at[k + 1].set(_divide(w, beta, 0.0))
         col = Q @ h.at[k + 1].set(beta)
@@ -98,7 +100,7 @@ def cycle(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, atol
         Q = Q.at[k].set(cs * qk + sn * qk1).at[k + 1].set(cs * qk1 - sn * qk)
         return k + 1, V, R.at[k].set(col), Q
 
-    k, V, R, Q = jax.lax.while_loop(cond, step, (jnp.zeros((), jnp.int32), V, R, Q))
+    k, V, R, Q = loops.while_loop(cond, step, (jnp.zeros((), jnp.int32), V, R, Q))
     # the least-squares right-hand side takes rows 0..k-1 only: row k holds the residual
     # (in b's units, not x's), and rows of R from k on are the identity's, so y is zero
     # from k on. No step taken (the target met by x = 0 already) gives 0, as JAX's GMRES
@@ -123,4 +125,4 @@ def solve(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, m: i
         x = x + cycle(matvec, r, 0.0, target, m)
         return i + 1, x, b - matvec(x)
 
-    return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), jnp.zeros_like(b), b))[1]
+    return loops.while_loop(cond, body, (jnp.zeros((), jnp.int32), jnp.zeros_like(b), b))[1]

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _gmres
+from . import _loops as loops
 
 # nonlin_solve's constants
 _GAMMA, _ETA_MAX, _ETA_THRESHOLD, _ETA0 = 0.9, 0.9999, 0.1, 1e-3
@@ -220,7 +221,7 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
         one = jnp.ones((), real)
         q0 = _Search(jnp.zeros((), jnp.int32), one, one, phi0, phi0, one, jnp.zeros((), real),
                      jnp.zeros_like(x), jnp.zeros((), bool), jnp.zeros((), bool))
-        return jax.lax.while_loop(lambda q: ~q.done, body, q0)
+        return loops.while_loop(lambda q: ~q.done, body, q0)
 
     def step(s: _State) -> _State:
         """One iteration of nonlin_solve's loop after a failed termination test."""
@@ -242,7 +243,7 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
             sl = jnp.where(q.found, q.s_last, 1.0)  # no step found: the full Newton step
             x = s.x + sl * dx
             reuse = sl == q.s_last
-            Fx = jax.lax.cond(reuse, lambda: q.F_last, lambda: F(x))
+            Fx = loops.cond(reuse, lambda: q.F_last, lambda: F(x))
             nfev = nfev + jnp.where(reuse, 0, 1)
         else:
             x = s.x + dx
@@ -263,7 +264,7 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
                 jnp.zeros((), jnp.int32))
     # the termination test is the loop's condition (no cond around the step); the test
     # that stopped it is made once more after the loop, to report it and count it
-    s = jax.lax.while_loop(lambda s: (s.status == 0) & (check(s) == 0), step, s0)
+    s = loops.while_loop(lambda s: (s.status == 0) & (check(s) == 0), step, s0)
     tested = s.status == 0
     status = jnp.where(tested, check(s), s.status)
     checks = s.checks + tested.astype(jnp.int32)

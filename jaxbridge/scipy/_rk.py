@@ -46,6 +46,9 @@ import numpy as np
 import scipy.integrate
 from jax.flatten_util import ravel_pytree
 
+from . import _loops as loops
+from ._linear import linear_with_transpose
+
 EXPLICIT = ("RK23", "RK45", "DOP853")
 OPTIONS = ("first_step", "max_step")  # solve_ivp options this loop implements
 SAFETY, MIN_FACTOR, MAX_FACTOR = 0.9, 0.2, 10.0
@@ -214,7 +217,7 @@ class _Rk:
                 values, extra = self.dense(t, y, y_new, f_new, K, h)
                 return jnp.where(covers[:, None], values, ys), jnp.asarray(extra, jnp.int32)
 
-            ys, extra = jax.lax.cond(jnp.any(covers), fill,
+            ys, extra = loops.cond(jnp.any(covers), fill,
                                      lambda ys: (ys, jnp.asarray(0, jnp.int32)), ys)
             nfev = nfev + extra
             done_eval = done_eval | covers
@@ -258,7 +261,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
     -1 (the step size fell below SciPy's minimum).
     """
     rk = _setup(method, fun, t0, y0, t_bound, t_eval, rtol, atol, max_step)
-    state = jax.lax.while_loop(lambda s: s.status == 1, lambda s: rk.attempt(s)[0],
+    state = loops.while_loop(lambda s: s.status == 1, lambda s: rk.attempt(s)[0],
                                rk.start(t0, y0, first_step))
     return state.ys, state.status, state.nfev, state.n_accepted
 
@@ -312,15 +315,15 @@ def _forward_recording(rk: _Rk, start: LoopState, L: int, S: int) -> tuple:
         state, segs, tape = carry
         new, accepted, h = rk.attempt(state)
         k = state.n_accepted % L
-        tape = jax.lax.cond(accepted, lambda tp: _record(tp, k, state, h), lambda tp: tp, tape)
+        tape = loops.cond(accepted, lambda tp: _record(tp, k, state, h), lambda tp: tp, tape)
         idx = new.n_accepted // L
         boundary = accepted & (new.n_accepted % L == 0) & (idx < S)
-        segs = jax.lax.cond(
+        segs = loops.cond(
             boundary, lambda sg: jax.tree_util.tree_map(lambda b, x: b.at[idx].set(x), sg,
                                                         _core(new)), lambda sg: sg, segs)
         return new, segs, tape
 
-    return jax.lax.while_loop(lambda c: c[0].status == 1, body, (start, segs, tape))
+    return loops.while_loop(lambda c: c[0].status == 1, body, (start, segs, tape))
 
 
 def _sweep(spec: Spec, fun: Callable[[Any, Any, Any], Any], rk: _Rk, params: Any,
@@ -336,9 +339,9 @@ def _sweep(spec: Spec, fun: Callable[[Any, Any, Any], Any], rk: _Rk, params: Any
             state, tape = carry
             new, accepted, h = rk.attempt(state, outputs=False)
             k = state.n_accepted % L
-            return new, jax.lax.cond(accepted, lambda tp: _record(tp, k, state, h),
+            return new, loops.cond(accepted, lambda tp: _record(tp, k, state, h),
                                      lambda tp: tp, tape)
-        return jax.lax.while_loop(lambda c: (c[0].status == 1) & (c[0].n_accepted < until),
+        return loops.while_loop(lambda c: (c[0].status == 1) & (c[0].n_accepted < until),
                                   body, (state, _tape0(L, n, state.t.dtype, dtype)))[1]
 
     def step_vjp(t: Any, t_next: Any, y: Any, h: Any, a: Any, first: Any) -> Any:
@@ -364,13 +367,13 @@ def _sweep(spec: Spec, fun: Callable[[Any, Any, Any], Any], rk: _Rk, params: Any
 
         if T == 0:
             return plain(None)
-        return jax.lax.cond(jnp.any(covers), output, plain, None)
+        return loops.cond(jnp.any(covers), output, plain, None)
 
     last = jnp.maximum(n_steps - 1, 0) // L
 
     def segment(carry: Any) -> Any:
         s, a, mu = carry
-        ts, ys, hs = jax.lax.cond(
+        ts, ys, hs = loops.cond(
             s == last, lambda _: tape,
             lambda _: rerun(jax.tree_util.tree_map(lambda b: b[s], segs), (s + 1) * L), None)
         count = jnp.minimum(n_steps, (s + 1) * L) - s * L
@@ -379,11 +382,11 @@ def _sweep(spec: Spec, fun: Callable[[Any, Any, Any], Any], rk: _Rk, params: Any
             k, a, mu = carry
             da, dmu = step_vjp(ts[k], ts[k + 1], ys[k], hs[k], a, (s == 0) & (k == 0))
             return k - 1, da, jax.tree_util.tree_map(jnp.add, mu, dmu)
-        _, a, mu = jax.lax.while_loop(lambda c: c[0] >= 0, back, (count - 1, a, mu))
+        _, a, mu = loops.while_loop(lambda c: c[0] >= 0, back, (count - 1, a, mu))
         return s - 1, a, mu
 
     mu0 = jax.tree_util.tree_map(jnp.zeros_like, params)
-    _, a, mu = jax.lax.while_loop(lambda c: c[0] >= 0, segment,
+    _, a, mu = loops.while_loop(lambda c: c[0] >= 0, segment,
                                   (last, jnp.zeros(n, dtype), mu0))
     # no step at all (t_bound == t0): the outputs are y0 itself
     a = a + jnp.where(n_steps == 0, jnp.sum(ct, axis=0), 0.0).astype(dtype)
@@ -392,29 +395,6 @@ def _sweep(spec: Spec, fun: Callable[[Any, Any, Any], Any], rk: _Rk, params: Any
 
 def _bind_fixed(fun: Callable, fixed: Any, t: Any, y: Any, params: Any) -> Any:
     return fun(t, y, params, fixed)
-
-
-def _linear_with_transpose(forward: Callable, transpose: Callable, b: Any, out_like: Any
-                           ) -> Any:
-    """`forward(b)` (a linear map of the flat vector b), whose transpose JAX takes to be
-    `transpose` (reverse mode then runs `transpose`, never `forward`).
-
-    `lax.custom_linear_solve` is JAX's public way to give a linear map its own
-    transpose; it wants the argument and result shaped alike, so both are padded to
-    one length.
-    """
-    nb, no = b.size, out_like.size
-    m = max(nb, no)
-
-    def solve(_: Any, v: Any) -> Any:
-        return jnp.pad(jnp.ravel(forward(v[:nb])), (0, m - no))
-
-    def transpose_solve(_: Any, v: Any) -> Any:
-        return jnp.pad(transpose(v[:no].reshape(out_like.shape)), (0, m - nb))
-
-    x = jax.lax.custom_linear_solve(lambda v: v, jnp.pad(b, (0, m - nb)), solve,
-                                    transpose_solve)
-    return x[:no].reshape(out_like.shape)
 
 
 def _plain(spec: Spec, t0: Any, y0: Any, t_bound: Any, t_eval: Any, atol: Any, params: Any,
@@ -442,7 +422,7 @@ def differentiable_solve(spec: Spec, t0: Any, y0: Any, t_bound: Any, t_eval: Any
 
 @differentiable_solve.defjvp
 def _differentiable_solve_jvp(spec: Spec, primals: tuple, tangents: tuple) -> tuple:
-    t0, y0, t_bound, t_eval, atol, params, fixed = primals
+    t0, y0, t_bound, t_eval, atol, params, fixed = loops.join(primals)  # (shard_map)
     dt0, dy0, _, dt_eval, _, dparams, _ = tangents
     t0 = jnp.asarray(t0, jnp.result_type(float))
     t_bound = jnp.asarray(t_bound, jnp.result_type(float))
@@ -473,7 +453,8 @@ def _differentiable_solve_jvp(spec: Spec, primals: tuple, tangents: tuple) -> tu
         return jax.jvp(lambda y0, q: solve(
             spec.method, lambda t, y: fun(t, y, unravel(q)), t0, y0, t_bound, t_eval,
             spec.rtol, atol, spec.max_step, spec.first_step)[0], (y0, flat_p),
-            (dy0.astype(y0.dtype), dp.astype(flat_p.dtype)))[1]
+            loops.join((dy0.astype(y0.dtype), dp.astype(flat_p.dtype)),
+                       loops.mesh_axes(y0, flat_p)))[1]
 
     def forward(v: Any) -> Any:
         d0, dy, dp, dte = split(v)
@@ -492,8 +473,8 @@ def _differentiable_solve_jvp(spec: Spec, primals: tuple, tangents: tuple) -> tu
         return jnp.concatenate([-(a @ f0)[None], a, jnp.asarray(mu, y0.dtype),
                                 jnp.sum(c * f_out, axis=1)])
 
-    dys = _linear_with_transpose(forward, transpose, b, ys)
-    zero = np.zeros((), jax.dtypes.float0)
-    return (ys, status, final.nfev, n_steps), (dys, zero, zero, zero)
+    dys = linear_with_transpose(forward, transpose, b, ys)
+    return (ys, status, final.nfev, n_steps), (dys, *map(loops.no_tangent,
+                                                         (status, final.nfev, n_steps)))
 
 

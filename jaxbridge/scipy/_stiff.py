@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ._rk import _linear_with_transpose
+from . import _loops as loops
+from ._linear import linear_with_transpose
 
 NEWTON_MAX_ITER = 12
 # Newton on the stages stops, at the latest, once its corrections fall below this
@@ -132,7 +133,7 @@ class _Step:
             size = jnp.max(jnp.abs(z)) + jnp.max(jnp.abs(y))
             return (it < NEWTON_MAX_ITER) & (err > jnp.maximum(16 * eps * size, floor))
 
-        z, it, err = jax.lax.while_loop(more, body, (z0, jnp.asarray(0), jnp.asarray(jnp.inf,
+        z, it, err = loops.while_loop(more, body, (z0, jnp.asarray(0), jnp.asarray(jnp.inf,
                                                                                        y.dtype)))
         self.z = z
         size = jnp.max(jnp.abs(z)) + jnp.max(jnp.abs(y))
@@ -196,7 +197,7 @@ def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_ev
         outs = jnp.where(covers[:, None], dy[None, :] + D @ dz, outs)
         return k + 1, dy + dz[-1], outs
 
-    return jax.lax.while_loop(lambda c: c[0] < n_steps, body, (jnp.asarray(0), dy0, outs))[2]
+    return loops.while_loop(lambda c: c[0] < n_steps, body, (jnp.asarray(0), dy0, outs))[2]
 
 
 def _adjoint(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
@@ -221,7 +222,7 @@ def _adjoint(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
         return k - 1, a_new, jax.tree_util.tree_map(jnp.add, mu, pbar)
 
     mu0 = jax.tree_util.tree_map(jnp.zeros_like, params)
-    _, a, mu = jax.lax.while_loop(lambda c: c[0] >= 0, body,
+    _, a, mu = loops.while_loop(lambda c: c[0] >= 0, body,
                                   (n_steps - 1, jnp.zeros(n, ct.dtype), mu0))
     # no step at all: the outputs are y0 itself
     return a + jnp.where(n_steps == 0, jnp.sum(ct, axis=0), 0.0), mu
@@ -244,7 +245,7 @@ def differentiable_solve(spec: StiffSpec, t0: Any, t1: Any, y0: Any, t_eval: Any
 
 @differentiable_solve.defjvp
 def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) -> tuple:
-    t0, t1, y0, t_eval, params, fixed, jac_ops = primals
+    t0, t1, y0, t_eval, params, fixed, jac_ops = loops.join(primals)  # (shard_map)
     dt0, _, dy0, dt_eval, dparams, _, _ = tangents
     ys, stats, grid_t, grid_y = spec.record(t0, t1, y0, t_eval, params, fixed, jac_ops)
     n_steps = stats[4]
@@ -284,6 +285,5 @@ def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) 
         mu = jnp.where(bad, jnp.nan, ravel_pytree(mu_tree)[0].astype(dtype))
         return jnp.concatenate([-(a @ f0)[None], a, mu, jnp.sum(c * f_out, axis=1)])
 
-    dys = _linear_with_transpose(forward, transpose, b, ys)
-    zero = np.zeros(stats.shape, jax.dtypes.float0)
-    return (ys, stats), (dys, zero)
+    dys = linear_with_transpose(forward, transpose, b, ys)
+    return (ys, stats), (dys, loops.no_tangent(stats))

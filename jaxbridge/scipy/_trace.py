@@ -28,7 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
 
-from .._core.jaxapi import ShapedArray
+from .._core.jaxapi import (
+    ShapedArray,
+    aval_of,
+    cast_to_varying,
+    untyped_manual_axes,
+    varying_axes,
+)
 
 _SMALL_CONST = 4096  # bytes: constants inside nested jaxprs up to this size compare by value
 
@@ -106,21 +112,28 @@ class HostFun:
     closed-over arrays), `xs` the function's own arguments (e.g. `t, y`). `diff` marks
     the floating-point operands (differentiable); the others (integer index arrays,
     ...) are carried as fixed inputs.
+
+    Inside `jax.shard_map` (operands that vary over mesh axes), two traces are kept:
+    `jaxpr`, without the mesh's types, for the host (where no mesh axis is bound), and
+    `typed`, every input varying over `axes`, for calls inside the caller's program
+    (the compiled solver loops), where JAX checks those types.
     """
 
-    __slots__ = ("name", "jaxpr", "out_tree", "n_args_ops", "diff", "_key", "_hash",
-                 "__weakref__")
+    __slots__ = ("name", "jaxpr", "out_tree", "n_args_ops", "diff", "typed", "axes",
+                 "_key", "_hash", "__weakref__")
 
-    def __init__(self, name: str, jaxpr: Jaxpr, out_tree: Any, n_args_ops: int) -> None:
+    def __init__(self, name: str, jaxpr: Jaxpr, out_tree: Any, n_args_ops: int,
+                 typed: Jaxpr | None = None, axes: frozenset = frozenset()) -> None:
         self.name = name
         self.jaxpr = jaxpr
         self.out_tree = out_tree
         self.n_args_ops = n_args_ops
+        self.typed, self.axes = typed, axes
         avals = [v.aval for v in jaxpr.invars[:n_args_ops]] + \
             [v.aval for v in jaxpr.constvars]
         self.diff = tuple(bool(jnp.issubdtype(array_aval(a).dtype, jnp.inexact))
                           for a in avals)
-        self._key = (out_tree, n_args_ops, jaxpr_key(jaxpr))
+        self._key = (out_tree, n_args_ops, jaxpr_key(jaxpr), axes)
         self._hash = hash(self._key)
 
     def __eq__(self, other: object) -> bool:
@@ -137,7 +150,12 @@ class HostFun:
         n = self.n_args_ops
         consts = list(ops[n:])
         flat = list(ops[:n]) + jax.tree_util.tree_leaves(xs)
-        outs = jaxpr_as_fun(ClosedJaxpr(self.jaxpr, consts))(*flat)
+        jaxpr = self.jaxpr
+        if self.typed is not None and _on_the_mesh(consts + flat):
+            jaxpr = self.typed
+            consts = [cast_to_varying(x, self.axes) for x in consts]
+            flat = [cast_to_varying(x, self.axes) for x in flat]
+        outs = jaxpr_as_fun(ClosedJaxpr(jaxpr, consts))(*flat)
         return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
     def split(self, ops: Sequence[Any]) -> tuple[tuple, tuple]:
@@ -149,6 +167,11 @@ class HostFun:
         """The inverse of :meth:`split`."""
         diff_it, fixed_it = iter(diff), iter(fixed)
         return [next(diff_it) if d else next(fixed_it) for d in self.diff]
+
+
+def _on_the_mesh(values: Sequence[Any]) -> bool:
+    """Whether a call is inside `shard_map` (some value varies over a mesh axis)."""
+    return any(varying_axes(aval_of(v)) for v in values)
 
 
 def array_aval(aval: object) -> ShapedArray:
@@ -170,7 +193,8 @@ def _is_dynamic(leaf: Any) -> bool:
 
 
 def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any],
-            args: tuple = (), call: str = "") -> tuple[HostFun, list]:
+            args: tuple = (), call: str = "", vary_like: Sequence[Any] = ()
+            ) -> tuple[HostFun, list]:
     """Trace `fun(*example, *args)`; return its static half and its operands.
 
     Args:
@@ -180,6 +204,8 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
       example: `jax.ShapeDtypeStruct`s (or arrays) of the function's own arguments.
       args: SciPy's `args` tuple, passed after them as `fun(*xs, *args)`.
       call: how SciPy calls it, e.g. "fun(t, y, *args)", for error notes.
+      vary_like: arrays the function's own arguments will vary like inside
+        `jax.shard_map` (e.g. `y0` for `fun(t, y)` in a compiled loop).
     """
     if not callable(fun):
         raise TypeError(f"jaxbridge.scipy.{name}: `{what}` must be callable, got "
@@ -195,17 +221,50 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
         return fun(*xs, *jax.tree_util.tree_unflatten(tree, full))
 
     try:
-        closed, shape = jax.make_jaxpr(traced, return_shape=True)(dyn, *example)
+        # (inside shard_map: no casts to the mesh axes, which the host does not have)
+        with untyped_manual_axes():
+            closed, shape = jax.make_jaxpr(traced, return_shape=True)(dyn, *example)
     except Exception as exc:
         if isinstance(exc, (IndexError, TypeError)) and call:
             exc.add_note(
                 f"(raised while jaxbridge.scipy.{name} traced `{what}` as {call}, as SciPy "
                 f"calls it, with args={_describe_args(args)})")
         raise
+    _check_real_results(shape, name, what, call)
     consts = [c if isinstance(c, jax.Array) else jnp.asarray(c) for c in closed.consts]
+    axes = frozenset().union(*(varying_axes(aval_of(v)) for v in
+                               [*dyn, *consts, *vary_like]))
+    typed = None
+    if axes:  # inside shard_map: the trace for calls in the caller's program
+        typed_example = [_varying_like(e, axes) for e in example]
+        typed_dyn = [cast_to_varying(d, axes) for d in dyn]
+        closed_typed = jax.make_jaxpr(traced)(typed_dyn, *typed_example)
+        if [id(c) for c in closed_typed.consts] != [id(c) for c in closed.consts]:
+            raise NotImplementedError(
+                f"jaxbridge.scipy.{name}: `{what}` closes over different values when "
+                f"traced again inside jax.shard_map; pass them through `args`")
+        typed = closed_typed.jaxpr
     hf = HostFun(f"{name}:{what}", closed.jaxpr, jax.tree_util.tree_structure(shape),
-                 len(dyn))
+                 len(dyn), typed, axes)
     return hf, dyn + consts
+
+
+def _check_real_results(shape: Any, name: str, what: str, call: str) -> None:
+    """The solvers are real: a complex result would lose its imaginary part."""
+    dtypes = {str(s.dtype) for s in jax.tree_util.tree_leaves(shape)
+              if jnp.issubdtype(s.dtype, jnp.complexfloating)}
+    if dtypes:
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: `{what}` must return real values"
+            f"{' (as ' + call + ')' if call else ''}; it returned {', '.join(sorted(dtypes))}."
+            f" Complex problems are not supported: write them as real ones over the real "
+            f"and imaginary parts")
+
+
+def _varying_like(example: Any, axes: frozenset) -> Any:
+    """The abstract value of `example` (shape, dtype) varying over the mesh `axes`."""
+    zero = cast_to_varying(jnp.zeros((), example.dtype), axes)
+    return aval_of(zero).update(shape=tuple(example.shape), weak_type=False)
 
 
 def _describe_args(args: tuple) -> str:

@@ -75,6 +75,7 @@ import scipy.sparse
 from jax.flatten_util import ravel_pytree
 
 from .. import _foreign
+from . import _loops as loops
 from . import _rk, _stiff
 from ._common import (
     as_float_array,
@@ -83,6 +84,7 @@ from ._common import (
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     jnp_ravel,
     nan_like,
@@ -114,7 +116,7 @@ class _Ode:
                  tdtype: Any, params: tuple, fixed: tuple, jac_ops: tuple) -> None:
         self.shape = tuple(shape)
         self.n = int(np.prod(self.shape, dtype=int))
-        self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
+        self.params, self.fixed, self.jac_ops = host_copies((params, fixed, jac_ops))
         self.p_flat = np_ravel(params)
         self.P = self.p_flat.size
         key = (fun, jac, self.shape, np.dtype(ydtype), np.dtype(tdtype))
@@ -597,7 +599,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     del vectorized  # Jacobians come from JAX
     call = "fun(t, y, *args)"
     args = check_args(args, name, call, "unpack_checked")
-    y0 = as_float_array(y0)
+    y0 = as_float_array(y0, name, "y0")
     t_eval = jnp.asarray(t_eval)
     if t_eval.ndim != 1:
         raise ValueError(f"jaxbridge.scipy.{name}: t_eval must be 1-D, got shape {t_eval.shape}")
@@ -609,7 +611,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
     _check_t_eval(t0, t1, t_eval, name)
     t_aval = jax.ShapeDtypeStruct((), tdtype)
     y_aval = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
-    rhs, ops = convert(fun, name, "fun", (t_aval, y_aval), args, call)
+    rhs, ops = convert(fun, name, "fun", (t_aval, y_aval), args, call,
+                       vary_like=(t0, t1, y0, t_eval))
     _check_out(rhs, y0, name, "fun")
     params, fixed = rhs.split(ops)
     jac_hf = jac
@@ -646,6 +649,7 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
     no host call, derivatives by JAX (forward) and the discrete adjoint (reverse);
     `vmap` batches the loop itself."""
     rhs, shape, ydtype, tdtype = cfg.fun, y0.shape, y0.dtype, t_eval.dtype
+    t0, t1, y0, t_eval, params, fixed = loops.join((t0, t1, y0, t_eval, params, fixed))
 
     def fun(t: Any, y: Any, p: Any, fx: Any) -> Any:
         out = rhs(rhs.merge(p, fx), t.astype(tdtype), y.reshape(shape).astype(ydtype))
@@ -653,6 +657,10 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
 
     opts = dict(cfg.options)
     n = int(np.prod(shape, dtype=int))
+    if n == 0:  # SciPy's OdeSolver.step: an empty state ends in one step, after one f call
+        # (the loop's error norm over no components is NaN: every step would be rejected)
+        return (jnp.zeros((t_eval.shape[0], *shape), ydtype),
+                jnp.array([0, 1, 0, 0, 1], jnp.int32))
     L, S = _rk.checkpoint_sizes(cfg.checkpoints, n)
     spec = _rk.Spec(cfg.method, fun, cfg.rtol, opts.get("max_step", np.inf),
                     opts.get("first_step"), L, S, cfg.sensitivity)
@@ -725,8 +733,13 @@ def _stiff_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: t
                fixed: tuple, jac_ops: tuple) -> tuple[jax.Array, jax.Array]:
     """BDF, Radau, LSODA: SciPy's loop forward (on the host), derivatives compiled from
     its recorded steps (`_stiff`: the Radau IIA discrete adjoint / tangent)."""
+    t0, t1, y0, t_eval, params, fixed, jac_ops = loops.join(
+        (t0, t1, y0, t_eval, params, fixed, jac_ops))
     f64_ = jnp.result_type(float)
     n = int(np.prod(y0.shape, dtype=int))
+    if n == 0:  # SciPy's loop ends at once; nothing to differentiate (and to record)
+        return _ivp(*jax.lax.stop_gradient((t0, t1, y0, t_eval, params, fixed, jac_ops)),
+                    cfg=cfg)
     problem = _StiffProblem(cfg, tuple(y0.shape), np.dtype(y0.dtype), np.dtype(t_eval.dtype),
                             _stiff.max_states(cfg.checkpoints, n))
     ys, stats = _stiff.differentiable_solve(problem, t0.astype(f64_), t1.astype(f64_),
@@ -811,7 +824,7 @@ def _check_out(hf: HostFun, like: jax.Array, name: str, what: str, shape: tuple 
 class _Integrand:
     def __init__(self, fun: HostFun, xdtype: Any, params: tuple, fixed: tuple) -> None:
         key = (fun, np.dtype(xdtype))
-        self.params, self.fixed = params, fixed
+        self.params, self.fixed = host_copies((params, fixed))
 
         def f(fx: Any, x: Any, p: Any) -> Any:
             return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(

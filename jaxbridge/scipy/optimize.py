@@ -59,6 +59,7 @@ from ._common import (
     f64,
     failure,
     fill_zeros,
+    host_copies,
     host_jit,
     jnp_ravel,
     nan_like,
@@ -128,7 +129,7 @@ class _Problem:
                  params: tuple, fixed: tuple, jac_ops: tuple, loss: str = "linear",
                  f_scale: float = 1.0) -> None:
         self.shape = tuple(shape)
-        self.params, self.fixed, self.jac_ops = params, fixed, jac_ops
+        self.params, self.fixed, self.jac_ops = host_copies((params, fixed, jac_ops))
         key = (kind, fun, jac, self.shape, np.dtype(xdtype), loss, f_scale)
         shape_ = self.shape
 
@@ -502,7 +503,7 @@ def _call(kind: str, fun: Callable, x0: Any, args: Any, method: str, jac: Any, t
                             f"static); got {type(callback).__name__}") from None
     call = "fun(x, *args)"
     args = check_args(args, qual, call, "unpack" if kind == "lsq" else "wrap")
-    x0 = as_float_array(x0)
+    x0 = as_float_array(x0, qual, "x0")
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
     params, fixed = hf.split(ops)
@@ -594,10 +595,10 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
             raise ValueError(f"jaxbridge.scipy.optimize.root: linear_solver must be one of "
                              f"{LINEAR_SOLVERS}, got {linear_solver!r}")
         args = check_args(args, "optimize.root", "fun(x, *args)", "wrap")
-        x0 = as_float_array(x0)
+        x0 = as_float_array(x0, "optimize.root", "x0")
         hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape,
                                                                                x0.dtype),),
-                          args, "fun(x, *args)")
+                          args, "fun(x, *args)", vary_like=(x0,))
         if options and isinstance(options.get("jac_options"), dict):  # static: hashable
             options = {**options, "jac_options": static_options(options["jac_options"],
                                                                 "optimize.root")}

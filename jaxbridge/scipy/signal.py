@@ -147,7 +147,8 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
         [-2.924, -1.735]
     """
     name = "jaxbridge.scipy.signal.lfilter"
-    b, a, x = as_float_array(b), as_float_array(a), as_float_array(x)
+    b, a, x = (as_float_array(v, "signal.lfilter", arg) for v, arg in ((b, "b"), (a, "a"),
+                                                                      (x, "x")))
     for arg, v in (("b", b), ("a", a)):
         if v.ndim != 1 or v.shape[0] == 0:
             raise ValueError(f"{name}: `{arg}` must be a non-empty 1-D array of filter "
@@ -166,8 +167,8 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
     state_shape = (*xm.shape[:-1], K)
     if zi is None:
         return jnp.moveaxis(_lf(b, a, xm, jnp.zeros(state_shape, dtype)), -1, axis)
-    zi = jnp.moveaxis(as_float_array(zi).astype(dtype), axis, -1) if jnp.ndim(zi) \
-        else as_float_array(zi).astype(dtype)
+    zi = as_float_array(zi, "signal.lfilter", "zi").astype(dtype)
+    zi = jnp.moveaxis(zi, axis, -1) if zi.ndim else zi
     if zi.shape != state_shape:
         want = list(x.shape)
         want[axis] = K

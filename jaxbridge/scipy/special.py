@@ -36,6 +36,7 @@ import numpy as np
 import scipy.special as sp
 
 from .. import _foreign
+from ._common import check_real
 
 __all__ = ["kv", "kve", "iv", "ive", "hyp1f1", "ellipk", "ellipe", "erfcx", "erfi", "dawsn"]
 
@@ -50,9 +51,13 @@ def _host(name: str, np_fn: Callable[..., Any]) -> _foreign.ForeignFunction:
     return _foreign.foreign(lambda *xs: xs[-1], vmap="vectorized")(run)
 
 
-def _prep(*xs: Any) -> Sequence[jax.Array]:
-    dtype = jnp.result_type(*(jnp.asarray(x).dtype for x in xs), float)
-    return jnp.broadcast_arrays(*(jnp.asarray(x, dtype) for x in xs))
+def _prep(name: str, **xs: Any) -> Sequence[jax.Array]:
+    """The arguments `xs` (by SciPy's names), real, broadcast, in one floating dtype."""
+    for what, x in xs.items():
+        check_real(x, f"special.{name}", what)
+    arrays = [jnp.asarray(x) for x in xs.values()]
+    dtype = jnp.result_type(*(x.dtype for x in arrays), float)
+    return jnp.broadcast_arrays(*(x.astype(dtype) for x in arrays))
 
 
 def _no_order_derivative(t: Any) -> Any:
@@ -183,7 +188,7 @@ def kv(v: Any, x: Any) -> Any:
         >>> print(f"{float(kv(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         0.179907 -0.254868
     """
-    return _kv(*_prep(v, x))
+    return _kv(*_prep("kv", v=v, x=x))
 
 
 def kve(v: Any, x: Any) -> Any:
@@ -205,7 +210,7 @@ def kve(v: Any, x: Any) -> Any:
         >>> print(f"{float(kve(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         1.329340 -0.553892
     """
-    return _kve(*_prep(v, x))
+    return _kve(*_prep("kve", v=v, x=x))
 
 
 def iv(v: Any, x: Any) -> Any:
@@ -227,7 +232,7 @@ def iv(v: Any, x: Any) -> Any:
         >>> print(f"{float(iv(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         1.099473 1.221632
     """
-    return _iv(*_prep(v, x))
+    return _iv(*_prep("iv", v=v, x=x))
 
 
 def ive(v: Any, x: Any) -> Any:
@@ -249,7 +254,7 @@ def ive(v: Any, x: Any) -> Any:
         >>> print(f"{float(ive(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         0.148798 0.016532
     """
-    return _ive(*_prep(v, x))
+    return _ive(*_prep("ive", v=v, x=x))
 
 
 def hyp1f1(a: Any, b: Any, x: Any) -> Any:
@@ -271,7 +276,7 @@ def hyp1f1(a: Any, b: Any, x: Any) -> Any:
         >>> print(f"{float(hyp1f1(0.5, 1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         2.364454 1.256151
     """
-    return _hyp1f1(*_prep(a, b, x))
+    return _hyp1f1(*_prep("hyp1f1", a=a, b=b, x=x))
 
 
 def ellipk(m: Any) -> Any:
@@ -291,7 +296,7 @@ def ellipk(m: Any) -> Any:
         >>> print(f"{float(ellipk(0.3)):.6f} {float(jax.grad(f)(0.3)):.6f}")
         1.713889 0.584858
     """
-    return _ellipk(*_prep(m))
+    return _ellipk(*_prep("ellipk", m=m))
 
 
 def ellipe(m: Any) -> Any:
@@ -311,7 +316,7 @@ def ellipe(m: Any) -> Any:
         >>> print(f"{float(ellipe(0.3)):.6f} {float(jax.grad(f)(0.3)):.6f}")
         1.445363 -0.447544
     """
-    return _ellipe(*_prep(m))
+    return _ellipe(*_prep("ellipe", m=m))
 
 
 def erfcx(x: Any) -> Any:
@@ -332,7 +337,7 @@ def erfcx(x: Any) -> Any:
         >>> print(f"{float(erfcx(30.0)):.6e}  {float(jax.grad(erfcx)(1e3)):.6e}")
         1.879589e-02  -5.641887e-07
     """
-    return _erfcx(*_prep(x))
+    return _erfcx(*_prep("erfcx", x=x))
 
 
 def erfi(x: Any) -> Any:
@@ -350,7 +355,7 @@ def erfi(x: Any) -> Any:
         >>> print(f"{float(erfi(1.0)):.6f}")
         1.650426
     """
-    return _erfi(*_prep(x))
+    return _erfi(*_prep("erfi", x=x))
 
 
 def dawsn(x: Any) -> Any:
@@ -369,4 +374,4 @@ def dawsn(x: Any) -> Any:
         >>> print(f"{float(dawsn(1.0)):.6f}  {float(jax.grad(dawsn)(1.0)):.6f}")
         0.538080  -0.076159
     """
-    return _dawsn(*_prep(x))
+    return _dawsn(*_prep("dawsn", x=x))

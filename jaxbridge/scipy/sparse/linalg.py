@@ -39,7 +39,15 @@ import scipy.sparse
 import scipy.sparse.linalg
 
 from ... import _foreign
-from .._common import LruCache, SolverError, as_float_array, check_policy, f64, failure
+from .._common import (
+    LruCache,
+    SolverError,
+    as_float_array,
+    check_policy,
+    check_real,
+    f64,
+    failure,
+)
 
 __all__ = ["spsolve", "eigsh", "FACTOR_CACHE_SIZE", "factor_cache_info"]
 
@@ -224,11 +232,12 @@ def spsolve(A: Any, b: Any, permc_spec: str | None = None, use_umfpack: bool = T
     del use_umfpack
     permc_spec = "COLAMD" if permc_spec is None else permc_spec
     check_policy(on_failure, "sparse.linalg.spsolve")
-    b = as_float_array(b)
+    b = as_float_array(b, "sparse.linalg.spsolve", "b")
     if b.ndim not in (1, 2):
         raise ValueError(f"jaxbridge.scipy.sparse.linalg.spsolve: b must be 1-D or 2-D, got "
                          f"shape {b.shape}")
     data, row, col = _as_coo(A, b.shape[0])
+    check_real(data, "sparse.linalg.spsolve", "A")
     if not jnp.issubdtype(data.dtype, jnp.floating):
         data = data.astype(b.dtype)
     return _spsolve(data, row.astype(jnp.int32), col.astype(jnp.int32), b,
@@ -473,7 +482,7 @@ def eigsh(A: Any, k: int = 6, M: Any = None, sigma: float | None = None, which: 
         data, row, col = _as_coo(A, n, "eigsh")
     else:
         data, row, col = _as_coo(jnp.asarray(A), None, "eigsh")
-    data = as_float_array(data)
+    data = as_float_array(data, name, "A")
     v0 = jnp.zeros(0, data.dtype) if v0 is None else jax.lax.stop_gradient(
         jnp.asarray(v0, data.dtype).reshape(n))
     w, v = _eigsh(data, row.astype(jnp.int32), col.astype(jnp.int32), v0, n=n, k=int(k),
