@@ -36,6 +36,21 @@ def pytest_configure(config):
             f"with the reason).")
 
 
+#: Long tests the default run leaves to the slow stage (see the file's header).
+with open(os.path.join(os.path.dirname(__file__), "slow_by_budget.txt")) as _listed:
+    SLOW_BY_BUDGET = frozenset(line.strip() for line in _listed
+                               if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by mark
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of `SLOW_BY_BUDGET` slow (the default run deselects slow tests)."""
+    for item in items:
+        node = item.nodeid.split("tests/", 1)[-1]
+        if node in SLOW_BY_BUDGET:
+            item.add_marker(pytest.mark.slow)
+
+
 def extension_missing(name: str) -> str | None:
     """Why `jaxbridge.<name>` did not load (None if it did): for the opt-out's skips."""
     from jaxbridge._core import extensions
