@@ -1338,7 +1338,7 @@ def _print_matrix():
     print("\n".join(lines))
 
 
-#: The cells of the default run; the rest run with ``-m slow`` (as CI does). Three per
+#: The cells of the default run; the rest run with ``-m slow``. Three per
 #: row: the tangent rule eagerly (jvp), the adjoint under jit and vmap together
 #: (vmap.jacrev: the batching rule around the adjoint), and the float32 path under jit
 #: (jacfwd); every rule of every row, at half the cost of all six modes.
