@@ -47,7 +47,8 @@ def _make_functions(n, kind):
     return refs
 
 
-@pytest.mark.parametrize("kind", ["jit", "eager", pytest.param("jit(grad)", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["jit", "eager",
+                                  pytest.param("jit(grad)", marks=pytest.mark.slow)])
 def test_dropped_functions_release_their_closures_and_callbacks(kind):
     _make_functions(5, kind)  # warm up JAX's own caches
     gc.collect()

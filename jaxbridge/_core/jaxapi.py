@@ -157,7 +157,7 @@ def let_barriers_forget(redelivered: Callable[[BaseException], bool]) -> bool:
                 if not redelivered(err):
                     raise
 
-        tokens_cls.block_until_ready = block_until_ready
+        tokens_cls.block_until_ready = block_until_ready  # type: ignore[method-assign]
         _barrier_patched = True
         return True
 

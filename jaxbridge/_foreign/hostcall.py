@@ -327,6 +327,7 @@ def _lower_native(ctx: Any, target: HostCallable, args: Sequence[Any], platform:
     side effect: XLA replaces an empty result by a constant, and would drop the call
     (never running the function, never checking what it returns) when nothing else of
     it is used, a residual such as torch's random state included."""
+    assert _native is not None  # lower_host_call takes this path only when it loaded
     jaxapi.mark_host_callback(ctx, target)
     any_empty = any(np.prod(a.shape) == 0 for a in ctx.avals_out)
     devices = jaxapi.program_devices(ctx)
