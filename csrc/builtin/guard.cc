@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -254,11 +255,41 @@ std::string Verify(const XLA_FFI_CallFrame* frame, const Layout& layout, Memory&
   return "";
 }
 
+// The FFI C API renamed its error-message getter in API version 0.5 (jaxlib 0.12):
+// XLA_FFI_Error_GetMessage became XLA_FFI_Error_GetDetails. Which one the headers
+// have is found at compile time, so one source builds against both.
+template <typename Api, typename = void>
+struct HasGetMessage : std::false_type {};
+template <typename Api>
+struct HasGetMessage<Api, std::void_t<decltype(&Api::XLA_FFI_Error_GetMessage)>>
+    : std::true_type {};
+
+template <typename F>
+struct ArgsOf;
+template <typename R, typename A>
+struct ArgsOf<R (*)(A*)> {
+  using type = A;
+};
+
+template <typename Api>
+std::string ReadMessage(const Api* api, XLA_FFI_Error* error) {
+  auto read = [&](auto getter) -> std::string {
+    using Args = typename ArgsOf<decltype(getter)>::type;
+    Args get{};
+    get.struct_size = sizeof(Args);  // at least the size the API checks for
+    get.error = error;
+    getter(&get);
+    return get.message ? get.message : "";
+  };
+  if constexpr (HasGetMessage<Api>::value) {
+    return read(api->XLA_FFI_Error_GetMessage);
+  } else {
+    return read(api->XLA_FFI_Error_GetDetails);
+  }
+}
+
 std::string TakeMessage(const XLA_FFI_Api* api, XLA_FFI_Error* error) {
-  XLA_FFI_Error_GetMessage_Args get{XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE, nullptr, error,
-                                    nullptr};
-  api->XLA_FFI_Error_GetMessage(&get);
-  std::string message = get.message ? get.message : "";
+  std::string message = ReadMessage(api, error);
   XLA_FFI_Error_Destroy_Args destroy{XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, nullptr, error};
   api->XLA_FFI_Error_Destroy(&destroy);
   return message;
@@ -286,7 +317,7 @@ XLA_FFI_Error* MakeError(const XLA_FFI_Api* api, const std::string& message,
 }
 
 bool AnswerMetadataQuery(XLA_FFI_CallFrame* frame) {
-  XLA_FFI_Extension_Base* ext = frame->extension_start;
+  auto* ext = frame->extension_start;  // XLA_FFI_InternalExtension from API version 0.5
   if (ext == nullptr || ext->type != XLA_FFI_Extension_Metadata) return false;
   XLA_FFI_Metadata* metadata = reinterpret_cast<XLA_FFI_Metadata_Extension*>(ext)->metadata;
   metadata->api_version = XLA_FFI_Api_Version{XLA_FFI_Api_Version_STRUCT_SIZE, nullptr,
