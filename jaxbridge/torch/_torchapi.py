@@ -43,7 +43,7 @@ def move_to_private_memory(t: torch.Tensor) -> None:
     they all read and write memory of torch's own, holding what `t`'s held."""
     storage = t.untyped_storage()
     private = storage.clone()
-    storage._swap_data_ptr_(private)  # type: ignore[attr-defined]  # `private` drops the old
+    storage._swap_data_ptr_(private)  # type: ignore[attr-defined,unused-ignore]  # `private` drops the old
 
 
 def outside_transforms() -> Any:
