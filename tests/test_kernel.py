@@ -18,7 +18,7 @@ from jaxbridge._kernel import registry
 from jaxbridge.errors import KernelError, MissingRuleError
 
 if not ops.available():  # pragma: no cover - only with JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS=1
-    pytest.skip(f"jaxbridge._kernels not built: {extension_missing('_kernels')}",
+    pytest.skip(f"jaxbridge._builtin not built: {extension_missing('_builtin')}",
                 allow_module_level=True)
 ops._register()
 # The kernels compiled here are CPU-only: on JAX's CPU device even where a GPU is JAX's
@@ -44,7 +44,7 @@ def test_get_include_has_headers():
 
 
 def test_register_target_validation():
-    cap = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_fwd"]
+    cap = ops._builtin_ext.registrations()["cpu"]["jaxbridge_softplus_fwd"]
     with pytest.raises(KernelError, match="invalid FFI target name"):
         register_target("bad name!", cap)
     with pytest.raises(KernelError, match="reserved"):
@@ -54,7 +54,7 @@ def test_register_target_validation():
     full = register_target("sp", cap, namespace="tests.kernel")
     assert full == "tests.kernel.sp"
     assert register_target("sp", cap, namespace="tests.kernel") == full  # idempotent
-    other = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_adj"]
+    other = ops._builtin_ext.registrations()["cpu"]["jaxbridge_softplus_adj"]
     with pytest.raises(KernelError, match="already registered with a different handler"):
         register_target("sp", other, namespace="tests.kernel")
     with pytest.raises(KernelError, match="unknown platform"):
@@ -62,7 +62,7 @@ def test_register_target_validation():
 
 
 def test_capsule_targets_are_namespaced():
-    regs = ops._kernels.registrations()["cpu"]
+    regs = ops._builtin_ext.registrations()["cpu"]
     k = kernel(regs["jaxbridge_softplus_fwd"], regs["jaxbridge_softplus_adj"],
                name="mysoftplus", namespace="tests.ns", result=lambda x, **_: x,
                attrs={"beta": 1.0}, pass_outputs=False)

@@ -1,6 +1,6 @@
 // The host-call runtime's internal interface: what the files of csrc/hostcall/ share.
 //
-// jaxbridge._native runs registered Python callables on NumPy views of XLA's buffers.
+// jaxbridge._hostcall runs registered Python callables on NumPy views of XLA's buffers.
 // Each file has one job:
 //   registry.cc      callables by id, and the Python hooks handed over at import
 //   shutdown.cc      interpreter exit: refuse new calls, wait for (or abandon) running ones

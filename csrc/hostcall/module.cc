@@ -1,4 +1,4 @@
-// The pybind11 module jaxbridge._native: the FFI handlers' capsules and the registry,
+// The pybind11 module jaxbridge._hostcall: the FFI handlers' capsules and the registry,
 // hooks, thread and shutdown controls that jaxbridge/_foreign/hostcall.py uses.
 #include <pybind11/stl.h>
 
@@ -18,7 +18,7 @@ py::capsule EncapsulateFfiHandler(T* fn) {
 
 }  // namespace
 
-PYBIND11_MODULE(_native, m) {
+PYBIND11_MODULE(_hostcall, m) {
   m.doc() = "jaxbridge native host-call trampoline (XLA FFI)";
   m.def("registrations", []() {
     py::dict cpu;

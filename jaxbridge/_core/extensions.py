@@ -1,5 +1,5 @@
-"""Loading jaxbridge's compiled extensions (`_native`: the host-call trampoline;
-`_kernels`: the built-in C++/CUDA kernels), the one place that knows why one is missing.
+"""Loading jaxbridge's compiled extensions (`_hostcall`: the host-call trampoline;
+`_builtin`: the built-in C++/CUDA kernels), the one place that knows why one is missing.
 
 The usual reason is not a broken build: Python started in the repository root imports
 the *source tree* (the current directory comes first on `sys.path`), which has no

@@ -57,7 +57,7 @@ from .._core.jaxapi import mlir
 from ..errors import BackendError, ForeignCallError, KeptViewError
 from . import delivery, threads
 
-_native = extensions.load("_native")
+_native = extensions.load("_hostcall")
 
 __all__ = ["HostCallable", "lower_host_call", "native_platforms", "default_backend",
            "ForeignCallError"]
@@ -307,7 +307,7 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
             f"jax.pure_callback.")
     if backend == "auto" and not use_native and platform in ("cpu", "cuda"):
         extensions.warn_once_if_missing(
-            "_native", "host calls run through jax.pure_callback (about 30x slower per call)")
+            "_hostcall", "host calls run through jax.pure_callback (about 30x slower per call)")
     if use_native:
         return _lower_native(ctx, target, args, platform, num_batch_dims, aliases)
 
