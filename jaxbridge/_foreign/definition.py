@@ -57,7 +57,7 @@ class Definition:
     in_place: bool       # jb.foreign(out=True): the function fills `out=` buffers
     linear: bool
     cast: bool
-    aliases: tuple = ()  # forward call: ((operand, result), ...), see hostcall.check_aliases_arg
+    aliases: tuple = ()  # forward call: ((operand, result), ...), see api._forward_aliases
     vjp: Rule | None = None
     jvp: Rule | None = None
     transpose: Rule | None = None

@@ -357,59 +357,6 @@ def loop_leading(fill: Callable[[tuple, tuple], Any], n: int) -> Callable[[tuple
     return looped
 
 
-# ---- aliases: a result written into an operand's buffer
-ALIAS_ROLES = ("forward",)
-
-
-def check_aliases_arg(name: str, aliases: Any) -> tuple[tuple[int, int], ...]:
-    """Normalize `jb.foreign(..., aliases=)` to the forward call's ((operand, result), ...)
-    pairs; shapes and dtypes are checked per call (`check_alias_types`)."""
-    where = f"jaxbridge.foreign {name!r}: argument 'aliases'"
-    if aliases is None:
-        return ()
-    if not isinstance(aliases, dict):
-        raise TypeError(f"{where}: expected a dict {{'forward': {{operand index: result "
-                        f"index}}}}, received {type(aliases).__name__}")
-    pairs: tuple[tuple[int, int], ...] = ()
-    for role, mapping in aliases.items():
-        if role not in ALIAS_ROLES:
-            raise ValueError(
-                f"{where}: unknown role {role!r}; host functions alias in {list(ALIAS_ROLES)} "
-                f"(derivative rules write into fresh buffers; give them out=True to save the "
-                f"copy of what they return)")
-        if not isinstance(mapping, dict) or not all(
-                isinstance(k, (int, np.integer)) and isinstance(v, (int, np.integer))
-                and not isinstance(k, bool) and not isinstance(v, bool) and k >= 0 and v >= 0
-                for k, v in mapping.items()):
-            raise TypeError(f"{where}: {role!r} must map operand indices to result indices "
-                            f"(non-negative ints), received {mapping!r}")
-        if len(set(mapping.values())) != len(mapping):
-            raise ValueError(f"{where}: {role!r}: two operands aliased to the same result "
-                             f"({dict(mapping)})")
-        pairs = tuple(sorted((int(k), int(v)) for k, v in mapping.items()))
-    return pairs
-
-
-def check_alias_types(name: str, pairs: Sequence[tuple[int, int]], operands: Sequence[Any],
-                      results: Sequence[Any]) -> None:
-    """Raise unless every aliased operand and result have one shape and dtype. Operands
-    are the array leaves of the positional arguments, results the leaves of the result
-    (then of the residuals), in order."""
-    from ..errors import describe
-
-    where = f"jaxbridge.foreign {name!r}: aliases['forward']"
-    for o, r in pairs:
-        if o >= len(operands) or r >= len(results):
-            raise ValueError(
-                f"{where} maps operand {o} to result {r}, but this call has {len(operands)} "
-                f"array operand(s) and {len(results)} result(s)")
-        a, b = operands[o], results[r]
-        if (tuple(a.shape), np.dtype(a.dtype)) != (tuple(b.shape), np.dtype(b.dtype)):
-            raise ValueError(
-                f"{where} maps operand {o} ({describe(a)}) to result {r} ({describe(b)}); "
-                f"aliased buffers need the same shape and dtype")
-
-
 def num_registered() -> int:
     """How many host callables are alive in the native registry (for leak checks)."""
     return 0 if _native is None else int(_native.num_registered())
