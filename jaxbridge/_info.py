@@ -6,10 +6,9 @@ import platform
 import sys
 
 import jax
-import jaxlib
 import numpy as np
 
-from ._core import extensions
+from ._core import extensions, jaxapi
 from ._foreign import hostcall
 
 __version__ = "0.1.0"
@@ -36,9 +35,9 @@ def info() -> dict[str, object]:
     native = extensions.load("_hostcall")
     return {
         "jaxbridge": __version__,
-        "location": str(extensions._PACKAGE_DIR),
+        "location": str(extensions.PACKAGE_DIR),
         "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
+        "jaxlib": jaxapi.jaxlib_version(),
         "numpy": np.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

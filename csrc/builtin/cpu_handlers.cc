@@ -1,6 +1,6 @@
 // XLA FFI handlers (CPU) of the built-in kernels: validation + dispatch + threading.
 // The math lives in csrc/math/cpu_kernels.h. Calling conventions (shared with
-// jaxbridge/_kernel.py): forward(primals) -> outputs; adjoint(primals, outputs,
+// jaxbridge/_kernel/signature.py): forward(primals) -> outputs; adjoint(primals, outputs,
 // cotangents) -> input cotangents; tangent(primals, outputs, tangents) -> output
 // tangents. Static parameters arrive as FFI attributes.
 #include <algorithm>
