@@ -1,5 +1,6 @@
 // The pybind11 module jaxbridge._hostcall: the FFI handlers' capsules and the registry,
-// hooks, thread and shutdown controls that jaxbridge/_foreign/hostcall.py uses.
+// hooks, thread and shutdown controls that jaxbridge/_foreign/ uses (hostcall.py: callables
+// and lowering; delivery.py: the hooks; threads.py: thread budgets; shutdown.py: exit).
 #include <pybind11/stl.h>
 
 #include <algorithm>

@@ -109,7 +109,7 @@ class CallLayout:
         self.prune_zero_tangents = not defn.linear
         # A batch_dims function is independent along leading dims, so vmap is one call
         # with one more (XLA may split it; on an explicit mesh lax.map would gather):
-        # with vmap="loop" the host loops over the new dims (hostcall.loop_leading).
+        # with vmap="loop" the host loops over the new dims (runners.loop_leading).
         self.vectorized = defn.vmap == "vectorized" or bool(defn.batch_dims)
         self._batched: dict[int, Self] = {}
         self.kwargs = dict(statics)
