@@ -78,7 +78,8 @@ def refuse_gather(ctx: Any, what: str, num_batch_dims: int, unsplit: str | None,
 
 
 def _is_index(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
+        and bool(value >= 0)
 
 
 def check_aliases_arg(where: str, aliases: Any, roles: Sequence[str],

@@ -29,10 +29,10 @@ trampoline re-raises it on that thread when the JAX call returns; elsewhere (XLA
 worker threads, a device's part of a program, `pure_callback`) it crosses XLA as an
 error whose text carries a token, and JAX's runtime error for it is built as the
 exception itself (`delivery.py`, which also hands the runtime its hooks; `threads.py`
-sets the BLAS thread budget of each call, `shutdown.py` waits for calls at exit). XLA CPU's thunk executor runs independent parts of a
-program in parallel, so even a single-device program may run a host call on a worker
-(the status check after a compiled solve's forward loop in `jit(grad(...))`, about one
-call in three on 2 cores).
+sets the BLAS thread budget of each call, `shutdown.py` waits for calls at exit).
+XLA CPU's thunk executor runs independent parts of a program in parallel, so even a
+single-device program may run a host call on a worker (the status check after a
+compiled solve's forward loop in `jit(grad(...))`, about one call in three on 2 cores).
 """
 
 from __future__ import annotations
