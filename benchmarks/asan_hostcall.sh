@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The host-call runtime (jaxbridge._native) built with AddressSanitizer and
+# The host-call runtime (jaxbridge._hostcall) built with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and its tests run against it: host calls, exception
 # delivery, per-shard calls, and the torch bridge's redirect (torch writing into XLA's
 # buffers). Python, NumPy, jaxlib and torch are not instrumented; ASan's allocator is

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build under AddressSanitizer + UndefinedBehaviorSanitizer and run, with no XLA and no
 # Python at run time:
-#  1. the pure-math CPU kernels (csrc/kernels/cpu_kernels.h) with their driver
+#  1. the pure-math CPU kernels (csrc/math/cpu_kernels.h) with their driver
 #     tests/native/asan_driver.cc;
 #  2. the guarded call (csrc/builtin/guard.cc) around the handlers of a kernel with
 #     residuals (examples/rms_norm.cc) and of kernels that write outside their outputs
@@ -16,7 +16,7 @@ mkdir -p "$out"
 trap 'rm -rf "$out"' EXIT
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
        -fno-sanitize-recover=undefined)
-"${CXX:-c++}" "${flags[@]}" -I"$root/csrc/kernels" \
+"${CXX:-c++}" "${flags[@]}" -I"$root/csrc/math" \
   "$root/tests/native/asan_driver.cc" -o "$out/asan_driver"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$out/asan_driver"
 

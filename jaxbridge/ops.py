@@ -38,7 +38,7 @@ _FLOATS = (np.dtype("float32"), np.dtype("float64"))
 _lock = threading.Lock()
 _platforms: tuple[str, ...] | None = None
 
-_kernels = extensions.load("_kernels")
+_builtin_ext = extensions.load("_builtin")
 
 
 def available() -> bool:
@@ -56,7 +56,7 @@ def available() -> bool:
         >>> ops.available()
         True
     """
-    return _kernels is not None
+    return _builtin_ext is not None
 
 
 _ISA_VALUES = ("baseline", "avx2", "avx512")
@@ -75,11 +75,11 @@ def _register() -> tuple[str, ...]:
     with _lock:
         if _platforms is None:
             _check_isa_env()
-            if _kernels is None:
-                raise ImportError("jaxbridge.ops: the compiled kernels (jaxbridge._kernels) are "
-                                  f"not available: {extensions.missing_reason('_kernels')}")
+            if _builtin_ext is None:
+                raise ImportError("jaxbridge.ops: the compiled kernels (jaxbridge._builtin) are "
+                                  f"not available: {extensions.missing_reason('_builtin')}")
             plats = []
-            for platform, targets in _kernels.registrations().items():
+            for platform, targets in _builtin_ext.registrations().items():
                 plat = platform.lower()
                 for name, capsule in targets.items():
                     register_target(name, capsule, platform=plat, builtin=True)
@@ -91,8 +91,8 @@ def _register() -> tuple[str, ...]:
 def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
              **options: Any) -> Kernel:
     plats = _register()
-    assert _kernels is not None  # _register() raised otherwise
-    targets = _kernels.targets()[op]  # the C++ target table (csrc/builtin/targets.h)
+    assert _builtin_ext is not None  # _register() raised otherwise
+    targets = _builtin_ext.targets()[op]  # the C++ target table (csrc/builtin/targets.h)
     # The targets are registered above (under the reserved prefix, as built-ins), so
     # jaxbridge.kernel accepts their names like any registered target's.
     return kernel(targets["forward"], targets["adjoint"], targets["tangent"],

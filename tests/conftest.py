@@ -24,7 +24,7 @@ def pytest_configure(config):
     """
     from jaxbridge._core import extensions
 
-    missing = {name: extensions.missing_reason(name) for name in ("_native", "_kernels")}
+    missing = {name: extensions.missing_reason(name) for name in ("_hostcall", "_builtin")}
     missing = {k: v for k, v in missing.items() if v is not None}
     if missing and os.environ.get(WITHOUT_EXTENSIONS) != "1":
         lines = "\n".join(f"  jaxbridge.{k}: {v}" for k, v in missing.items())

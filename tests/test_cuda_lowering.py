@@ -242,7 +242,7 @@ def _residual_kernel(guarded):
     """A kernel with residuals and a forward_with_residuals target on CPU and CUDA (the
     built-in softplus handlers re-registered under this kernel's names: lowering checks
     which targets a program calls, not what they compute)."""
-    regs = {p.lower(): t for p, t in ops._kernels.registrations().items()}
+    regs = {p.lower(): t for p, t in ops._builtin_ext.registrations().items()}
     both = {role: {plat: regs[plat][f"jaxbridge_softplus_{sym}"] for plat in ("cpu", "cuda")}
             for role, sym in (("fwd", "fwd"), ("adj", "adj"), ("tan", "tan"))}
     return jb.kernel(both["fwd"], both["adj"], both["tan"], forward_with_residuals=both["fwd"],

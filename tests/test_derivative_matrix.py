@@ -1397,7 +1397,7 @@ def _cells() -> list:
 @pytest.mark.parametrize("row,mode,dtype", _cells())
 def test_cell(row: Row, mode: str, dtype: str):
     if row.function.startswith("ops.") and not ops.available():  # only with the opt-out
-        pytest.skip(f"jaxbridge._kernels not built: {extension_missing('_kernels')}")
+        pytest.skip(f"jaxbridge._builtin not built: {extension_missing('_builtin')}")
     try:
         _RESULTS[(row.id, mode, dtype)] = check_cell(row, mode, dtype)
     except BaseException:

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from conftest import extension_missing
 
+import jaxbridge as jb
 import jaxbridge.ops as ops
 from jaxbridge import get_include, kernel, register_target
 from jaxbridge._kernel import registry
-from jaxbridge.errors import KernelError, MissingRuleError
+from jaxbridge.errors import AliasError, KernelError, MissingRuleError
 
 if not ops.available():  # pragma: no cover - only with JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS=1
-    pytest.skip(f"jaxbridge._kernels not built: {extension_missing('_kernels')}",
+    pytest.skip(f"jaxbridge._builtin not built: {extension_missing('_builtin')}",
                 allow_module_level=True)
 ops._register()
 # The kernels compiled here are CPU-only: on JAX's CPU device even where a GPU is JAX's
@@ -44,7 +45,7 @@ def test_get_include_has_headers():
 
 
 def test_register_target_validation():
-    cap = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_fwd"]
+    cap = ops._builtin_ext.registrations()["cpu"]["jaxbridge_softplus_fwd"]
     with pytest.raises(KernelError, match="invalid FFI target name"):
         register_target("bad name!", cap)
     with pytest.raises(KernelError, match="reserved"):
@@ -54,7 +55,7 @@ def test_register_target_validation():
     full = register_target("sp", cap, namespace="tests.kernel")
     assert full == "tests.kernel.sp"
     assert register_target("sp", cap, namespace="tests.kernel") == full  # idempotent
-    other = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_adj"]
+    other = ops._builtin_ext.registrations()["cpu"]["jaxbridge_softplus_adj"]
     with pytest.raises(KernelError, match="already registered with a different handler"):
         register_target("sp", other, namespace="tests.kernel")
     with pytest.raises(KernelError, match="unknown platform"):
@@ -62,7 +63,7 @@ def test_register_target_validation():
 
 
 def test_capsule_targets_are_namespaced():
-    regs = ops._kernels.registrations()["cpu"]
+    regs = ops._builtin_ext.registrations()["cpu"]
     k = kernel(regs["jaxbridge_softplus_fwd"], regs["jaxbridge_softplus_adj"],
                name="mysoftplus", namespace="tests.ns", result=lambda x, **_: x,
                attrs={"beta": 1.0}, pass_outputs=False)
@@ -326,7 +327,7 @@ def test_bad_aliases_argument(aliases, match):
 def test_aliases_checked_against_each_call():
     k = softplus_kernel(name="sp_alias_range", aliases={"adjoint": {5: 0}})
     with pytest.raises(KernelError, match=r"aliases\['adjoint'\] maps operand 5 to result 0, "
-                                          r"but the adjoint kernel has 2 operands"):
+                                          r"but the adjoint kernel has 2 array operand\(s\)"):
         k(jnp.ones(3))
     rbf = kernel("jaxbridge_rbf_kernel_fwd", "jaxbridge_rbf_kernel_adj", name="rbf_alias",
                  result=lambda x, y, l: jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]),
@@ -335,6 +336,47 @@ def test_aliases_checked_against_each_call():
     with pytest.raises(KernelError, match=r"operand 4 \(float64\[2, 4\]\) to result 0 "
                                           r"\(float64\[2, 3\]\).*same shape and dtype"):
         rbf(jnp.ones((2, 3)), jnp.zeros((4, 3)), jnp.float64(1.0))
+
+
+def _alias_error(make, call=None):
+    """The AliasError that `make()` (or `call(made)`) raises, past its 'who' prefix."""
+    with pytest.raises(AliasError) as info:
+        made = make()
+        if call is not None:
+            call(made)
+    who, _, rest = str(info.value).partition(": ")
+    return who, rest
+
+
+@pytest.mark.parametrize("aliases", [{"forward": {0: -1}}, {"forward": {0: 0, 1: 0}},
+                                     {"forward": [(0, 0)]}])
+def test_kernels_and_host_functions_refuse_bad_aliases_alike(aliases):
+    # One check serves both: the same exception type (caught as KernelError or as
+    # ValueError, what each raised before) and the same message after the name.
+    kernel_who, kernel_says = _alias_error(
+        lambda: softplus_kernel(name="sp_same_alias", aliases=aliases))
+    host_who, host_says = _alias_error(
+        lambda: jb.foreign(lambda x: x, aliases=aliases)(np.negative))
+    assert kernel_who == "jaxbridge.kernel 'sp_same_alias'"
+    assert host_who == "jaxbridge.foreign 'negative'"
+    assert kernel_says == host_says and kernel_says.startswith("argument 'aliases': ")
+    with pytest.raises(KernelError):
+        jb.foreign(lambda x: x, aliases=aliases)(np.negative)
+    with pytest.raises(ValueError):
+        softplus_kernel(name="sp_same_alias", aliases=aliases)
+
+
+def test_aliases_that_do_not_fit_a_call_are_refused_alike():
+    x = jnp.ones(3)
+    _, kernel_says = _alias_error(
+        lambda: softplus_kernel(name="sp_alias_fit", aliases={"forward": {1: 0}}),
+        lambda k: jax.jit(k)(x))
+    _, host_says = _alias_error(
+        lambda: jb.foreign(lambda x: x, aliases={"forward": {1: 0}})(np.negative),
+        lambda f: jax.jit(f)(x))
+    assert kernel_says == ("aliases['forward'] maps operand 1 to result 0, but the forward "
+                           "kernel has 1 array operand(s) and 1 result(s)")
+    assert host_says == kernel_says.replace("the forward kernel", "this call")
 
 
 # ----------------------------------------------------------------- mistakes name the kernel

@@ -131,7 +131,7 @@ def test_kernels_traced_while_guarding_are_guarded():
 
 # ------------------------------------------------------------------ refusals at trace time
 def test_a_target_registered_elsewhere_cannot_be_guarded():
-    capsule = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_fwd"]
+    capsule = ops._builtin_ext.registrations()["cpu"]["jaxbridge_softplus_fwd"]
     jax.ffi.register_ffi_target("tests_guard.softplus_elsewhere", capsule, platform="cpu")
     k = jb.kernel("tests_guard.softplus_elsewhere", result=lambda x, **_: x,
                   attrs={"beta": 1.0}, name="sp_elsewhere", guard_outputs=True)
@@ -144,8 +144,8 @@ def test_a_target_registered_elsewhere_cannot_be_guarded():
 def test_check_rules_leaves_a_kernel_it_cannot_guard_as_it_is():
     """A kernel over a target registered outside jaxbridge: check_rules checks it
     unguarded (as before guarded outputs existed) rather than failing every check."""
-    capsule = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_fwd"]
-    adjoint = ops._kernels.registrations()["cpu"]["jaxbridge_softplus_adj"]
+    capsule = ops._builtin_ext.registrations()["cpu"]["jaxbridge_softplus_fwd"]
+    adjoint = ops._builtin_ext.registrations()["cpu"]["jaxbridge_softplus_adj"]
     jax.ffi.register_ffi_target("tests_guard.sp_fwd_elsewhere", capsule, platform="cpu")
     jax.ffi.register_ffi_target("tests_guard.sp_adj_elsewhere", adjoint, platform="cpu")
     k = jb.kernel("tests_guard.sp_fwd_elsewhere", "tests_guard.sp_adj_elsewhere",

@@ -14,7 +14,7 @@ import jaxbridge as jb
 import jaxbridge.ops as ops
 
 if not ops.available():  # pragma: no cover - only with JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS=1
-    pytest.skip(f"jaxbridge._kernels not built: {extension_missing('_kernels')}",
+    pytest.skip(f"jaxbridge._builtin not built: {extension_missing('_builtin')}",
                 allow_module_level=True)
 
 FLOATS = [np.float32, np.float64]
@@ -111,18 +111,18 @@ def test_rbf_scalar_length_scale_broadcasts(rng):
 # The CPU kernels are compiled per instruction set (baseline, AVX2, AVX-512) and
 # picked at run time; `cpu_isa` runs a test under each one this CPU has.
 def _isas():
-    from jaxbridge import _kernels
-    best = _kernels._cpu_isa()
+    from jaxbridge import _builtin
+    best = _builtin._cpu_isa()
     return ["baseline", "avx2", "avx512"][: ["baseline", "avx2", "avx512"].index(best) + 1]
 
 
 @pytest.fixture(params=_isas())
 def cpu_isa(request):
-    from jaxbridge import _kernels
-    best = _kernels._cpu_isa()
-    assert _kernels._set_cpu_isa_limit(request.param) == request.param
+    from jaxbridge import _builtin
+    best = _builtin._cpu_isa()
+    assert _builtin._set_cpu_isa_limit(request.param) == request.param
     yield request.param
-    _kernels._set_cpu_isa_limit(best)
+    _builtin._set_cpu_isa_limit(best)
 
 
 def np_rbf_derivatives(x, y, l, ct, tx, ty, tl):
@@ -672,10 +672,10 @@ def test_cpu_isa_environment_variable(tmp_path):
     import subprocess
     import sys
     code = ("import warnings, jax.numpy as jnp; warnings.simplefilter('always'); "
-            "from jaxbridge import ops, _kernels\n"
+            "from jaxbridge import ops, _builtin\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    ops.softplus(jnp.ones(3)).block_until_ready()\n"
-            "print(_kernels._cpu_isa(), '|'.join(str(x.message) for x in w))")
+            "print(_builtin._cpu_isa(), '|'.join(str(x.message) for x in w))")
 
     def run(value):
         env = dict(os.environ, JAXBRIDGE_CPU_ISA=value)
@@ -685,7 +685,7 @@ def test_cpu_isa_environment_variable(tmp_path):
         isa, _, warned = out.stdout.strip().partition(" ")
         return isa, warned
 
-    from jaxbridge import _kernels
+    from jaxbridge import _builtin
     assert run("BASELINE") == ("baseline", "")  # case-insensitive
     isa, warned = run("avx9")
-    assert isa == _kernels._cpu_isa() and "JAXBRIDGE_CPU_ISA='avx9' is not one of" in warned
+    assert isa == _builtin._cpu_isa() and "JAXBRIDGE_CPU_ISA='avx9' is not one of" in warned

@@ -1,6 +1,6 @@
 // XLA FFI handlers (CPU) of the built-in kernels: validation + dispatch + threading.
-// The math lives in csrc/kernels/cpu_kernels.h. Calling conventions (shared with
-// jaxbridge/_kernel.py): forward(primals) -> outputs; adjoint(primals, outputs,
+// The math lives in csrc/math/cpu_kernels.h. Calling conventions (shared with
+// jaxbridge/_kernel/signature.py): forward(primals) -> outputs; adjoint(primals, outputs,
 // cotangents) -> input cotangents; tangent(primals, outputs, tangents) -> output
 // tangents. Static parameters arrive as FFI attributes.
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include "handlers.h"
 #include "jaxbridge/ffi_helpers.h"
 #include "jaxbridge/parallel.h"
-#include "kernels/cpu_kernels.h"
+#include "math/cpu_kernels.h"
 #include "validate.h"
 
 namespace jaxbridge::builtin {
@@ -136,7 +136,7 @@ ffi::Error TridiagTan(JB_POOL_PARAM AnyBuffer dl, AnyBuffer d, AnyBuffer du, Any
 }
 
 // ---------------------------------------------------------------- RBF kernel matrix
-// The kernels (csrc/kernels/cpu_kernels.h) pack y into scratch and split the rows
+// The kernels (csrc/math/cpu_kernels.h) pack y into scratch and split the rows
 // over the pool themselves; PoolFor adapts ParallelFor to their `pf` argument.
 template <typename Pool>
 struct PoolFor {

@@ -1,12 +1,12 @@
 // XLA FFI handlers (CUDA) of the built-in kernels: validation + dispatch; the
-// kernels run on XLA's stream (csrc/kernels/cuda_kernels.cu). Same calling
+// kernels run on XLA's stream (csrc/math/cuda_kernels.cu). Same calling
 // conventions as cpu_handlers.cc.
 #include <cstdint>
 
 #include "handlers.h"
 #include "jaxbridge/cuda.h"
 #include "jaxbridge/ffi_helpers.h"
-#include "kernels/cuda_kernels.h"
+#include "math/cuda_kernels.h"
 #include "validate.h"
 
 namespace jaxbridge::builtin {

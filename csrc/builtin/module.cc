@@ -1,4 +1,4 @@
-// jaxbridge._kernels: hands the built-in kernels' FFI handler capsules to Python.
+// jaxbridge._builtin: hands the built-in kernels' FFI handler capsules to Python.
 //   registrations() -> {"cpu": {target: capsule}, "CUDA": {...}}   (CUDA when built)
 //   targets()       -> {op: {role: target}}                         (targets.h)
 //   guarded_call()  -> {"cpu": capsule, "CUDA": capsule}             (guard.h)
@@ -9,7 +9,7 @@
 
 #include "guard.h"
 #include "handlers.h"
-#include "kernels/cpu_isa.h"
+#include "math/cpu_isa.h"
 
 extern "C" XLA_FFI_Error* JaxbridgeGuardedCpu(XLA_FFI_CallFrame* frame);
 #ifdef JAXBRIDGE_WITH_CUDA
@@ -26,7 +26,7 @@ py::capsule Capsule(T* fn) {
 }
 }  // namespace
 
-PYBIND11_MODULE(_kernels, m) {
+PYBIND11_MODULE(_builtin, m) {
   m.doc() = "jaxbridge built-in kernels (XLA FFI handlers)";
   m.def(
       "registrations",
@@ -90,7 +90,7 @@ PYBIND11_MODULE(_kernels, m) {
                     reinterpret_cast<XLA_FFI_Handler*>(handler.get_pointer()));
       },
       "Records the handler registered with XLA under `target`, for the guarded call.");
-  // CPU instruction-set dispatch of the kernels (csrc/kernels/cpu_isa.h), for tests
+  // CPU instruction-set dispatch of the kernels (csrc/math/cpu_isa.h), for tests
   // and benchmarks: run the baseline / AVX2 code paths on an AVX-512 machine.
   m.def(
       "_cpu_isa", []() { return std::string(jk::IsaName(jk::ActiveIsa())); },

@@ -1,6 +1,6 @@
 // The one table of jaxbridge's built-in FFI targets. Everything that names a target --
 // handler declarations, the registrations handed to Python, the names in error
-// messages, jaxbridge/ops.py (via _kernels.targets()) -- expands this list.
+// messages, jaxbridge/ops.py (via _builtin.targets()) -- expands this list.
 //
 //   X(op, role, Symbol, "target name")
 // Handler symbols are Jaxbridge<Symbol>Cpu and Jaxbridge<Symbol>Cuda.

@@ -2,7 +2,7 @@
 //
 // On the CUDA platform the handler normally stages operands through pinned host memory
 // and hands the callable NumPy views. A callable registered with a *device fill*
-// (`_native.set_device_fill(id, fn)`; jaxbridge.torch registers one when torch has
+// (`_hostcall.set_device_fill(id, fn)`; jaxbridge.torch registers one when torch has
 // CUDA) gets XLA's device buffers instead:
 //
 //     device_fill(inputs: tuple[capsule], outputs: tuple[capsule], stream: int, device: int)
@@ -19,7 +19,7 @@
 //
 // STATUS: compiled and lowered in CI, never run on a GPU (see docs/guides/torch.md).
 // Everything but CUDA itself runs on CPU in tests/test_torch_device.py, through
-// _native._invoke_device_fill_for_testing (host arrays as kDLCPU views).
+// _hostcall._invoke_device_fill_for_testing (host arrays as kDLCPU views).
 #include <pybind11/stl.h>
 
 #include <cstring>

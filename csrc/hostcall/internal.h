@@ -1,6 +1,6 @@
 // The host-call runtime's internal interface: what the files of csrc/hostcall/ share.
 //
-// jaxbridge._native runs registered Python callables on NumPy views of XLA's buffers.
+// jaxbridge._hostcall runs registered Python callables on NumPy views of XLA's buffers.
 // Each file has one job:
 //   registry.cc      callables by id, and the Python hooks handed over at import
 //   shutdown.cc      interpreter exit: refuse new calls, wait for (or abandon) running ones
@@ -11,7 +11,8 @@
 //   invoke.cc        one host call, and the XLA FFI handlers that make it
 //   device_call.cc   the CUDA device path: DLPack views of device buffers
 //   cuda_staging.cc  the CUDA staged path: operands through pinned host memory
-//   module.cc        the pybind11 module (the Python side: jaxbridge/_foreign/hostcall.py)
+//   module.cc        the pybind11 module (the Python side: jaxbridge/_foreign/hostcall.py,
+//                    delivery.py, threads.py, shutdown.py)
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -177,7 +178,7 @@ std::unordered_map<int64_t, std::shared_ptr<Entry>>& Registry();
 // The entry registered under `callback_id`, or nullptr. With the GIL held.
 std::shared_ptr<Entry> FindEntry(int64_t callback_id);
 
-// Python objects handed over once by jaxbridge/_foreign/hostcall.py (owned, never freed).
+// Python objects handed over once by jaxbridge/_foreign/delivery.py (owned, never freed).
 struct Hooks {
   PyObject* delivery_class = nullptr;  // raising it re-raises the thread's pending exception
   PyObject* gc_collect = nullptr;      // gc.collect

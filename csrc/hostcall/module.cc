@@ -1,5 +1,6 @@
-// The pybind11 module jaxbridge._native: the FFI handlers' capsules and the registry,
-// hooks, thread and shutdown controls that jaxbridge/_foreign/hostcall.py uses.
+// The pybind11 module jaxbridge._hostcall: the FFI handlers' capsules and the registry,
+// hooks, thread and shutdown controls that jaxbridge/_foreign/ uses (hostcall.py: callables
+// and lowering; delivery.py: the hooks; threads.py: thread budgets; shutdown.py: exit).
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -18,7 +19,7 @@ py::capsule EncapsulateFfiHandler(T* fn) {
 
 }  // namespace
 
-PYBIND11_MODULE(_native, m) {
+PYBIND11_MODULE(_hostcall, m) {
   m.doc() = "jaxbridge native host-call trampoline (XLA FFI)";
   m.def("registrations", []() {
     py::dict cpu;

@@ -21,7 +21,8 @@
 //   follows the machine's load.
 //
 // JAXBRIDGE_HOST_BLAS_THREADS=N fixes the count at N during host calls (never raising a
-// library's own setting); =unlimited leaves the libraries alone (see hostcall.py).
+// library's own setting); =unlimited leaves the libraries alone (see
+// jaxbridge/_foreign/threads.py).
 #include <algorithm>
 #include <mutex>
 #include <thread>

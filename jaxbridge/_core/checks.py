@@ -4,19 +4,25 @@
 * `check_batch_dims`: arrays that declare shared leading batch dimensions have them.
 * `refuse_gather`: never let XLA silently all-gather the operands of an opaque call
   compiled for several devices (JAX issue #32098).
+* `check_aliases_arg`, `check_alias_types`: ``aliases=`` (a result written into an
+  operand's buffer), for host functions and kernels alike, raising `AliasError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
-from ..errors import ShardingError
+from ..errors import AliasError, ShardingError, describe
 from . import jaxapi
 
-__all__ = ["is_differentiable", "check_batch_dims", "refuse_gather"]
+__all__ = ["is_differentiable", "check_batch_dims", "refuse_gather", "check_aliases_arg",
+           "check_alias_types"]
+
+AliasPairs = tuple[tuple[int, int], ...]
 
 
 def is_differentiable(dtype: Any) -> bool:
@@ -69,3 +75,58 @@ def refuse_gather(ctx: Any, what: str, num_batch_dims: int, unsplit: str | None,
         raise ShardingError(
             f"{what} is compiled into a computation partitioned over {devices} devices, but "
             f"it {unsplit}, so XLA would gather its inputs onto every device. {fix}")
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
+        and bool(value >= 0)
+
+
+def check_aliases_arg(where: str, aliases: Any, roles: Sequence[str],
+                      why_not: str = "") -> dict[str, AliasPairs]:
+    """Normalize ``aliases={role: {operand index: result index}}`` to
+    ``{role: ((operand, result), ...)}`` (sorted), or raise `AliasError`.
+
+    `where` opens the message ("jaxbridge.kernel 'k': argument 'aliases'"); `roles` are
+    the roles that may alias, `why_not` says why the others may not. Shapes and dtypes
+    are checked per call (`check_alias_types`).
+
+    >>> check_aliases_arg("f: argument 'aliases'", {"forward": {1: 0}}, ("forward",))
+    {'forward': ((1, 0),)}
+    """
+    if aliases is None:
+        return {}
+    if not isinstance(aliases, Mapping):
+        raise AliasError(f"{where}: expected a dict {{role: {{operand index: result index}}}} "
+                         f"with role in {list(roles)}, received {type(aliases).__name__}")
+    normalized = {}
+    for role, mapping in aliases.items():
+        if role not in roles:
+            raise AliasError(f"{where}: unknown role {role!r}; expected one of {list(roles)}"
+                             f"{' (' + why_not + ')' if why_not else ''}")
+        if not isinstance(mapping, Mapping) or not all(
+                _is_index(k) and _is_index(v) for k, v in mapping.items()):
+            raise AliasError(f"{where}: {role!r} must map operand indices to result indices "
+                             f"(non-negative ints), received {mapping!r}")
+        if len(set(mapping.values())) != len(mapping):
+            raise AliasError(f"{where}: {role!r}: two operands aliased to the same result "
+                             f"({dict(mapping)})")
+        normalized[role] = tuple(sorted((int(k), int(v)) for k, v in mapping.items()))
+    return normalized
+
+
+def check_alias_types(where: str, role: str, pairs: Sequence[tuple[int, int]],
+                      operands: Sequence[Any], results: Sequence[Any], call: str) -> None:
+    """Raise `AliasError` unless every aliased (operand, result) pair of this call exists
+    and has one shape and dtype. `call` names the call in the message ("this call",
+    "the adjoint kernel")."""
+    for o, r in pairs:
+        if o >= len(operands) or r >= len(results):
+            raise AliasError(
+                f"{where}: aliases[{role!r}] maps operand {o} to result {r}, but {call} has "
+                f"{len(operands)} array operand(s) and {len(results)} result(s)")
+        a, b = operands[o], results[r]
+        if (tuple(a.shape), np.dtype(a.dtype)) != (tuple(b.shape), np.dtype(b.dtype)):
+            raise AliasError(
+                f"{where}: aliases[{role!r}] maps operand {o} ({describe(a)}) to result {r} "
+                f"({describe(b)}); aliased buffers need the same shape and dtype")

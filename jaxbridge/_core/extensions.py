@@ -1,5 +1,5 @@
-"""Loading jaxbridge's compiled extensions (`_native`: the host-call trampoline;
-`_kernels`: the built-in C++/CUDA kernels), the one place that knows why one is missing.
+"""Loading jaxbridge's compiled extensions (`_hostcall`: the host-call trampoline;
+`_builtin`: the built-in C++/CUDA kernels), the one place that knows why one is missing.
 
 The usual reason is not a broken build: Python started in the repository root imports
 the *source tree* (the current directory comes first on `sys.path`), which has no
@@ -15,15 +15,15 @@ import pathlib
 import warnings
 from types import ModuleType
 
-__all__ = ["load", "missing_reason", "warn_once_if_missing"]
+__all__ = ["PACKAGE_DIR", "load", "missing_reason", "warn_once_if_missing"]
 
-_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent  # the imported jaxbridge package
 _loaded: dict[str, tuple[ModuleType | None, str | None]] = {}
 _warned: set[str] = set()
 
 
 def _in_source_tree() -> bool:
-    root = _PACKAGE_DIR.parent
+    root = PACKAGE_DIR.parent
     return (root / "pyproject.toml").is_file() and (root / "csrc").is_dir()
 
 
@@ -31,7 +31,7 @@ def _explain(name: str, err: ImportError) -> str:
     reason = f"{type(err).__name__}: {err}"
     if _in_source_tree():
         reason += (
-            f". jaxbridge was imported from its source tree ({_PACKAGE_DIR}), which has no "
+            f". jaxbridge was imported from its source tree ({PACKAGE_DIR}), which has no "
             f"compiled extension: Python puts the current directory first on sys.path, so "
             f"running it from the repository root shadows the installed package. Run from "
             f"another directory, or install in editable mode (pip install -e .), which "

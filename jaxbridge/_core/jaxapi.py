@@ -16,13 +16,22 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-from jax.core import ShapedArray
-from jax.extend.core import Primitive
+import jaxlib
+from jax.core import ShapedArray, Tracer
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Primitive, jaxpr_as_fun
 from jax.interpreters import ad, batching, mlir
 
 __all__ = [
     "Primitive",
     "ShapedArray",
+    "Jaxpr",
+    "is_tracer",
+    "jaxlib_version",
+    "is_jaxpr",
+    "is_closed_jaxpr",
+    "literal_value",
+    "inner_jaxprs",
+    "eval_jaxpr",
     "ad",
     "batching",
     "mlir",
@@ -48,6 +57,47 @@ __all__ = [
     "trace_flag",
     "untyped_manual_axes",
 ]
+
+
+def is_tracer(x: Any) -> bool:
+    """True for a traced value (inside jit, grad, vmap or a loop), not a concrete array."""
+    return isinstance(x, Tracer)
+
+
+def jaxlib_version() -> str:
+    """The installed jaxlib's version (jax's own is `jax.__version__`)."""
+    return str(jaxlib.__version__)
+
+
+# ---- reading jaxprs: program structure for hashing (scipy/_trace.py) and diagnosis
+def is_jaxpr(v: Any) -> bool:
+    """True for an open `Jaxpr` (a program without its constants)."""
+    return isinstance(v, Jaxpr)
+
+
+def is_closed_jaxpr(v: Any) -> bool:
+    """True for a `ClosedJaxpr` (`.jaxpr` and `.consts`)."""
+    return isinstance(v, ClosedJaxpr)
+
+
+def literal_value(v: Any) -> tuple[bool, Any]:
+    """(True, its value) for a jaxpr variable that is a literal, (False, None) otherwise."""
+    return (True, v.val) if isinstance(v, Literal) else (False, None)
+
+
+def inner_jaxprs(eqn: Any) -> Iterator[Any]:
+    """The jaxprs nested in an equation's parameters (a loop's body, a call's program):
+    open jaxprs as they are, closed ones by their `.jaxpr`."""
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+            inner = sub.jaxpr if isinstance(sub, ClosedJaxpr) else sub
+            if isinstance(inner, Jaxpr):
+                yield inner
+
+
+def eval_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    """Run the open `jaxpr` on its constants `consts` and inputs `args` (traceable)."""
+    return list(jaxpr_as_fun(ClosedJaxpr(jaxpr, list(consts)))(*args))
 
 
 def aval_of(x: Any) -> Any:

@@ -12,11 +12,11 @@ import numpy as np
 
 from .._core.arrays import as_struct, is_array_leaf
 from .._core.capabilities import Derivatives
-from .._core.checks import check_batch_dims, is_differentiable
+from .._core.checks import check_alias_types, check_aliases_arg, check_batch_dims, is_differentiable
 from .._core.jaxapi import aval_of
 from .._core.pair import VMAP_CHOICES, make_pair
 from .definition import Definition, Rule
-from .hostcall import BACKENDS, ON_MESH, check_alias_types, check_aliases_arg
+from .hostcall import BACKENDS, ON_MESH
 from .signature import CallSignature
 
 __all__ = ["ForeignFunction", "foreign", "custom_gradient", "foreign_pair"]
@@ -95,7 +95,7 @@ class ForeignFunction:
         self._definition = Definition(
             fun=fun, name=self.__name__, result=result, residuals=residuals, vmap=vmap,
             backend=backend, batch_dims=batch_dims, on_mesh=on_mesh, in_place=out,
-            linear=linear, cast=cast, aliases=check_aliases_arg(self.__name__, aliases))
+            linear=linear, cast=cast, aliases=_forward_aliases(self.__name__, aliases))
 
     # ---- what it is
     @property
@@ -333,6 +333,16 @@ def _check_choice(where: str, arg: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"{where}: {arg} must be one of {choices}, got {value!r}")
 
 
+def _forward_aliases(name: str, aliases: Any) -> tuple[tuple[int, int], ...]:
+    """``foreign(..., aliases=)`` as the forward call's ((operand, result), ...) pairs:
+    only the forward call of a host function aliases."""
+    pairs = check_aliases_arg(
+        f"jaxbridge.foreign {name!r}: argument 'aliases'", aliases, ("forward",),
+        why_not="derivative rules write into fresh buffers; give them out=True to save the "
+                "copy of what they return")
+    return pairs.get("forward", ())
+
+
 def _make_signature(defn: Definition, in_tree: Any, static_leaves: tuple, avals: tuple,
                     statics: tuple) -> CallSignature:
     in_structs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in avals)
@@ -358,7 +368,8 @@ def _make_signature(defn: Definition, in_tree: Any, static_leaves: tuple, avals:
         fix="Broadcast unbatched arguments, or call the function inside jax.shard_map instead.")
     if defn.linear:
         _check_linear(defn, in_structs, out_avals)
-    check_alias_types(defn.name, defn.aliases, in_structs, out_avals + res_avals)
+    check_alias_types(f"jaxbridge.foreign {defn.name!r}", "forward", defn.aliases,
+                      in_structs, out_avals + res_avals, "this call")
     return CallSignature(defn, in_tree, static_leaves, in_structs, statics, out_tree,
                          out_avals, res_tree, res_avals)
 
@@ -437,6 +448,9 @@ def foreign(result: Any, *, residuals: Any = None,
       TypeError: a non-callable to wrap, or a flag that is not a bool.
       ValueError: an unknown `vmap`, `backend` or `on_mesh`, a negative `batch_dims`,
         or `residuals` with ``linear=True``.
+      jaxbridge.errors.AliasError: malformed ``aliases`` (a ValueError, and a
+        `KernelError` as for `jaxbridge.kernel`); calls raise it for aliased buffers of
+        different shapes or dtypes.
 
     Calls raise `jaxbridge.errors.ResultMismatchError` for results that differ from
     the declaration, `MissingRuleError` when a transformation needs a rule that was
@@ -456,6 +470,8 @@ def foreign(result: Any, *, residuals: Any = None,
         >>> a, b = jnp.eye(2, dtype=jnp.float32) * 2.0, jnp.ones(2, dtype=jnp.float32)
         >>> jax.grad(lambda b: solve(a, b).sum())(b)
         Array([0.5, 0.5], dtype=float32)
+
+    (Over 80 lines because its docstring documents each option; the code is a few lines.)
     """
     def wrap(fun: Callable[..., Any]) -> ForeignFunction:
         return ForeignFunction(fun, result, residuals=residuals, vmap=vmap, backend=backend,

@@ -57,7 +57,7 @@ class Definition:
     in_place: bool       # jb.foreign(out=True): the function fills `out=` buffers
     linear: bool
     cast: bool
-    aliases: tuple = ()  # forward call: ((operand, result), ...), see hostcall.check_aliases_arg
+    aliases: tuple = ()  # forward call: ((operand, result), ...), see api._forward_aliases
     vjp: Rule | None = None
     jvp: Rule | None = None
     transpose: Rule | None = None
@@ -109,7 +109,7 @@ class CallLayout:
         self.prune_zero_tangents = not defn.linear
         # A batch_dims function is independent along leading dims, so vmap is one call
         # with one more (XLA may split it; on an explicit mesh lax.map would gather):
-        # with vmap="loop" the host loops over the new dims (hostcall.loop_leading).
+        # with vmap="loop" the host loops over the new dims (runners.loop_leading).
         self.vectorized = defn.vmap == "vectorized" or bool(defn.batch_dims)
         self._batched: dict[int, Self] = {}
         self.kwargs = dict(statics)

@@ -26,8 +26,10 @@ then names the failure's token, and `original_exception(err)` returns the except
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import threading
 import traceback
 import types
 from typing import Any
@@ -35,7 +37,8 @@ from typing import Any
 from .._core import jaxapi
 from ..errors import JaxbridgeError, carried_failure, redelivered, remember_failure
 
-__all__ = ["install", "PendingException", "annotate", "failure_message"]
+__all__ = ["install", "install_native_hooks", "PendingException", "annotate",
+           "failure_message"]
 
 #: The prefix of the note JAX adds to an exception at each jit boundary it crosses.
 _JAX_NOTE = "--------------------\nFor simplicity, JAX has removed its internal frames"
@@ -49,6 +52,15 @@ def install() -> None:
         return
     jaxapi.raise_carried_exceptions(carried_failure)
     jaxapi.let_barriers_forget(redelivered)
+
+
+def install_native_hooks(native: Any) -> None:
+    """Hand the host-call runtime (the `_hostcall` extension) the Python objects it
+    delivers exceptions and releases views with: this module's `PendingException`,
+    `gc.collect`, `traceback.clear_frames`, JAX's deferred release, the main thread."""
+    PendingException.take_pending = native.take_pending
+    native.install_hooks(PendingException, gc.collect, traceback.clear_frames,
+                         jaxapi.deferred_release(), threading.main_thread().ident)
 
 
 class PendingException(BaseException):

@@ -28,22 +28,19 @@ Where the call runs on the calling thread, an exception keeps its identity becau
 trampoline re-raises it on that thread when the JAX call returns; elsewhere (XLA's
 worker threads, a device's part of a program, `pure_callback`) it crosses XLA as an
 error whose text carries a token, and JAX's runtime error for it is built as the
-exception itself (`delivery.py`). XLA CPU's thunk executor runs independent parts of a
-program in parallel, so even a single-device program may run a host call on a worker
-(the status check after a compiled solve's forward loop in `jit(grad(...))`, about one
-call in three on 2 cores).
+exception itself (`delivery.py`, which also hands the runtime its hooks; `threads.py`
+sets the BLAS thread budget of each call, `shutdown.py` waits for calls at exit).
+XLA CPU's thunk executor runs independent parts of a program in parallel, so even a
+single-device program may run a host call on a worker (the status check after a
+compiled solve's forward loop in `jit(grad(...))`, about one call in three on 2 cores).
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
-import gc
 import itertools
 import os
-import sys
 import threading
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,9 +52,9 @@ from .._core import extensions, jaxapi
 from .._core.checks import refuse_gather
 from .._core.jaxapi import mlir
 from ..errors import BackendError, ForeignCallError, KeptViewError
-from . import delivery, threads
+from . import delivery, shutdown, threads
 
-_native = extensions.load("_native")
+_native = extensions.load("_hostcall")
 
 __all__ = ["HostCallable", "lower_host_call", "native_platforms", "default_backend",
            "ForeignCallError"]
@@ -68,9 +65,6 @@ TARGET_NAME = "jaxbridge_host_call"
 BATCHED_TARGET_NAME = "jaxbridge_host_call_batched"
 ON_MESH = ("error", "replicate")
 BACKENDS = ("auto", "native", "pure_callback")
-# How long interpreter exit waits for host calls still running on other threads
-# (JAXBRIDGE_SHUTDOWN_TIMEOUT, seconds).
-SHUTDOWN_TIMEOUT_SECONDS = 10.0
 _ids = itertools.count(1)
 _registered_platforms: set[str] = set()
 _register_lock = threading.Lock()
@@ -78,34 +72,8 @@ _register_lock = threading.Lock()
 
 delivery.install()
 if _native is not None:
-    delivery.PendingException.take_pending = _native.take_pending
-    _native.install_hooks(delivery.PendingException, gc.collect, traceback.clear_frames,
-                          jaxapi.deferred_release(), threading.main_thread().ident)
-    atexit.register(lambda: _shut_down(_native))
-
-
-def _shut_down(native: Any) -> None:
-    """atexit (before JAX's own exit hooks, which wait for every program still running):
-    wait for the host calls in flight; if some never return, say which and exit now."""
-    try:
-        timeout = float(os.environ.get("JAXBRIDGE_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_SECONDS))
-    except ValueError:
-        timeout = SHUTDOWN_TIMEOUT_SECONDS
-    running = native.begin_shutdown(timeout)
-    if not running:
-        return
-    last = getattr(sys, "last_value", None)  # the exception that is ending the program
-    status = 130 if isinstance(last, KeyboardInterrupt) else 1
-    sys.stderr.write(
-        f"jaxbridge: {running} host function call(s) still running {timeout:g} s after the "
-        f"interpreter began to exit; exiting without waiting for them (status {status}). "
-        f"JAXBRIDGE_SHUTDOWN_TIMEOUT sets the wait.\n")
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(status)
+    delivery.install_native_hooks(_native)
+    shutdown.wait_at_exit(_native)
 
 
 def _register_native_targets() -> set[str]:
@@ -307,7 +275,7 @@ def lower_host_call(ctx: Any, target: HostCallable, *args: Any, backend: str = "
             f"jax.pure_callback.")
     if backend == "auto" and not use_native and platform in ("cpu", "cuda"):
         extensions.warn_once_if_missing(
-            "_native", "host calls run through jax.pure_callback (about 30x slower per call)")
+            "_hostcall", "host calls run through jax.pure_callback (about 30x slower per call)")
     if use_native:
         return _lower_native(ctx, target, args, platform, num_batch_dims, aliases)
 
@@ -344,70 +312,6 @@ def _lower_native(ctx: Any, target: HostCallable, args: Sequence[Any], platform:
     if num_batch_dims:
         jaxapi.set_num_batch_dims(results, num_batch_dims)
     return results
-
-
-def loop_leading(fill: Callable[[tuple, tuple], Any], n: int) -> Callable[[tuple, tuple], None]:
-    """`fill` run once per index of the `n` leading dimensions that every input and
-    output has (a vmapped batch_dims function: one host call, the loop on the host)."""
-    def looped(ins: tuple, outs: tuple) -> None:
-        lead = (outs[0] if outs else ins[0]).shape[:n]  # this shard's share
-        for idx in np.ndindex(*lead):
-            fill(tuple(a[idx] for a in ins), tuple(o[idx] for o in outs))
-
-    return looped
-
-
-# ---- aliases: a result written into an operand's buffer
-ALIAS_ROLES = ("forward",)
-
-
-def check_aliases_arg(name: str, aliases: Any) -> tuple[tuple[int, int], ...]:
-    """Normalize `jb.foreign(..., aliases=)` to the forward call's ((operand, result), ...)
-    pairs; shapes and dtypes are checked per call (`check_alias_types`)."""
-    where = f"jaxbridge.foreign {name!r}: argument 'aliases'"
-    if aliases is None:
-        return ()
-    if not isinstance(aliases, dict):
-        raise TypeError(f"{where}: expected a dict {{'forward': {{operand index: result "
-                        f"index}}}}, received {type(aliases).__name__}")
-    pairs: tuple[tuple[int, int], ...] = ()
-    for role, mapping in aliases.items():
-        if role not in ALIAS_ROLES:
-            raise ValueError(
-                f"{where}: unknown role {role!r}; host functions alias in {list(ALIAS_ROLES)} "
-                f"(derivative rules write into fresh buffers; give them out=True to save the "
-                f"copy of what they return)")
-        if not isinstance(mapping, dict) or not all(
-                isinstance(k, (int, np.integer)) and isinstance(v, (int, np.integer))
-                and not isinstance(k, bool) and not isinstance(v, bool) and k >= 0 and v >= 0
-                for k, v in mapping.items()):
-            raise TypeError(f"{where}: {role!r} must map operand indices to result indices "
-                            f"(non-negative ints), received {mapping!r}")
-        if len(set(mapping.values())) != len(mapping):
-            raise ValueError(f"{where}: {role!r}: two operands aliased to the same result "
-                             f"({dict(mapping)})")
-        pairs = tuple(sorted((int(k), int(v)) for k, v in mapping.items()))
-    return pairs
-
-
-def check_alias_types(name: str, pairs: Sequence[tuple[int, int]], operands: Sequence[Any],
-                      results: Sequence[Any]) -> None:
-    """Raise unless every aliased operand and result have one shape and dtype. Operands
-    are the array leaves of the positional arguments, results the leaves of the result
-    (then of the residuals), in order."""
-    from ..errors import describe
-
-    where = f"jaxbridge.foreign {name!r}: aliases['forward']"
-    for o, r in pairs:
-        if o >= len(operands) or r >= len(results):
-            raise ValueError(
-                f"{where} maps operand {o} to result {r}, but this call has {len(operands)} "
-                f"array operand(s) and {len(results)} result(s)")
-        a, b = operands[o], results[r]
-        if (tuple(a.shape), np.dtype(a.dtype)) != (tuple(b.shape), np.dtype(b.dtype)):
-            raise ValueError(
-                f"{where} maps operand {o} ({describe(a)}) to result {r} ({describe(b)}); "
-                f"aliased buffers need the same shape and dtype")
 
 
 def num_registered() -> int:

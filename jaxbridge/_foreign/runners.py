@@ -3,6 +3,7 @@ and checking what it returns.
 
 Host runners work on NumPy arrays and write into the output buffers they are given
 (`filler`); traced runners (rules with ``kind="jax"``) work on JAX values (`run_rule`).
+`loop_leading` runs a fill once per index of leading batch dimensions.
 Every value a user returns is checked against what was declared -- structure, shape
 and dtype -- and a mismatch raises `ResultMismatchError` naming the function, the value
 and both types. Nothing is cast unless the function was declared with ``cast=True``,
@@ -466,3 +467,14 @@ def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
         live = tuple(i for i, j in enumerate(where) if j >= 0)
         return _direct(fill, fun, DIRECT_ADJOINT_OUT, not_none, n_in, live)
     return fill
+
+
+def loop_leading(fill: Callable[[tuple, tuple], Any], n: int) -> Callable[[tuple, tuple], None]:
+    """`fill` run once per index of the `n` leading dimensions that every input and
+    output has (a vmapped batch_dims function: one host call, the loop on the host)."""
+    def looped(ins: tuple, outs: tuple) -> None:
+        lead = (outs[0] if outs else ins[0]).shape[:n]  # this shard's share
+        for idx in np.ndindex(*lead):
+            fill(tuple(a[idx] for a in ins), tuple(o[idx] for o in outs))
+
+    return looped

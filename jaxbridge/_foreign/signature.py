@@ -17,7 +17,7 @@ from .._core.jaxapi import hold_weakly_in_jax_caches
 from ..errors import MissingRuleError
 from . import runners
 from .definition import CallLayout, Definition, Rule
-from .hostcall import HostCallable, loop_leading, lower_host_call
+from .hostcall import HostCallable, lower_host_call
 
 __all__ = ["Rule", "Definition", "CallSignature"]
 
@@ -98,8 +98,9 @@ class CallSignature(CallLayout):
         if target is None:
             fill, avals, what = runners.filler(self, role, self._rule_of(role), nz)
             if self.batch_shape and self.defn.vmap != "vectorized":
-                fill = loop_leading(runners.filler(self.base, role, self._rule_of(role), nz)[0],
-                                    len(self.batch_shape))
+                fill = runners.loop_leading(
+                    runners.filler(self.base, role, self._rule_of(role), nz)[0],
+                    len(self.batch_shape))
             # A forward function may adapt its fill to this call (a leaner fill; one on
             # XLA's device buffers for CUDA): jaxbridge.torch's do (torch/_wrap.py).
             adapt = getattr(self.defn.fun, "jaxbridge_adapt_fill", None)

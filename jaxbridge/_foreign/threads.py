@@ -23,7 +23,7 @@ from .._core import extensions
 
 __all__ = ["setting", "use", "refresh", "budget"]
 
-_native = extensions.load("_native")
+_native = extensions.load("_hostcall")
 
 # (get, set) symbol names of libraries whose thread count is process-wide and an int.
 _BLAS_SYMBOLS = {

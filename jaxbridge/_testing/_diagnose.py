@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import jax
-from jax.extend.core import Jaxpr
 
 from .. import errors
+from .._core.jaxapi import inner_jaxprs
 from ..errors import MissingRuleError, ResultMismatchError
 
 E = TypeVar("E", bound=BaseException)
@@ -117,9 +117,5 @@ def has_custom_vjp(fun: Callable[..., Any], *args: Any) -> bool:
         for eqn in jaxpr.eqns:
             if eqn.primitive.name.startswith("custom_vjp"):
                 return True
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if isinstance(inner, Jaxpr):
-                        todo.append(inner)
+            todo.extend(inner_jaxprs(eqn))
     return False

@@ -26,12 +26,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
 
 from .._core.jaxapi import (
+    Jaxpr,
     ShapedArray,
     aval_of,
     cast_to_varying,
+    eval_jaxpr,
+    is_closed_jaxpr,
+    is_jaxpr,
+    literal_value,
     untyped_manual_axes,
     varying_axes,
 )
@@ -66,9 +70,9 @@ def _array_key(x: Any) -> Any:
 
 def _value_key(v: Any) -> Any:
     """A hashable key for a jaxpr parameter value: by value where that is safe."""
-    if isinstance(v, ClosedJaxpr):
+    if is_closed_jaxpr(v):
         return ("closed_jaxpr", jaxpr_key(v.jaxpr), tuple(_array_key(c) for c in v.consts))
-    if isinstance(v, Jaxpr):
+    if is_jaxpr(v):
         return ("jaxpr", jaxpr_key(v))
     if isinstance(v, (tuple, list)):
         return (type(v).__name__, tuple(_value_key(x) for x in v))
@@ -88,8 +92,9 @@ def jaxpr_key(jaxpr: Jaxpr) -> tuple:
     ids: dict[Any, int] = {}
 
     def var(v: Any) -> Any:
-        if isinstance(v, Literal):
-            return ("literal", v.aval, _array_key(v.val))
+        is_literal, value = literal_value(v)
+        if is_literal:
+            return ("literal", v.aval, _array_key(value))
         n = ids.get(v)
         if n is None:
             n = ids[v] = len(ids)
@@ -155,7 +160,7 @@ class HostFun:
             jaxpr = self.typed
             consts = [cast_to_varying(x, self.axes) for x in consts]
             flat = [cast_to_varying(x, self.axes) for x in flat]
-        outs = jaxpr_as_fun(ClosedJaxpr(jaxpr, consts))(*flat)
+        outs = eval_jaxpr(jaxpr, consts, flat)
         return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
     def split(self, ops: Sequence[Any]) -> tuple[tuple, tuple]:

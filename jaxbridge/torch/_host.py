@@ -33,7 +33,7 @@ from . import _redirect, _rng
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 from ._torchapi import memory_of, memory_users, move_to_private_memory
 
-__all__ = ["run_host", "run_one", "run_in_place", "write_results"]
+__all__ = ["BatchingState", "run_host", "run_one", "run_in_place", "write_results"]
 
 
 def is_torch_op(fn: Any) -> bool:
@@ -43,7 +43,7 @@ def is_torch_op(fn: Any) -> bool:
         getattr(fn, "__module__", None) == "torch"
 
 
-class _Batching:
+class BatchingState:
     """Per wrapped function, learned on first use: whether `torch.vmap` works for it,
     whether it keeps its input tensors (it then gets private copies), and, for a torch
     operator, the input and output dtypes for which its ``out=`` variant writes the
@@ -66,14 +66,14 @@ class _Batching:
 
 
 def _direct_key(tensors: Sequence[Any], out: Any) -> tuple | None:
-    """The key of `_Batching.direct` for one call (None: not a one-output call)."""
+    """The key of `BatchingState.direct` for one call (None: not a one-output call)."""
     if not isinstance(out, (np.ndarray, torch.Tensor)):
         return None
     return (*(t.dtype if isinstance(t, torch.Tensor) else type(t) for t in tensors),
             out.dtype)
 
 
-def _run_op(fn: Any, tensors: Sequence[Any], out: Any, state: _Batching) -> bool:
+def _run_op(fn: Any, tensors: Sequence[Any], out: Any, state: BatchingState) -> bool:
     """Run torch operator `fn` writing into `out` (XLA's buffer) if that is known to
     give exactly what an ordinary call would; False if the caller must run it."""
     key = _direct_key(tensors, out)
@@ -88,7 +88,7 @@ def _run_op(fn: Any, tensors: Sequence[Any], out: Any, state: _Batching) -> bool
     return True
 
 
-def _learn_op(tensors: Sequence[Any], value: Any, out: Any, state: _Batching) -> None:
+def _learn_op(tensors: Sequence[Any], value: Any, out: Any, state: BatchingState) -> None:
     """After an ordinary call of a torch operator: may the next call write into `out`?"""
     key = _direct_key(tensors, out)
     if key is None or key in state.direct:
@@ -109,7 +109,7 @@ def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
             else x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
 
 
-def _check_after_call(name: str, tensors: list[Any], state: _Batching) -> None:
+def _check_after_call(name: str, tensors: list[Any], state: BatchingState) -> None:
     """What the function did with its inputs. Torch counts in-place writes per tensor:
     one that wrote into an input wrote into XLA's (read-only) buffer. A tensor it kept
     (in a global, a closure, an attribute) would outlive the XLA buffer it views."""
@@ -128,7 +128,7 @@ def _check_after_call(name: str, tensors: list[Any], state: _Batching) -> None:
                 _release_kept(name, tensors, state)
 
 
-def _release_kept(name: str, tensors: list[Any], state: _Batching) -> None:
+def _release_kept(name: str, tensors: list[Any], state: BatchingState) -> None:
     """Move kept tensors, and every tensor sharing their memory, to a private copy of
     their data (so they stay valid), switch the function to copies, and say so once.
     (A kept *view* of an input alone, such as ``x[0]``, is not seen here: the host-call
@@ -244,7 +244,7 @@ def _restore_threads(before: int) -> None:
 
 
 def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any], out: Any,
-             batch_depth: int, batching: _Batching, op: Any = None,
+             batch_depth: int, batching: BatchingState, op: Any = None,
              rng_state: Any = None) -> None:
     """Run `call` (the wrapped function, on the list of its argument leaves, as tensors)
     on `leaves` (NumPy views, and static leaves) and write its results into `out`.
@@ -287,7 +287,7 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
 
 
 def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
-            state: _Batching) -> None:
+            state: BatchingState) -> None:
     """`run_host` for the commonest call, one array argument and one result, unbatched,
     with the per-call work pared down (a host call of a 1-element op costs a few us)."""
     if state.copy_inputs:
@@ -316,7 +316,7 @@ def run_one(name: str, fn: Callable[..., Any], a: np.ndarray, out: Any,
 
 
 def _run_large(name: str, call: Callable[[], Any], tensors: list[Any], out: np.ndarray,
-               state: _Batching) -> None:
+               state: BatchingState) -> None:
     """One unbatched call with one large result: the first call per signature learns
     which operation makes the result; later ones have it write into `out` (`_redirect`),
     falling back to the copy for good at the first surprise."""
@@ -345,7 +345,7 @@ def _targets(out: Any) -> Any:
 
 
 def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree: Any,
-                 static: dict, out: Any, state: _Batching) -> None:
+                 static: dict, out: Any, state: BatchingState) -> None:
     """Run a function of ``wrap(..., out=True)``: it writes its results into `out`
     (XLA's output buffers, as tensors in the declared structure) and returns None.
     The output tensors are lent for the call: who holds them is counted before and
@@ -398,7 +398,7 @@ def _release_targets(name: str, lent: Sequence[torch.Tensor], memory: list[int],
 
 
 def _run_batched(name: str, call: Callable[[list[Any]], Any], tensors: list[Any], out: Any,
-                 depth: int, batching: _Batching) -> None:
+                 depth: int, batching: BatchingState) -> None:
     if not batching.vmap_fails:
         batched = call
         # Static (non-tensor) leaves are not batched: torch.vmap must be told so.

@@ -35,7 +35,7 @@ from .._foreign.api import ForeignFunction, callable_name
 from . import _rng, _shapes
 from ._convert import numpy_dtype, torch_dtype
 from ._device import device_filler
-from ._host import _Batching, run_host, run_in_place, run_one
+from ._host import BatchingState, run_host, run_in_place, run_one
 
 __all__ = ["TorchFunction", "wrap"]
 
@@ -106,7 +106,7 @@ class TorchFunction:
         self.__doc__ = getattr(fn, "__doc__", None)
         self._options: dict[str, Any] = dict(vmap=vmap, batch_dims=batch_dims, on_mesh=on_mesh,
                              backend=backend)
-        self._batching = _Batching(None if out else fn, redirect)
+        self._batching = BatchingState(None if out else fn, redirect)
         self._derived: dict[Any, TorchFunction] = {}
         # Whether `fn` draws random numbers: None until its first trace finds out;
         # False for derived functions (they replay a state they are given).
