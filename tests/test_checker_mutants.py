@@ -295,7 +295,7 @@ def _kernel(lib, kind, mutant, condition):
     if key not in _KERNELS:
         rule = ("Adjoint_" if kind == "kernel_adjoint" else "Tangent_") + mutant + (
             "_ill" if condition == "ill" else "")
-        role = "adjoint" if kind == "kernel_adjoint" else "tangent"
+        role = "vjp" if kind == "kernel_adjoint" else "jvp"
         _KERNELS[key] = lib.kernel(
             forward=f"Forward_{condition}", **{role: rule}, name=f"{rule}_{condition}",
             result=lambda x, y: x, arg_names=("x", "y"), dtypes=["float64"],

@@ -55,14 +55,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeForward, CubeFwd,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<double>("factor"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeAdjoint, CubeDerivative,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeVjp, CubeDerivative,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<double>("factor"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeTangent, CubeDerivative,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeJvp, CubeDerivative,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
