@@ -314,6 +314,8 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
          ) -> Library:
     """Compile (or fetch from the cache) and load a library of XLA FFI handlers.
 
+    Over 80 lines: the docstring documents every option of this public front end.
+
     Args:
       name: library name (letters, digits, underscores); also the target namespace.
       sources: source file paths (``.cc``/``.cpp``; ``.cu`` with ``cuda=True``), or

@@ -4,6 +4,7 @@ naming the new one (the words: docs/layout.md's "Vocabulary" table).
 * `renamed_keyword`: a keyword argument given by its old name (``adjoint=`` -> ``vjp=``).
 * `renamed_attribute`: an attribute read by its old name (``Kernel.adjoint``).
 * `renamed_role`: a kernel role named the old way (``aliases={"adjoint": ...}``).
+* `renamed_value`: an option's value spelled the old way (``vmap="batch"``).
 * `RENAMED_ROLES`: old role word -> new one.
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["RENAMED_ROLES", "renamed_attribute", "renamed_keyword", "renamed_role"]
+__all__ = ["RENAMED_ROLES", "renamed_attribute", "renamed_keyword", "renamed_role",
+           "renamed_value"]
 
 # A kernel's derivative roles used to be named for the maps; JAX names them for the rules.
 RENAMED_ROLES = {"adjoint": "vjp", "tangent": "jvp"}
@@ -75,4 +77,21 @@ def renamed_role(where: str, role: Any, stacklevel: int) -> Any:
     new = RENAMED_ROLES[role]
     warnings.warn(f"{where}: the role {role!r} is deprecated; write {new!r} (JAX's word "
                   f"for the same rule)", DeprecationWarning, stacklevel=stacklevel + 2)
+    return new
+
+
+def renamed_value(where: str, option: str, value: Any, old: str, new: str,
+                  stacklevel: int) -> Any:
+    """`value` of `option`, with the deprecated `old` read as `new` (warned at the
+    caller `stacklevel` frames up from the function calling this one).
+
+    Example:
+        >>> renamed_value("jaxbridge.kernel", "vmap", "loop", "batch", "vectorized", 1)
+        'loop'
+    """
+    if not isinstance(value, str) or value != old:
+        return value
+    warnings.warn(f"{where}: {option}={old!r} is deprecated; write {option}={new!r} (the "
+                  f"same word as jaxbridge.foreign's)", DeprecationWarning,
+                  stacklevel=stacklevel + 2)
     return new

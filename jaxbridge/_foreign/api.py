@@ -383,6 +383,8 @@ def foreign(result: Any, *, residuals: Any = None,
             ) -> Callable[[Callable[..., Any]], ForeignFunction]:
     """Make a NumPy/SciPy function callable (and differentiable) from JAX.
 
+    Over 80 lines: the docstring documents every option of this public front end.
+
     Args:
       result: the output's shapes and dtypes: a pytree of `jax.ShapeDtypeStruct`, or a
         callable that takes the positional arguments as ShapeDtypeStructs (plus the

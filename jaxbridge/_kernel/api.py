@@ -29,7 +29,6 @@ spelling of ``"vectorized"``, the word `jaxbridge.foreign` uses too.)
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ from .._core.jaxapi import (
     ShapedArray,
 )
 from .._core.pair import VMAP_CHOICES, make_pair
-from .._core.renamed import renamed_attribute, renamed_keyword, renamed_role
+from .._core.renamed import renamed_attribute, renamed_keyword, renamed_role, renamed_value
 from .._core.scalars import convert_scalar, is_scalar
 from ..errors import KernelError
 from . import guard
@@ -86,12 +85,9 @@ def get_include() -> str:
 
 def vmap_choice(vmap: Any, stacklevel: int = 3) -> str:
     """`vmap`, with the deprecated spelling ``"batch"`` read as ``"vectorized"`` (warned
-    at the caller `stacklevel` frames up)."""
-    if vmap == "batch":
-        warnings.warn("jaxbridge.kernel: vmap='batch' is deprecated; write "
-                      "vmap='vectorized' (the same word as jaxbridge.foreign's)",
-                      DeprecationWarning, stacklevel=stacklevel)
-        return "vectorized"
+    at the caller `stacklevel` frames up from this function's own frame)."""
+    vmap = renamed_value("jaxbridge.kernel", "vmap", vmap, "batch", "vectorized",
+                         stacklevel - 1)
     if vmap not in VMAP_CHOICES:
         raise KernelError(f"jaxbridge.kernel: vmap must be one of {VMAP_CHOICES}, got "
                           f"{vmap!r}")
