@@ -5,7 +5,7 @@ SGD + momentum in one `jax.jit`-compiled step on a batch sharded over a 1-D devi
 mesh (axis "batch"), parameters replicated:
 
 * `erf` is `scipy.special.erf` wrapped with `jb.foreign(..., batch_dims=1)`: XLA runs
-  it, and its adjoint, once per shard on the shard's own device (no gather);
+  it, and its VJP rule, once per shard on the shard's own device (no gather);
 * `softplus` is the built-in C++ kernel `jaxbridge.ops.softplus`, called inside
   `jax.shard_map` (always safe on a mesh); `jax.nn.softplus` if the kernel is missing
   or fails a probe (a note says why);

@@ -1,7 +1,7 @@
 """A Flax NNX module whose forward pass runs in NumPy, trained with nnx.Optimizer.
 
 `HostDense` holds two parameters (`w`, `b`); its forward `tanh(x @ w + b)` is a NumPy
-function wrapped with `jb.foreign`, with its adjoint (VJP) written in NumPy too. We
+function wrapped with `jb.foreign`, with its VJP rule written in NumPy too. We
 check `nnx.grad` of the module state against JAX autodiff of a jnp twin module with
 the same parameters, then fit a teacher network with `nnx.Optimizer` + optax in an
 `nnx.jit`-compiled step. Exits non-zero if a check fails.

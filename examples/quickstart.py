@@ -1,6 +1,6 @@
 """jaxbridge quickstart: a SciPy solver, made differentiable, inside a jitted training loop.
 
-We wrap `scipy.linalg.solve` (opaque to JAX) with its adjoint (one transposed solve),
+We wrap `scipy.linalg.solve` (opaque to JAX) with its VJP rule (one transposed solve),
 check its gradient against JAX's own `jnp.linalg.solve`, then fit the diagonal of a
 linear system by gradient descent, with the whole training step under `jax.jit`.
 Exits non-zero if the gradient check fails.
@@ -26,7 +26,7 @@ def solve(a, b):
 
 @solve.defvjp
 def solve_vjp(primals, x, ct):
-    """Adjoint: lambda = A^{-T} ct; d/dA = -lambda x^T, d/db = lambda."""
+    """VJP: lambda = A^{-T} ct; d/dA = -lambda x^T, d/db = lambda."""
     a, _ = primals
     lam = scipy.linalg.solve(a.T, ct)
     return -np.outer(lam, x), lam

@@ -20,7 +20,7 @@ T Normalize(int64_t n, float eps, const T* x, T* y) {
   return r;
 }
 
-// The Jacobian r I - r^3 x x^T / n is symmetric: adjoint and tangent are the same map,
+// The Jacobian r I - r^3 x x^T / n is symmetric: the VJP and the JVP are the same map,
 // v -> r v - r^3 (x . v) / n x. `out` may be `v`'s buffer (each v[i] is read first).
 template <typename T>
 void Derivative(int64_t n, T r, const T* x, const T* v, T* out) {
@@ -67,7 +67,7 @@ ffi::Error RmsNormWithResidualsImpl(float eps, ffi::AnyBuffer x, ffi::Result<ffi
   return Forward(eps, x, y, &r);
 }
 
-// adjoint(x, r, ct) -> ct_x and tangent(x, r, tx) -> ty: the same map.
+// vjp(x, r, ct) -> ct_x and jvp(x, r, tx) -> ty: the same map.
 ffi::Error DerivativeImpl(float eps, ffi::AnyBuffer x, ffi::AnyBuffer r, ffi::AnyBuffer v,
                           ffi::Result<ffi::AnyBuffer> out) {
   int64_t rows, n;
@@ -98,5 +98,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RmsNormDerivative, DerivativeImpl,
                                   .Attr<float>("eps")
                                   .Arg<ffi::AnyBuffer>()   // x
                                   .Arg<ffi::AnyBuffer>()   // r (residual)
-                                  .Arg<ffi::AnyBuffer>()   // ct (adjoint) or tx (tangent)
+                                  .Arg<ffi::AnyBuffer>()   // ct (vjp) or tx (jvp)
                                   .Ret<ffi::AnyBuffer>());  // ct_x or ty

@@ -45,14 +45,14 @@ def jaxbridge_rms_norm(*, always_residuals: bool = False) -> jb.Kernel:
     return lib.kernel(
         "RmsNormWithResiduals" if always_residuals else "RmsNorm",
         forward_with_residuals=None if always_residuals else "RmsNormWithResiduals",
-        adjoint="RmsNormDerivative", tangent="RmsNormDerivative",  # J is symmetric
+        vjp="RmsNormDerivative", jvp="RmsNormDerivative",  # J is symmetric
         name="rms_norm_always_residuals" if always_residuals else "rms_norm",
         result=lambda x, **_: x,  # y: x's shape and dtype
         residuals=lambda x, **_: jax.ShapeDtypeStruct(x.shape[:-1], x.dtype),  # 1 / rms
         attrs={"eps": 1e-5},  # a default; the type (C++ float) comes from .Attr<float>
         vmap="vectorized",  # the handlers loop over every leading dimension
         pass_outputs=False,  # the derivatives need x and the residual, not y
-        aliases={"adjoint": {2: 0}})  # the adjoint writes ct_x over ct (operand 2)
+        aliases={"vjp": {2: 0}})  # the VJP writes ct_x over ct (operand 2)
 
 
 def tutorial_rms_norm():

@@ -1,10 +1,10 @@
-"""Softplus in float32: where the naive formula breaks, and a stable one with its adjoint.
+"""Softplus in float32: where the naive formula breaks, and a stable one with its VJP rule.
 
 The naive `log(1 + exp(x))` overflows to inf for x > ~88 in float32, and JAX's
 derivative of it, `exp(x) / (1 + exp(x))`, becomes inf/inf = nan; for very negative
 x it loses all precision in `1 + exp(x)`. The stable version
 `max(x, 0) + log1p(exp(-|x|))` is written in NumPy and wrapped with `jb.foreign`,
-with the adjoint `ct * sigmoid(x)` (and the tangent rule `sigmoid(x) * dx`). When the
+with the VJP rule `ct * sigmoid(x)` (and the JVP rule `sigmoid(x) * dx`). When the
 built-in C++ kernel `jaxbridge.ops.softplus` is available it is shown too. Everything
 is evaluated under `jax.jit`; the table compares values and gradients at
 x = -10, 0, 10, 80, 100 with a float64 reference. Exits non-zero if a stable version

@@ -3,7 +3,7 @@
 The model is `x -> erf(x W1 + b1) -> softplus(. W2 + b2) -> . W3 + b3`:
 
 * `erf` is `scipy.special.erf`, wrapped with `jb.foreign` (vectorized under vmap),
-  with its adjoint `2/sqrt(pi) exp(-z^2) ct` and tangent rule in NumPy;
+  with its VJP rule `2/sqrt(pi) exp(-z^2) ct` and JVP rule in NumPy;
 * `softplus` is the built-in C++ kernel `jaxbridge.ops.softplus` where it is built,
   else `jax.nn.softplus`.
 

@@ -3,7 +3,7 @@
 * `foreign` / `ForeignFunction` / `custom_gradient`: host (NumPy/SciPy) functions
   with user derivative rules.
 * `kernel` / `Kernel` / `register_target` / `get_include`: XLA FFI (C++/CUDA) kernels
-  with forward, adjoint and tangent kernels; `cpp.load` compiles them at run time.
+  with forward, VJP and JVP kernels; `cpp.load` compiles them at run time.
 * `ops`: built-in kernels. `scipy`: differentiable SciPy solvers. `testing`: a checker
   for derivative rules. `errors`: every exception. `info()`: what this install can do.
 

@@ -1,7 +1,7 @@
 """Compile C++/CUDA XLA FFI kernels at run time (`jaxbridge.cpp.load`).
 
     lib = jaxbridge.cpp.load("mykernels", source=CPP_TEXT)        # or sources=[paths]
-    scale = lib.kernel(forward="ScaleFwd", adjoint="ScaleAdj", result=lambda x, **_: x)
+    scale = lib.kernel(forward="ScaleFwd", vjp="ScaleVjp", result=lambda x, **_: x)
     jax.grad(lambda x: scale(x, factor=2.0).sum())(x)
 
 The sources are compiled into a shared library with the XLA FFI headers
@@ -70,6 +70,7 @@ from ._build_cache import (
     read_fd,
     sha256,
 )
+from ._core.renamed import renamed_keyword
 from ._kernel import Kernel, get_include, kernel
 from ._kernel.api import vmap_choice
 from ._kernel.bindings import bound_attributes, typed_attrs
@@ -211,7 +212,7 @@ class Library:
     complete one):
         >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
         >>> sorted(lib.handlers)  # doctest: +SKIP
-        ['CubeAdjoint', 'CubeForward', 'CubeTangent']
+        ['CubeForward', 'CubeJvp', 'CubeVjp']
     """
 
     def __init__(self, name: str, path: Path | None, handlers: dict[str, Any], cdll: Any):
@@ -239,12 +240,14 @@ class Library:
             out[plat] = self.handlers[sym]
         return out
 
-    def kernel(self, forward: Any, adjoint: Any = None, tangent: Any = None, *,
+    def kernel(self, forward: Any, vjp: Any = None, jvp: Any = None, *,
                transpose: Any = None, forward_with_residuals: Any = None,
-               name: str | None = None, **kwargs: Any) -> Kernel:
+               name: str | None = None, adjoint: Any = None, tangent: Any = None,
+               **kwargs: Any) -> Kernel:
         """`jaxbridge.kernel` over this library's handlers, given by symbol name
-        (``forward``, ``adjoint``, ``tangent``, ``forward_with_residuals`` and, for
-        ``linear=True``, ``transpose``).
+        (``forward``, ``vjp``, ``jvp``, ``forward_with_residuals`` and, for
+        ``linear=True``, ``transpose``; ``adjoint``/``tangent`` are the deprecated
+        spellings of ``vjp``/``jvp``).
 
         Targets are registered with XLA under ``cpp.<library>.<name>_<role>``. The
         attributes' types come from the handlers' C++ bindings (``.Attr<float>("eps")``
@@ -256,18 +259,21 @@ class Library:
 
         Example:
             >>> lib = jaxbridge.cpp.load("rms", sources=["rms_norm.cc"])  # doctest: +SKIP
-            >>> rms_norm = lib.kernel("RmsNorm", adjoint="RmsNormAdjoint",
+            >>> rms_norm = lib.kernel("RmsNorm", vjp="RmsNormVjp",
             ...                       forward_with_residuals="RmsNormForwardWithResiduals",
             ...                       result=lambda x, **_: x, attrs={"eps": 1e-5},
             ...                       residuals=lambda x, **_: jax.ShapeDtypeStruct(
             ...                           x.shape[:-1], x.dtype))  # doctest: +SKIP
         """
+        where = "jaxbridge.cpp.Library.kernel"
+        vjp = renamed_keyword(where, "vjp", vjp, "adjoint", adjoint, 1)
+        jvp = renamed_keyword(where, "jvp", jvp, "tangent", tangent, 1)
         if "vmap" in kwargs:
             kwargs["vmap"] = vmap_choice(kwargs["vmap"])
         if name is None:
             first = forward if isinstance(forward, str) else next(iter(forward.values()))
             name = re.sub(r"(_?(fwd|forward|Fwd|Forward))$", "", first) or first
-        roles = {"forward": forward, "adjoint": adjoint, "tangent": tangent,
+        roles = {"forward": forward, "vjp": vjp, "jvp": jvp,
                  "transpose": transpose, "forward_with_residuals": forward_with_residuals}
         capsules = {role: self._capsules(spec, role) for role, spec in roles.items()}
         symbols = {f"{role} ({plat})" if isinstance(spec, Mapping) else role: sym
@@ -275,8 +281,8 @@ class Library:
                    for plat, sym in (spec.items() if isinstance(spec, Mapping)
                                      else [("cpu", spec)])}
         kwargs["attrs"] = typed_attrs(name, symbols, self.bindings, kwargs.get("attrs"))
-        return kernel(capsules.pop("forward"), capsules.pop("adjoint"),
-                      capsules.pop("tangent"), name=name, namespace=f"cpp.{self.name}",
+        return kernel(capsules.pop("forward"), capsules.pop("vjp"),
+                      capsules.pop("jvp"), name=name, namespace=f"cpp.{self.name}",
                       **capsules, **kwargs)
 
 
@@ -308,6 +314,8 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
          functions: Sequence[str] = (), rebuild: bool = False, verbose: bool = False
          ) -> Library:
     """Compile (or fetch from the cache) and load a library of XLA FFI handlers.
+
+    Over 80 lines: the docstring documents every option of this public front end.
 
     Args:
       name: library name (letters, digits, underscores); also the target namespace.
@@ -341,10 +349,8 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
 
     Example:
         >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
-        >>> cube = lib.kernel(forward="CubeForward", adjoint="CubeAdjoint",
+        >>> cube = lib.kernel(forward="CubeForward", vjp="CubeVjp",
         ...                   result=lambda x, **_: x)  # doctest: +SKIP
-
-    (Over 80 lines because its docstring documents each option; the code is about 60 lines.)
     """
     if os.name != "posix":
         raise CompileError("jaxbridge.cpp.load: run-time compilation needs a POSIX system "

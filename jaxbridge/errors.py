@@ -9,7 +9,7 @@ so existing ``except`` clauses keep working.
 
 The same condition raises the same class everywhere: a host function and a C++
 kernel that would make XLA gather sharded inputs both raise `ShardingError`; a
-result of the wrong shape from a function, a tangent rule or an adjoint rule is a
+result of the wrong shape from a function, a JVP rule or a VJP rule is a
 `ResultMismatchError` whose attributes say what was declared and what came, so
 tools (like `jaxbridge.testing`) need not parse messages.
 
@@ -71,7 +71,7 @@ class ForeignCallError(JaxbridgeError, RuntimeError):
 
 
 class ResultMismatchError(ForeignCallError, TypeError):
-    """A function, tangent rule or adjoint rule returned a value whose structure,
+    """A function, JVP rule or VJP rule returned a value whose structure,
     shape or dtype differs from what was declared. Nothing is ever silently cast.
 
     Attributes:

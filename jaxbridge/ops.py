@@ -1,6 +1,6 @@
 """Built-in C++/CUDA kernels as differentiable JAX ops (`jaxbridge.ops`).
 
-Every op has forward, adjoint and tangent kernels (so `grad`, `jacrev`, `jvp` and
+Every op has forward, VJP and JVP kernels (so `grad`, `jacrev`, `jvp` and
 `jacfwd` all work), float32 and float64, any number of leading batch dimensions
 (`vmap` is one kernel call), CPU always and CUDA where jaxbridge was built with it.
 
@@ -95,7 +95,7 @@ def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
     targets = _builtin_ext.targets()[op]  # the C++ target table (csrc/builtin/targets.h)
     # The targets are registered above (under the reserved prefix, as built-ins), so
     # jaxbridge.kernel accepts their names like any registered target's.
-    return kernel(targets["forward"], targets["adjoint"], targets["tangent"],
+    return kernel(targets["forward"], targets["vjp"], targets["jvp"],
                   result=result, platforms=plats, vmap="vectorized", name=op,
                   arg_names=arg_names, attrs=attrs, **options)
 
@@ -103,13 +103,13 @@ def _builtin(op: str, result: Any, arg_names: tuple, attrs: dict | None = None,
 @functools.cache
 def _softplus_kernel() -> Kernel:
     # The derivative sigmoid(beta x) needs only x: without the forward output
-    # jax.grad drops the forward kernel. The adjoint overwrites its cotangent, which
+    # jax.grad drops the forward kernel. The VJP kernel overwrites its cotangent, which
     # under grad is an intermediate (one fresh buffer instead of two: 10M elements
     # 23 -> 14 ms on CPU); a cotangent that is a jit argument costs XLA a copy first
     # (a vjp at 100k elements 46 -> 126 us, still faster than jax.nn.softplus). Not
-    # for the tangent: jvp tangents are often arguments.
+    # for the JVP kernel: jvp tangents are often arguments.
     return _builtin("softplus", lambda x, **_: x, ("x",), {"beta": 1.0},
-                    pass_outputs=False, aliases={"adjoint": {1: 0}},
+                    pass_outputs=False, aliases={"vjp": {1: 0}},
                     batch_dims=lambda x, **_: x.ndim - 1)  # x[..., None]: all of x's dims
 
 
@@ -196,7 +196,7 @@ def softplus(x: Any, *, beta: float = 1.0) -> jax.Array:
 
     Returns:
       An array shaped like `x`, of its dtype. Differentiable (`grad`, `jvp`, any order
-      through the kernel's adjoint and tangent).
+      through the kernel's VJP and JVP kernels).
 
     Raises:
       KernelError: `x` is not float32/float64, or `beta` is out of range.

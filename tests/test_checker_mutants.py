@@ -38,9 +38,9 @@ MUTANTS = {
     "ignores": "ignore this input",        # no derivative with respect to y
     "other_operator": "another operator",  # the transpose of N instead of M
 }
-KINDS = ("numpy_vjp", "numpy_jvp", "linear_transpose", "kernel_adjoint", "kernel_tangent",
+KINDS = ("numpy_vjp", "numpy_jvp", "linear_transpose", "kernel_vjp", "kernel_jvp",
          "custom_gradient")
-KERNEL_KINDS = ("kernel_adjoint", "kernel_tangent")
+KERNEL_KINDS = ("kernel_vjp", "kernel_jvp")
 HAVE_CXX = shutil.which(os.environ.get("CXX", "c++")) is not None
 # The C++ mutants are compiled for the CPU only: on JAX's CPU device even where a GPU is
 # JAX's default.
@@ -293,9 +293,9 @@ _KERNELS: dict = {}
 def _kernel(lib, kind, mutant, condition):
     key = (kind, mutant, condition)
     if key not in _KERNELS:
-        rule = ("Adjoint_" if kind == "kernel_adjoint" else "Tangent_") + mutant + (
+        rule = ("Adjoint_" if kind == "kernel_vjp" else "Tangent_") + mutant + (
             "_ill" if condition == "ill" else "")
-        role = "adjoint" if kind == "kernel_adjoint" else "tangent"
+        role = "vjp" if kind == "kernel_vjp" else "jvp"
         _KERNELS[key] = lib.kernel(
             forward=f"Forward_{condition}", **{role: rule}, name=f"{rule}_{condition}",
             result=lambda x, y: x, arg_names=("x", "y"), dtypes=["float64"],
@@ -334,7 +334,7 @@ def test_correct_rules_pass_with_no_false_alarm(kind, condition, request):
     f = _function(_lib_for(kind, request), kind, "correct", condition)
     report = check_rules(f, x.copy(), y.copy(), check_options=CORRECT_OPTIONS)
     ran = [r.name for r in report.results if r.status == "pass"]
-    mode = "jvp" if kind in ("numpy_jvp", "kernel_tangent") else "vjp"
+    mode = "jvp" if kind in ("numpy_jvp", "kernel_jvp") else "vjp"
     assert f"{mode}_fd" in ran and f"{mode}_jacobian" in ran, report
     assert "fail" not in {r.status for r in report.by_name("derivatives_checked")}
 

@@ -47,8 +47,8 @@ def cube_lib(cache):
 
 @pytest.mark.cpu  # a kernel compiled for the CPU only
 def test_load_and_differentiate(cube_lib, cache):
-    assert sorted(cube_lib.handlers) == ["CubeAdjoint", "CubeForward", "CubeTangent"]
-    cube = cube_lib.kernel(forward="CubeForward", adjoint="CubeAdjoint", tangent="CubeTangent",
+    assert sorted(cube_lib.handlers) == ["CubeForward", "CubeJvp", "CubeVjp"]
+    cube = cube_lib.kernel(forward="CubeForward", vjp="CubeVjp", jvp="CubeJvp",
                            result=lambda x, **_: x, attrs={"factor": 1.0}, vmap="vectorized")
     assert all(t.startswith("cpp.cube.Cube") for t in cube.targets())
     x = jnp.linspace(-2.0, 2.0, 5)
@@ -67,6 +67,22 @@ def test_library_kernel_vmap_batch_is_deprecated(cube_lib):
     assert record[0].filename == __file__
     x = jnp.linspace(-2.0, 2.0, 5)
     np.testing.assert_allclose(jax.vmap(cube)(jnp.stack([x, -x])), jnp.stack([x**3, -x**3]))
+
+
+@pytest.mark.cpu  # a kernel compiled for the CPU only
+def test_library_kernel_old_role_keywords_warn_and_still_work(cube_lib):
+    """lib.kernel(adjoint=..., tangent=...) (before vjp=/jvp=) still works for one
+    release, warned at the caller's line."""
+    with pytest.warns(DeprecationWarning, match=r"(adjoint|tangent)= is deprecated") as rec:
+        cube = cube_lib.kernel(forward="CubeForward", adjoint="CubeVjp",
+                               tangent="CubeJvp", name="cube_old_roles",
+                               result=lambda x, **_: x, attrs={"factor": 1.0})
+    assert [str(w.message).split(": ")[1][:8] for w in rec] == ["adjoint=", "tangent="]
+    assert {w.filename for w in rec} == {__file__}
+    x = jnp.linspace(-2.0, 2.0, 5)
+    np.testing.assert_allclose(jax.grad(lambda x: cube(x).sum())(x), 3 * x**2, rtol=1e-12)
+    np.testing.assert_allclose(jax.jvp(cube, (x,), (jnp.ones_like(x),))[1], 3 * x**2,
+                               rtol=1e-12)
 
 
 SQUARE_IN_PLACE = """
@@ -97,23 +113,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SquareDerivative, Deriv, ffi::Ffi::Bind()
 @pytest.mark.cpu  # a kernel compiled for the CPU only
 def test_user_kernel_without_outputs_in_place(cache):
     lib = cpp.load("square_in_place", source=SQUARE_IN_PLACE)
-    square = lib.kernel(forward="SquareForward", adjoint="SquareDerivative",
-                        tangent="SquareDerivative", result=lambda x: x, dtypes=["float64"],
+    square = lib.kernel(forward="SquareForward", vjp="SquareDerivative",
+                        jvp="SquareDerivative", result=lambda x: x, dtypes=["float64"],
                         vmap="vectorized", pass_outputs=False,
-                        aliases={"adjoint": {1: 0}, "tangent": {1: 0}})
+                        aliases={"vjp": {1: 0}, "jvp": {1: 0}})
     x = jnp.linspace(-2.0, 2.0, 5)
     ct = jnp.arange(5.0)
     np.testing.assert_allclose(square(x), x**2)
     grad = jax.jit(jax.grad(lambda x: (square(x) * ct).sum()))
     np.testing.assert_allclose(grad(x), 2 * x * ct)
     hlo = grad.lower(x).compile().as_text()
-    assert square.target("adjoint", "cpu") in hlo
+    assert square.target("vjp", "cpu") in hlo
     assert square.target("forward", "cpu") not in hlo  # no outputs needed: XLA dropped it
     # `aliases` reaches XLA: the call writes its result into operand 1 (the cotangent /
     # tangent), in the lowered StableHLO and in the compiled HLO alike.
     in_place = "output_operand_alias<output_tuple_indices = [], operand_index = 1,"
-    for role, f, args in (("adjoint", grad, (x,)),
-                          ("tangent", jax.jit(lambda x, t: jax.jvp(square, (x,), (t,))[1]),
+    for role, f, args in (("vjp", grad, (x,)),
+                          ("jvp", jax.jit(lambda x, t: jax.jvp(square, (x,), (t,))[1]),
                            (x, ct))):
         calls = [line for line in f.lower(*args).as_text().splitlines()
                  if f"custom_call @{square.target(role, 'cpu')}(" in line]

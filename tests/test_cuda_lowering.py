@@ -252,7 +252,7 @@ def _residual_kernel(guarded):
                      guard_outputs=guarded)
 
 
-RESIDUAL_ROLE = {"jit": "forward", "grad": "adjoint", "jvp": "tangent", "vmap": "forward"}
+RESIDUAL_ROLE = {"jit": "forward", "grad": "vjp", "jvp": "jvp", "vmap": "forward"}
 
 
 @pytest.mark.parametrize("guarded", [False, True])

@@ -66,7 +66,7 @@ def test_exception_in_a_rule_names_the_rule(backend):
 
     with pytest.raises(ZeroDivisionError, match="adjoint failed") as info:
         jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(jnp.ones(2)))
-    assert any("adjoint rule (defvjp)" in n and "'f'" in n for n in info.value.__notes__)
+    assert any("VJP rule (defvjp)" in n and "'f'" in n for n in info.value.__notes__)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

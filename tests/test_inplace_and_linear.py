@@ -287,5 +287,5 @@ def test_linear_kernel_derivatives_of_every_order(tmp_path, monkeypatch):
     np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(loss)))(x[None]), 81.0 * x[None] ** 2,
                                rtol=1e-12)
     with pytest.raises(jb.KernelError, match="transpose="):
-        lib.kernel("ScaleHandler", adjoint="ScaleHandler", linear=True,
+        lib.kernel("ScaleHandler", vjp="ScaleHandler", linear=True,
                    result=lambda x, **_: x)

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def softplus_kernel(**kw):
     # The built-in softplus derivatives take (x, v): no forward output.
     kw.setdefault("pass_outputs", False)
-    kw.setdefault("adjoint", "jaxbridge_softplus_adj")
+    kw.setdefault("vjp", "jaxbridge_softplus_adj")
     kw.setdefault("result", lambda x, **_: x)
     kw.setdefault("attrs", {"beta": 1.0})
     return kernel("jaxbridge_softplus_fwd", **kw)
@@ -67,9 +67,43 @@ def test_capsule_targets_are_namespaced():
     k = kernel(regs["jaxbridge_softplus_fwd"], regs["jaxbridge_softplus_adj"],
                name="mysoftplus", namespace="tests.ns", result=lambda x, **_: x,
                attrs={"beta": 1.0}, pass_outputs=False)
-    assert k.targets() == ["tests.ns.mysoftplus_adjoint", "tests.ns.mysoftplus_forward"]
+    assert k.targets() == ["tests.ns.mysoftplus_forward", "tests.ns.mysoftplus_vjp"]
     x = jnp.linspace(-3, 3, 5)
     np.testing.assert_allclose(jax.grad(lambda x: k(x).sum())(x), jax.nn.sigmoid(x), rtol=1e-12)
+
+
+def test_old_role_spellings_warn_and_still_work():
+    """adjoint=/tangent=, Kernel.adjoint/.tangent and aliases={"adjoint"/"tangent": ...}
+    (before JAX's words vjp/jvp) keep working for one release, each warning with the new
+    word; a keyword given both ways is an error."""
+    adj, tan = "jaxbridge_softplus_adj", "jaxbridge_softplus_tan"
+    with pytest.warns(DeprecationWarning, match=r"adjoint= is deprecated; write vjp="):
+        with pytest.warns(DeprecationWarning, match=r"tangent= is deprecated; write jvp="):
+            with pytest.warns(DeprecationWarning, match=r"role 'adjoint' is deprecated; "
+                                                        r"write 'vjp'"):
+                old = kernel("jaxbridge_softplus_fwd", adjoint=adj, tangent=tan,
+                             name="sp_old_words", result=lambda x, **_: x,
+                             attrs={"beta": 1.0}, pass_outputs=False,
+                             aliases={"adjoint": {1: 0}})
+    new = kernel("jaxbridge_softplus_fwd", vjp=adj, jvp=tan, name="sp_new_words",
+                 result=lambda x, **_: x, attrs={"beta": 1.0}, pass_outputs=False,
+                 aliases={"vjp": {1: 0}})
+    assert (old.vjp, old.jvp, old.aliases) == (new.vjp, new.jvp, new.aliases)
+    with pytest.warns(DeprecationWarning, match=r"Kernel\.adjoint is deprecated; read \.vjp"):
+        assert old.adjoint == {"cpu": adj}
+    with pytest.warns(DeprecationWarning, match=r"Kernel\.tangent is deprecated; read \.jvp"):
+        assert old.tangent == {"cpu": tan}
+    x = jnp.linspace(-2.0, 2.0, 5)
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda x: old(x).sum()))(x),
+                               jax.nn.sigmoid(x), rtol=1e-12)
+    np.testing.assert_allclose(jax.jvp(old, (x,), (jnp.ones_like(x),))[1],
+                               jax.nn.sigmoid(x), rtol=1e-12)
+    with pytest.warns(DeprecationWarning, match=r"role 'tangent' is deprecated; write 'jvp'"):
+        tan_alias = softplus_kernel(jvp=tan, name="sp_old_tan_alias",
+                                    aliases={"tangent": {1: 0}})
+    assert tan_alias.aliases == {"jvp": ((1, 0),)}
+    with pytest.raises(TypeError, match=r"both vjp= and its deprecated spelling adjoint="):
+        kernel("jaxbridge_softplus_fwd", adj, adjoint=adj, result=lambda x, **_: x)
 
 
 def test_missing_tangent_is_a_clear_error():
@@ -81,21 +115,21 @@ def test_missing_tangent_is_a_clear_error():
     for transform in (lambda: jax.jvp(k, (x,), (x,)), lambda: jax.jacfwd(k)(x),
                       lambda: jax.jit(jax.jacfwd(k))(x)):
         with pytest.raises(MissingRuleError,
-                           match=r"kernel 'sp_no_tangent' needs a tangent kernel"):
+                           match=r"kernel 'sp_no_tangent' needs a JVP kernel"):
             transform()
 
 
 def test_missing_adjoint_is_a_clear_error():
-    k = kernel("jaxbridge_softplus_fwd", tangent="jaxbridge_softplus_tan", name="sp_no_adj",
+    k = kernel("jaxbridge_softplus_fwd", jvp="jaxbridge_softplus_tan", name="sp_no_adj",
                result=lambda x, **_: x, attrs={"beta": 1.0}, pass_outputs=False)
     x = jnp.ones(3)
     jax.jvp(k, (x,), (x,))
-    with pytest.raises(MissingRuleError, match=r"kernel 'sp_no_adj' needs an adjoint kernel"):
+    with pytest.raises(MissingRuleError, match=r"kernel 'sp_no_adj' needs a VJP kernel"):
         jax.grad(lambda x: k(x).sum())(x)
 
 
 def test_static_attributes():
-    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name="sp_attr")
+    k = softplus_kernel(jvp="jaxbridge_softplus_tan", name="sp_attr")
     x = jnp.linspace(-2, 2, 5)
     np.testing.assert_allclose(k(x, beta=3.0), jnp.logaddexp(0, 3 * x) / 3, rtol=1e-12)
     with pytest.raises(KernelError, match="unknown attribute 'gamma'"):
@@ -125,7 +159,7 @@ def test_ffi_side_rejects_bad_shapes():
 
 @pytest.mark.parametrize("vmap", ["vectorized", "loop"])
 def test_vmap_modes_agree(vmap):
-    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name=f"sp_{vmap}", vmap=vmap)
+    k = softplus_kernel(jvp="jaxbridge_softplus_tan", name=f"sp_{vmap}", vmap=vmap)
     x = jnp.linspace(-3, 3, 12).reshape(3, 4)
     f = jax.vmap(jax.vmap(lambda x: k(x).sum()))
     np.testing.assert_allclose(f(x[..., None]), jnp.logaddexp(0, x), rtol=1e-12)
@@ -209,7 +243,7 @@ def test_pytree_results_and_export_checks():
 
 
 def test_second_order_is_a_clear_error():
-    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name="sp_hess")
+    k = softplus_kernel(jvp="jaxbridge_softplus_tan", name="sp_hess")
     with pytest.raises(MissingRuleError, match="second-order derivative of kernel 'sp_hess'"):
         jax.hessian(lambda x: k(x).sum())(jnp.ones(3))
 
@@ -298,8 +332,8 @@ def test_aliased_cotangent_and_tangent_are_not_clobbered():
     np.testing.assert_allclose(g1, want, rtol=1e-12)
     np.testing.assert_allclose(g2, ct * jax.nn.sigmoid(2 * x), rtol=1e-12)
     np.testing.assert_array_equal(c, ct_before)
-    k = softplus_kernel(tangent="jaxbridge_softplus_tan", name="sp_tan_alias",
-                        aliases={"tangent": {1: 0}})
+    k = softplus_kernel(jvp="jaxbridge_softplus_tan", name="sp_tan_alias",
+                        aliases={"jvp": {1: 0}})
     tx = jnp.asarray(ct)
     _, ty = jax.jit(lambda x, t: jax.jvp(k, (x,), (t,)))(x, tx)
     np.testing.assert_allclose(ty, want, rtol=1e-12)
@@ -314,10 +348,10 @@ def test_aliased_cotangent_and_tangent_are_not_clobbered():
 @pytest.mark.parametrize("aliases, match", [
     ([1, 0], "expected a dict"),
     ({"backward": {1: 0}}, "unknown role 'backward'"),
-    ({"adjoint": {1: -1}}, "non-negative ints"),
-    ({"adjoint": {True: 0}}, "non-negative ints"),
-    ({"adjoint": [(1, 0)]}, "must map operand indices"),
-    ({"adjoint": {0: 0, 1: 0}}, "same result"),
+    ({"vjp": {1: -1}}, "non-negative ints"),
+    ({"vjp": {True: 0}}, "non-negative ints"),
+    ({"vjp": [(1, 0)]}, "must map operand indices"),
+    ({"vjp": {0: 0, 1: 0}}, "same result"),
 ])
 def test_bad_aliases_argument(aliases, match):
     with pytest.raises(KernelError, match=match):
@@ -325,14 +359,14 @@ def test_bad_aliases_argument(aliases, match):
 
 
 def test_aliases_checked_against_each_call():
-    k = softplus_kernel(name="sp_alias_range", aliases={"adjoint": {5: 0}})
-    with pytest.raises(KernelError, match=r"aliases\['adjoint'\] maps operand 5 to result 0, "
-                                          r"but the adjoint kernel has 2 array operand\(s\)"):
+    k = softplus_kernel(name="sp_alias_range", aliases={"vjp": {5: 0}})
+    with pytest.raises(KernelError, match=r"aliases\['vjp'\] maps operand 5 to result 0, "
+                                          r"but the vjp kernel has 2 array operand\(s\)"):
         k(jnp.ones(3))
     rbf = kernel("jaxbridge_rbf_kernel_fwd", "jaxbridge_rbf_kernel_adj", name="rbf_alias",
                  result=lambda x, y, l: jax.ShapeDtypeStruct((*x.shape[:-1], y.shape[-2]),
                                                              x.dtype),
-                 aliases={"adjoint": {4: 0}})  # ct (n, m) -> gx (n, d)
+                 aliases={"vjp": {4: 0}})  # ct (n, m) -> gx (n, d)
     with pytest.raises(KernelError, match=r"operand 4 \(float64\[2, 4\]\) to result 0 "
                                           r"\(float64\[2, 3\]\).*same shape and dtype"):
         rbf(jnp.ones((2, 3)), jnp.zeros((4, 3)), jnp.float64(1.0))
@@ -420,8 +454,8 @@ def test_negative_result_size_names_the_kernel():
 def test_kernel_docstring_states_the_conventions_and_hides_private_parameters():
     import inspect
     doc = kernel.__doc__
-    assert "adjoint(*primals, *outputs, *cotangents" in doc
-    assert "tangent(*primals, *outputs, *tangents" in doc
+    assert "vjp(*primals, *outputs, *cotangents" in doc
+    assert "jvp(*primals, *outputs, *tangents" in doc
     assert "_builtin" not in inspect.signature(kernel).parameters and "_builtin" not in doc
 
 

@@ -50,7 +50,7 @@ def test_bound_attributes_reads_inline_bindings():
 
 def test_typed_attrs_merges_python_defaults_into_the_cpp_types():
     bindings = {"F": {"eps": np.float32, "n": int}, "A": {"eps": np.float32, "n": int}}
-    roles = {"forward": "F", "adjoint": "A"}
+    roles = {"forward": "F", "vjp": "A"}
     assert typed_attrs("k", roles, bindings, None) == {"eps": np.float32, "n": int}
     typed = typed_attrs("k", roles, bindings, {"eps": 1e-5, "n": 3})
     assert type(typed["eps"]) is np.float32 and typed["eps"] == np.float32(1e-5)
@@ -114,10 +114,10 @@ def test_handlers_that_bind_different_attributes_are_refused_when_declared():
     bindings = {"F": {"eps": np.float32}, "A": {"eps": float}, "T": {}}
     with pytest.raises(KernelError, match=r"kernel 'k': handler 'F' \(forward\) binds "
                                           r"\.Attr<float>\(\"eps\"\) and handler 'A' "
-                                          r"\(adjoint\) binds \.Attr<double>\(\"eps\"\)"):
-        typed_attrs("k", {"forward": "F", "adjoint": "A"}, bindings, None)
-    with pytest.raises(KernelError, match=r"handler 'T' \(tangent\) binds no attribute 'eps'"):
-        typed_attrs("k", {"forward": "F", "tangent": "T"}, bindings, None)
+                                          r"\(vjp\) binds \.Attr<double>\(\"eps\"\)"):
+        typed_attrs("k", {"forward": "F", "vjp": "A"}, bindings, None)
+    with pytest.raises(KernelError, match=r"handler 'T' \(jvp\) binds no attribute 'eps'"):
+        typed_attrs("k", {"forward": "F", "jvp": "T"}, bindings, None)
 
 
 @pytest.mark.slow  # a C++ build of its own (10-20 s); the test above has the logic
@@ -139,7 +139,7 @@ def test_handlers_that_bind_different_attributes_are_refused(tmp_path):
                                           r"binds \.Attr<float>\(\"eps\"\) and handler "
                                           r"'RmsNormDerivative' \(adjoint\) binds "
                                           r"\.Attr<double>\(\"eps\"\)"):
-        lib.kernel("RmsNorm", adjoint="RmsNormDerivative", name="rms_mixed",
+        lib.kernel("RmsNorm", vjp="RmsNormDerivative", name="rms_mixed",
                    result=lambda x, **_: x)
 
 

@@ -49,7 +49,7 @@ def lib(cache):
 
 
 def scale_kernel(lib, name, **options):
-    return lib.kernel("ScaleFwd", adjoint="ScaleAdj", tangent="ScaleTan", name=name,
+    return lib.kernel("ScaleFwd", vjp="ScaleAdj", jvp="ScaleTan", name=name,
                       result=lambda x, **_: x, attrs={"extra": 0, "before": 0, "role": ""},
                       dtypes=["float64"], arg_names=("x",), **options)
 
@@ -81,7 +81,7 @@ def test_the_guarded_program_calls_the_guarded_target(lib):
     x = jnp.ones(3)
     text = jax.jit(jax.grad(lambda x: jnp.sum(k(x) ** 2))).lower(x).as_text()
     assert guard.TARGET in text
-    assert k.target("forward", "cpu") in text and k.target("adjoint", "cpu") in text
+    assert k.target("forward", "cpu") in text and k.target("vjp", "cpu") in text
     exported = jax.export.export(jax.jit(k), platforms=["cpu"],
                                  disabled_checks=k.export_checks())(x)
     np.testing.assert_array_equal(jax.export.deserialize(exported.serialize()).call(x), 2 * x)
@@ -90,9 +90,9 @@ def test_the_guarded_program_calls_the_guarded_target(lib):
 def test_aliased_results_start_from_their_operand(lib):
     """An adjoint correct only in place (it reads its result buffer): guarded, its
     result starts as a copy of the aliased operand, as XLA's aliasing would leave it."""
-    k = lib.kernel("ScaleFwd", adjoint="DoubleInPlace", name="double_in_place",
+    k = lib.kernel("ScaleFwd", vjp="DoubleInPlace", name="double_in_place",
                    result=lambda x, **_: x, attrs={"extra": 0, "before": 0, "role": ""},
-                   dtypes=["float64"], pass_outputs=False, aliases={"adjoint": {1: 0}})
+                   dtypes=["float64"], pass_outputs=False, aliases={"vjp": {1: 0}})
     x, ct = jnp.arange(4.0), jnp.linspace(1.0, 2.0, 4)
     for f in (k, k.guarded()):
         np.testing.assert_array_equal(jax.vjp(f, x)[1](ct)[0], 2 * ct)
@@ -100,11 +100,11 @@ def test_aliased_results_start_from_their_operand(lib):
 
 def test_residual_kernels_guarded(cache):
     lib = jb.cpp.load("rms_norm", sources=[RMS_NORM_CC])
-    plain = lib.kernel("RmsNorm", adjoint="RmsNormDerivative", tangent="RmsNormDerivative",
+    plain = lib.kernel("RmsNorm", vjp="RmsNormDerivative", jvp="RmsNormDerivative",
                        forward_with_residuals="RmsNormWithResiduals", name="rms_guarded",
                        result=lambda x, **_: x, attrs={"eps": 1e-5}, pass_outputs=False,
                        residuals=lambda x, **_: jax.ShapeDtypeStruct(x.shape[:-1], x.dtype),
-                       aliases={"adjoint": {2: 0}})
+                       aliases={"vjp": {2: 0}})
     x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 6)))
     for how in (lambda k: jax.value_and_grad(lambda x: jnp.sum(k(x) ** 3))(x),
                 lambda k: jax.jvp(k, (x,), (x * x,))):
@@ -180,10 +180,10 @@ def run_python(code: str, cache: Path) -> subprocess.CompletedProcess:
 
 
 CALL = {"forward": "k(x, **bad)",
-        "adjoint": "jax.grad(lambda x: jnp.sum(k(x, **bad)))(x)",
-        "tangent": "jax.jvp(lambda x: k(x, **bad), (x,), (x,))[1]"}
-OUTPUT = {"forward": "result", "adjoint": "cotangent of argument 'x'",
-          "tangent": "tangent of result"}
+        "vjp": "jax.grad(lambda x: jnp.sum(k(x, **bad)))(x)",
+        "jvp": "jax.jvp(lambda x: k(x, **bad), (x,), (x,))[1]"}
+OUTPUT = {"forward": "result", "vjp": "cotangent of argument 'x'",
+          "jvp": "tangent of result"}
 CASES = [(role, where) for role in CALL for where in ("past", "before")]
 
 
@@ -198,7 +198,7 @@ import jax, jax.numpy as jnp, numpy as np
 import jaxbridge as jb
 from jaxbridge.testing import RuleCheckError, check_rules
 lib = jb.cpp.load("kernel_checks", sources=[{str(CHECKS_CC)!r}])
-scale = dict(adjoint="ScaleAdj", tangent="ScaleTan", name="scale", result=lambda x, **_: x,
+scale = dict(vjp="ScaleAdj", jvp="ScaleTan", name="scale", result=lambda x, **_: x,
              attrs={{"extra": 0, "before": 0, "role": ""}}, dtypes=["float64"],
              arg_names=("x",))
 k = lib.kernel("ScaleFwd", guard_outputs=True, **scale)

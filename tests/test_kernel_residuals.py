@@ -44,9 +44,9 @@ def rms_kernel(lib, name, **options):
     """The guide's declaration: a separate forward with residuals (unless overridden)."""
     options = {"forward_with_residuals": "RmsNormWithResiduals", "vmap": "vectorized",
                **options}
-    return lib.kernel("RmsNorm", adjoint="RmsNormDerivative", tangent="RmsNormDerivative",
+    return lib.kernel("RmsNorm", vjp="RmsNormDerivative", jvp="RmsNormDerivative",
                       name=name, result=lambda x, **_: x, residuals=row_struct,
-                      attrs={"eps": 1e-5}, pass_outputs=False, aliases={"adjoint": {2: 0}},
+                      attrs={"eps": 1e-5}, pass_outputs=False, aliases={"vjp": {2: 0}},
                       **options)
 
 
@@ -177,20 +177,20 @@ def test_differentiated_calls_run_the_forward_with_residuals_once(rms_norm):
     x = sample(np.float32, (16, 8))
     fwd = rms_norm.target("forward", "cpu")
     with_res = rms_norm.target("forward_with_residuals", "cpu")
-    adjoint, tangent = rms_norm.target("adjoint", "cpu"), rms_norm.target("tangent", "cpu")
+    vjp, jvp = rms_norm.target("vjp", "cpu"), rms_norm.target("jvp", "cpu")
     # value and gradient: the outputs come from the forward with residuals, once
     targets, text = _custom_calls(jax.value_and_grad(lambda x: jnp.sum(rms_norm(x) ** 2)), x)
-    assert sorted(targets) == sorted([with_res, adjoint]) and fwd not in targets
+    assert sorted(targets) == sorted([with_res, vjp]) and fwd not in targets
     assert "(f32[16,8]{1,0}, f32[16]{0}) custom-call" in text  # (y, r)
     targets, _ = _custom_calls(lambda x, t: jax.jvp(rms_norm, (x,), (t,)), x, x)
-    assert sorted(targets) == sorted([with_res, tangent])
+    assert sorted(targets) == sorted([with_res, jvp])
 
 
 def test_without_a_separate_target_every_call_returns_the_residuals(libs):
     """forward_with_residuals omitted: the forward target itself returns (y, r), on every
     call; the caller still sees y alone."""
-    k = libs[0].kernel("RmsNormWithResiduals", adjoint="RmsNormDerivative",
-                       tangent="RmsNormDerivative", name="rms_norm_one_forward",
+    k = libs[0].kernel("RmsNormWithResiduals", vjp="RmsNormDerivative",
+                       jvp="RmsNormDerivative", name="rms_norm_one_forward",
                        result=lambda x, **_: x, residuals=row_struct, attrs={"eps": 1e-5},
                        vmap="vectorized", pass_outputs=False)
     x = sample(np.float64)
@@ -229,8 +229,8 @@ def test_export_round_trip_of_the_gradient(rms_norm):
 @pytest.fixture(scope="module")
 def exp_pair(libs):
     lib = libs[1]
-    return lib.kernel("ExpPairForward", adjoint="ExpPairDerivative",
-                      tangent="ExpPairDerivative", forward_with_residuals="ExpPairWithResiduals",
+    return lib.kernel("ExpPairForward", vjp="ExpPairDerivative",
+                      jvp="ExpPairDerivative", forward_with_residuals="ExpPairWithResiduals",
                       name="exp_pair", dtypes=["float64"],
                       result=lambda x: (x, jax.ShapeDtypeStruct((), jnp.int32)),
                       residuals=lambda x: (x, jax.ShapeDtypeStruct((), jnp.int64)))
@@ -293,13 +293,13 @@ def test_bad_residual_declarations(libs):
     with pytest.raises(KernelError, match=r"a linear kernel has no residuals"):
         jb.kernel("jaxbridge_softplus_fwd", linear=True, transpose="jaxbridge_softplus_adj",
                   result=lambda x, **_: x, residuals=lambda x, **_: x, name="lin_res")
-    k = lib.kernel("RmsNorm", adjoint="RmsNormDerivative", name="rms_bad_leaf",
+    k = lib.kernel("RmsNorm", vjp="RmsNormDerivative", name="rms_bad_leaf",
                    forward_with_residuals="RmsNormWithResiduals", result=lambda x, **_: x,
                    residuals=lambda x, **_: "r", attrs={"eps": 1e-5})
     with pytest.raises(KernelError, match=r"kernel 'rms_bad_leaf': the residuals spec must be "
                                           r"a pytree of jax.ShapeDtypeStruct; got a leaf 'r'"):
         k(sample(np.float64))
-    k = lib.kernel("RmsNorm", adjoint="RmsNormDerivative", name="rms_bad_batch",
+    k = lib.kernel("RmsNorm", vjp="RmsNormDerivative", name="rms_bad_batch",
                    forward_with_residuals="RmsNormWithResiduals", result=lambda x, **_: x,
                    residuals=lambda x, **_: jax.ShapeDtypeStruct((7,), x.dtype),
                    attrs={"eps": 1e-5}, batch_dims=1)

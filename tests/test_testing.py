@@ -1123,8 +1123,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScribbleDerivative, Deriv, ffi::Ffi::Bind()
 def test_a_kernel_that_writes_into_its_input_is_caught(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
     lib = jb.cpp.load("scribble", source=SCRIBBLE)
-    scribble = lib.kernel(forward="ScribbleForward", adjoint="ScribbleDerivative",
-                          tangent="ScribbleDerivative", result=lambda x: x,
+    scribble = lib.kernel(forward="ScribbleForward", vjp="ScribbleDerivative",
+                          jvp="ScribbleDerivative", result=lambda x: x,
                           dtypes=["float64"], pass_outputs=False)
     with pytest.raises(RuleCheckError) as info:
         check_rules(scribble, np.array([1.0, 2.0, 3.0]), check_options=FAST)
@@ -1301,9 +1301,9 @@ def test_what_each_object_says_it_has():
     assert d.reverse.startswith("JAX transposes") and d.second_order
     d = _host_sin("numpy", vjp=False).derivatives()
     assert d.reverse is None and not d.second_order and "defvjp" in d.missing
-    k = jb.kernel("k_fwd", tangent="k_tan", result=lambda x: x)
-    assert (k.derivatives().forward, k.derivatives().reverse) == ("tangent kernel", None)
-    assert "forward mode: tangent kernel" in k.derivatives().how
+    k = jb.kernel("k_fwd", jvp="k_tan", result=lambda x: x)
+    assert (k.derivatives().forward, k.derivatives().reverse) == ("JVP kernel", None)
+    assert "forward mode: JVP kernel" in k.derivatives().how
 
 
 def test_a_function_with_rules_that_no_check_ran_on_does_not_pass(rng):

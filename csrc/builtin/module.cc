@@ -60,7 +60,7 @@ PYBIND11_MODULE(_builtin, m) {
 #undef JAXBRIDGE_TARGET_ENTRY
         return ops;
       },
-      "The built-in kernels' targets: {op: {'forward'|'adjoint'|'tangent': target name}}.");
+      "The built-in kernels' targets: {op: {'forward'|'vjp'|'jvp': target name}}.");
   // Guarded outputs (guard.h): the checked call, and the handlers it may run.
   m.def(
       "guarded_call",

@@ -9,14 +9,14 @@
 
 #define JAXBRIDGE_BUILTIN_TARGETS(X)                                                     \
   X(softplus, forward, SoftplusFwd, "jaxbridge_softplus_fwd")                            \
-  X(softplus, adjoint, SoftplusAdj, "jaxbridge_softplus_adj")                            \
-  X(softplus, tangent, SoftplusTan, "jaxbridge_softplus_tan")                            \
+  X(softplus, vjp, SoftplusAdj, "jaxbridge_softplus_adj")                            \
+  X(softplus, jvp, SoftplusTan, "jaxbridge_softplus_tan")                            \
   X(tridiagonal_solve, forward, TridiagFwd, "jaxbridge_tridiagonal_solve_fwd")           \
-  X(tridiagonal_solve, adjoint, TridiagAdj, "jaxbridge_tridiagonal_solve_adj")           \
-  X(tridiagonal_solve, tangent, TridiagTan, "jaxbridge_tridiagonal_solve_tan")           \
+  X(tridiagonal_solve, vjp, TridiagAdj, "jaxbridge_tridiagonal_solve_adj")           \
+  X(tridiagonal_solve, jvp, TridiagTan, "jaxbridge_tridiagonal_solve_tan")           \
   X(rbf_kernel, forward, RbfFwd, "jaxbridge_rbf_kernel_fwd")                             \
-  X(rbf_kernel, adjoint, RbfAdj, "jaxbridge_rbf_kernel_adj")                             \
-  X(rbf_kernel, tangent, RbfTan, "jaxbridge_rbf_kernel_tan")
+  X(rbf_kernel, vjp, RbfAdj, "jaxbridge_rbf_kernel_adj")                             \
+  X(rbf_kernel, jvp, RbfTan, "jaxbridge_rbf_kernel_tan")
 
 namespace jaxbridge::builtin::target {
 // target::SoftplusFwd == "jaxbridge_softplus_fwd", for error messages.

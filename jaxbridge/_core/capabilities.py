@@ -29,7 +29,7 @@ class Derivatives:
         ``"defjvp rule (numpy)"`` or ``"the function itself (linear=True)"``; None when
         the function has no forward mode.
       reverse: what computes reverse mode (``jax.grad``, ``vjp``, ``jacrev``), e.g.
-        ``"defvjp rule (numpy)"``, ``"deftranspose rule (numpy)"``, ``"adjoint
+        ``"defvjp rule (numpy)"``, ``"deftranspose rule (numpy)"``, ``"VJP
         kernel"``; None when it has none.
       second_order: whether derivatives of the derivatives exist (Hessians): rules
         that JAX traces (``kind="jax"``), or a linear function with a transpose.
@@ -57,8 +57,8 @@ class Derivatives:
         """One line for reports: each mode and what computes it.
 
         Example:
-            >>> Derivatives(reverse="adjoint kernel").how
-            'forward mode: none; reverse mode: adjoint kernel; second order: no'
+            >>> Derivatives(reverse="VJP kernel").how
+            'forward mode: none; reverse mode: VJP kernel; second order: no'
         """
         return (f"forward mode: {self.forward or 'none'}; reverse mode: "
                 f"{self.reverse or 'none'}; second order: {'yes' if self.second_order else 'no'}")

@@ -119,7 +119,7 @@ def check_alias_types(where: str, role: str, pairs: Sequence[tuple[int, int]],
                       operands: Sequence[Any], results: Sequence[Any], call: str) -> None:
     """Raise `AliasError` unless every aliased (operand, result) pair of this call exists
     and has one shape and dtype. `call` names the call in the message ("this call",
-    "the adjoint kernel")."""
+    "the vjp kernel")."""
     for o, r in pairs:
         if o >= len(operands) or r >= len(results):
             raise AliasError(

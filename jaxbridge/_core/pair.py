@@ -1,27 +1,29 @@
-"""The derivative pair: a forward computation with its tangent and adjoint, wired into
-JAX as three primitives. Host functions (`jaxbridge._foreign`) and C++/CUDA kernels
+"""The derivative pair: a forward computation with its JVP and VJP, wired into JAX as
+three primitives. Host functions (`jaxbridge._foreign`) and C++/CUDA kernels
 (`jaxbridge._kernel`) are both instances; everything JAX needs is here, once.
 
-* forward  ``primals -> outputs``; its JVP binds `tangent`.
-* tangent  ``(*fixed, *tangents) -> output tangents``, linear in the tangents.
-  Transposed (for `grad`) it becomes `adjoint`.
-* adjoint  ``(*fixed, *cotangents) -> input cotangents``, linear in the cotangents;
-  its transpose is `tangent` again.
+The three roles (`ROLES`, JAX's words; docs/layout.md's "Vocabulary" table):
+
+* forward  ``primals -> outputs``; its JVP binds `jvp`.
+* jvp      ``(*fixed, *tangents) -> output tangents``, linear in the tangents.
+  Transposed (for `grad`) it becomes `vjp`.
+* vjp      ``(*fixed, *cotangents) -> input cotangents``, linear in the cotangents;
+  its transpose is `jvp` again.
 
 `fixed` are the operands a derivative needs besides the (co)tangents: the primals and
-(usually) the forward outputs and residuals; none for a linear function, whose tangent
-is the function itself. A signature may bind a different forward call when it is
-differentiated (`with_residuals`): one that also returns residuals. So
-`grad`/`vjp`/`jacrev` need only the adjoint, `jvp`/`jacfwd` only the tangent, and
-nothing uses `jax.custom_vjp` (which would rule out forward mode).
+(usually) the forward outputs and residuals; none for a linear function, whose JVP
+is the function itself (and whose VJP is its transpose). A signature may bind a
+different forward call when it is differentiated (`with_residuals`): one that also
+returns residuals. So `grad`/`vjp`/`jacrev` need only the VJP rule, `jvp`/`jacfwd` only
+the JVP rule, and nothing uses `jax.custom_vjp` (which would rule out forward mode).
 
 Each primitive is parameterized by a *signature* (`sig`): a hashable description of one
 call that says what the derivatives are and how to lower each role (see `Signature`).
-A derivative rule is either "traced" (written in JAX: inlined, so JAX can differentiate
-it again) or "opaque" (a host call or an FFI kernel, bound as the tangent or adjoint
-primitive).
-The tangent and adjoint also take `nz`, the inputs whose (co)tangents are not symbolic
-zeros.
+How a rule is bound (`Signature.rule`) is "traced" (written in JAX, the public
+``kind="jax"``: inlined, so JAX can differentiate it again) or "opaque" (a host call,
+``kind="numpy"``, or an FFI kernel: bound as the jvp or vjp primitive).
+The jvp and vjp primitives also take `nz`, the inputs whose (co)tangents are not
+symbolic zeros.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from .jaxapi import (
 __all__ = ["ROLES", "VMAP_CHOICES", "Signature", "Pair", "make_pair", "join_varying",
            "with_residuals"]
 
-ROLES = ("forward", "tangent", "adjoint")
+ROLES = ("forward", "jvp", "vjp")
 # How vmap runs a pair (Signature.vectorized): one call per batch element, or one call
 # with a leading batch axis. The words of jb.foreign(vmap=...) and jb.kernel(vmap=...).
 VMAP_CHOICES = ("loop", "vectorized")
@@ -74,7 +76,7 @@ class Signature(Protocol):
     @property
     def tangent_outs(self) -> tuple: ...        # per forward result: a tangent?
     @property
-    def prune_zero_tangents(self) -> bool: ...  # tangent gets only non-zero tangents
+    def prune_zero_tangents(self) -> bool: ...  # the jvp rule gets only non-zero tangents
     @property
     def vectorized(self) -> bool: ...           # vmap: one call with a batch axis
     @property
@@ -115,11 +117,11 @@ def _instantiate(values: Sequence[Any], avals: Sequence[Any]) -> list:
     return [_zeros(a) if is_zero(v) else v for v, a in zip(values, avals)]
 
 
-def _tangent_avals(sig: Signature, nz: tuple) -> list:
+def _jvp_avals(sig: Signature, nz: tuple) -> list:
     return [a for a, t in zip(sig.out_avals, sig.tangent_outs) if t]
 
 
-def _adjoint_avals(sig: Signature, nz: tuple) -> list:
+def _vjp_avals(sig: Signature, nz: tuple) -> list:
     return [a for a, z in zip(sig.in_avals, nz) if z]
 
 
@@ -128,10 +130,10 @@ class Pair:
 
     def __init__(self, prefix: str):
         self.forward = Primitive(f"{prefix}")
-        self.tangent = Primitive(f"{prefix}_tangent")
-        self.adjoint = Primitive(f"{prefix}_adjoint")
-        self.role = {self.forward: "forward", self.tangent: "tangent",
-                     self.adjoint: "adjoint"}
+        self.jvp = Primitive(f"{prefix}_jvp")
+        self.vjp = Primitive(f"{prefix}_vjp")
+        self.role = {self.forward: "forward", self.jvp: "jvp",
+                     self.vjp: "vjp"}
         for prim in self.role:
             prim.multiple_results = True
             prim.def_impl(functools.partial(self._eager, prim))
@@ -142,15 +144,15 @@ class Pair:
                                        platform=platform)
         self.forward.def_abstract_eval(lambda *avals, sig: result_avals(
             avals, sig.out_avals, sig.name, sig.num_batch_dims))
-        self.tangent.def_abstract_eval(lambda *avals, sig, nz: result_avals(
-            avals, _tangent_avals(sig, nz), sig.name, sig.num_batch_dims))
-        self.adjoint.def_abstract_eval(lambda *avals, sig, nz: result_avals(
-            avals, _adjoint_avals(sig, nz), sig.name, sig.num_batch_dims))
+        self.jvp.def_abstract_eval(lambda *avals, sig, nz: result_avals(
+            avals, _jvp_avals(sig, nz), sig.name, sig.num_batch_dims))
+        self.vjp.def_abstract_eval(lambda *avals, sig, nz: result_avals(
+            avals, _vjp_avals(sig, nz), sig.name, sig.num_batch_dims))
         ad.primitive_jvps[self.forward] = self._forward_jvp
-        ad.primitive_jvps[self.tangent] = functools.partial(self._linear_jvp, self.tangent)
-        ad.primitive_jvps[self.adjoint] = functools.partial(self._linear_jvp, self.adjoint)
-        ad.primitive_transposes[self.tangent] = self._tangent_transpose
-        ad.primitive_transposes[self.adjoint] = self._adjoint_transpose
+        ad.primitive_jvps[self.jvp] = functools.partial(self._linear_jvp, self.jvp)
+        ad.primitive_jvps[self.vjp] = functools.partial(self._linear_jvp, self.vjp)
+        ad.primitive_transposes[self.jvp] = self._jvp_transpose
+        ad.primitive_transposes[self.vjp] = self._vjp_transpose
 
     def call(self, sig: Signature, *args: Any) -> list:
         """Bind the forward primitive (inside `shard_map`, on operands that all vary
@@ -195,7 +197,7 @@ class Pair:
         if not any(live):
             outs = self.forward.bind(*primals, sig=sig)
             return outs, [zero_tangent(aval_of(o)) for o in outs]
-        if sig.rule("tangent") is None and sig.rule("adjoint") is None:
+        if sig.rule("jvp") is None and sig.rule("vjp") is None:
             raise sig.missing("any")
         # The call the derivatives need: its forward may also return residuals (after
         # the outputs), which only the derivative rules receive.
@@ -206,10 +208,10 @@ class Pair:
         nz = live if sig.prune_zero_tangents else tuple(sig.diff_in)
         tans = [t for t, z in zip(_instantiate(tangents, sig.in_avals), nz) if z]
         fixed = dsig.fixed(primals, full)
-        if sig.rule("tangent") == "traced" and sig.rule("adjoint") is None:
-            out_t = sig.traced("tangent", nz)(*fixed, *tans)  # JAX transposes it itself
+        if sig.rule("jvp") == "traced" and sig.rule("vjp") is None:
+            out_t = sig.traced("jvp", nz)(*fixed, *tans)  # JAX transposes it itself
         else:
-            out_t = self.tangent.bind(*join_varying([*fixed, *tans]), sig=dsig, nz=nz)
+            out_t = self.jvp.bind(*join_varying([*fixed, *tans]), sig=dsig, nz=nz)
         each = iter(out_t)
         return outs, [next(each) if t else z for t, z in zip(sig.tangent_outs, zeros)]
 
@@ -230,7 +232,7 @@ class Pair:
         return out, list(out_t)
 
     def _n_linear(self, prim: Primitive, sig: Signature, nz: tuple) -> int:
-        return sum(nz) if prim is self.tangent else sum(sig.tangent_outs)
+        return sum(nz) if prim is self.jvp else sum(sig.tangent_outs)
 
     # ---- reverse mode
     def _split_fixed(self, prim: Primitive, operands: Sequence[Any], sig: Signature,
@@ -241,30 +243,30 @@ class Pair:
             raise sig.second_order_error(self.role[prim])
         return fixed, list(operands[n:])
 
-    def _tangent_transpose(self, cts: Sequence[Any], *operands: Any, sig: Signature,
+    def _jvp_transpose(self, cts: Sequence[Any], *operands: Any, sig: Signature,
                            nz: tuple) -> list:
-        fixed, linear = self._split_fixed(self.tangent, operands, sig, nz)
+        fixed, linear = self._split_fixed(self.jvp, operands, sig, nz)
         if all(is_zero(c) for c in cts):
             return [None] * len(fixed) + [ad.Zero(t.aval) for t in linear]
-        cts = _instantiate(cts, _tangent_avals(sig, nz))
-        how = sig.rule("adjoint")
+        cts = _instantiate(cts, _jvp_avals(sig, nz))
+        how = sig.rule("vjp")
         if how is None:
-            raise sig.missing("adjoint")
+            raise sig.missing("vjp")
         if how == "traced":
-            in_cts = sig.traced("adjoint", nz)(*fixed, *cts)
+            in_cts = sig.traced("vjp", nz)(*fixed, *cts)
         else:
-            in_cts = self.adjoint.bind(*join_varying([*fixed, *cts]), sig=sig, nz=nz)
+            in_cts = self.vjp.bind(*join_varying([*fixed, *cts]), sig=sig, nz=nz)
         return [None] * len(fixed) + list(in_cts)
 
-    def _adjoint_transpose(self, cts: Sequence[Any], *operands: Any, sig: Signature,
+    def _vjp_transpose(self, cts: Sequence[Any], *operands: Any, sig: Signature,
                            nz: tuple) -> list:
-        fixed, linear = self._split_fixed(self.adjoint, operands, sig, nz)
+        fixed, linear = self._split_fixed(self.vjp, operands, sig, nz)
         if all(is_zero(c) for c in cts):
             return [None] * len(fixed) + [ad.Zero(c.aval) for c in linear]
-        cts = _instantiate(cts, _adjoint_avals(sig, nz))
-        if sig.rule("tangent") is None:
-            raise sig.missing("tangent")
-        return [None] * len(fixed) + list(self.tangent.bind(*join_varying([*fixed, *cts]),
+        cts = _instantiate(cts, _vjp_avals(sig, nz))
+        if sig.rule("jvp") is None:
+            raise sig.missing("jvp")
+        return [None] * len(fixed) + list(self.jvp.bind(*join_varying([*fixed, *cts]),
                                                             sig=sig, nz=nz))
 
     # ---- vmap: one vectorized call, or a loop of calls
@@ -297,5 +299,5 @@ def _compiled(prim: Primitive, sig: Signature, nz: tuple | None, *args: Any) -> 
 
 
 def make_pair(prefix: str) -> Pair:
-    """The forward/tangent/adjoint primitives named `prefix`, `prefix_tangent`, ..."""
+    """The forward/jvp/vjp primitives named `prefix`, `prefix_jvp`, `prefix_vjp`."""
     return Pair(prefix)

@@ -43,7 +43,7 @@ class ForeignFunction:
     Call it like the wrapped function, with JAX or NumPy arrays (pytrees of them) as
     positional arguments and static keyword arguments; it works under `jit`, `vmap`,
     `grad`, `jvp`, `lax.scan` and the rest, as far as its rules allow. Register rules
-    with the decorators `defvjp` (adjoint), `defjvp` (tangent) and, for functions
+    with the decorators `defvjp` (VJP rule), `defjvp` (JVP rule) and, for functions
     declared ``linear=True``, `deftranspose`. Registering a rule makes a new immutable
     snapshot (`definition`): calls traced before keep the rules they were traced with.
 
@@ -52,8 +52,8 @@ class ForeignFunction:
       result: the declared result (a pytree of ``ShapeDtypeStruct`` or a function).
       vmap: ``"loop"`` or ``"vectorized"``.
       backend: ``"auto"``, ``"native"`` or ``"pure_callback"``.
-      vjp_rule: the registered adjoint rule (or None).
-      jvp_rule: the registered tangent rule (or None).
+      vjp_rule: the registered VJP rule (or None).
+      jvp_rule: the registered JVP rule (or None).
       transpose_rule: the registered transpose rule (or None).
 
     Example:
@@ -94,7 +94,7 @@ class ForeignFunction:
         self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
         self._definition = Definition(
             fun=fun, name=self.__name__, result=result, residuals=residuals, vmap=vmap,
-            backend=backend, batch_dims=batch_dims, on_mesh=on_mesh, in_place=out,
+            backend=backend, batch_dims=batch_dims, on_mesh=on_mesh, out=out,
             linear=linear, cast=cast, aliases=_forward_aliases(self.__name__, aliases))
 
     # ---- what it is
@@ -180,7 +180,7 @@ class ForeignFunction:
             raise ValueError(f"{where}: out=True (write results in place) is for host rules; "
                              f"a kind='jax' rule returns its results")
         if which in ("vjp", "jvp") and self._definition.linear:
-            raise TypeError(f"{where}: {self.__name__!r} is declared linear=True: its tangent "
+            raise TypeError(f"{where}: {self.__name__!r} is declared linear=True: its JVP "
                             f"is the function itself; give its transpose with "
                             f"@{self.__name__}.deftranspose")
         if which == "transpose" and not self._definition.linear:
@@ -191,7 +191,7 @@ class ForeignFunction:
             if not callable(fun):
                 raise TypeError(f"{where} expects a function, got {fun!r}")
             # A new snapshot: calls traced before keep the rules they were traced with.
-            new = Rule(fun, kind, in_place=out)
+            new = Rule(fun, kind, out=out)
             d = self._definition
             self._definition = (dataclasses.replace(d, vjp=new) if which == "vjp" else
                                 dataclasses.replace(d, jvp=new) if which == "jvp" else
@@ -208,7 +208,7 @@ class ForeignFunction:
                out: bool = False) -> Callable[[F], F]: ...
 
     def defvjp(self, rule=None, *, kind="numpy", out=False):
-        """Register the adjoint: `rule(primals, y, ct, [res,] **static) -> cts`.
+        """Register the VJP rule: `rule(primals, y, ct, [res,] **static) -> cts`.
 
         `primals` is the tuple of positional arguments, `y` the function's output, `ct`
         the output cotangent (zeros where unused; None for integer outputs). Return one
@@ -238,7 +238,7 @@ class ForeignFunction:
                out: bool = False) -> Callable[[F], F]: ...
 
     def defjvp(self, rule=None, *, kind="numpy", out=False):
-        """Register the tangent rule: `rule(primals, y, tangents, [res,] **static)`.
+        """Register the JVP rule: `rule(primals, y, tangents, [res,] **static)`.
 
         `tangents` has one entry per positional argument; an entry (or a leaf inside
         it) is None where the tangent is a symbolic zero. Return the output tangent
@@ -270,8 +270,8 @@ class ForeignFunction:
         """Register the transpose of a linear function: `rule(ct, **static) -> cts`.
 
         For functions declared ``jb.foreign(..., linear=True)``. `ct` has the output's
-        structure; return one cotangent per positional argument. The tangent of a linear
-        function is the function itself and its adjoint is this transpose; both are
+        structure; return one cotangent per positional argument. The JVP of a linear
+        function is the function itself and its VJP is this transpose; both are
         linear foreign functions again, so derivatives of every order (grad, jacfwd,
         hessian, ...) work with NumPy code alone.
 
@@ -394,6 +394,8 @@ def foreign(result: Any, *, residuals: Any = None,
             ) -> Callable[[Callable[..., Any]], ForeignFunction]:
     """Make a NumPy/SciPy function callable (and differentiable) from JAX.
 
+    Over 80 lines: the docstring documents every option of this public front end.
+
     Args:
       result: the output's shapes and dtypes: a pytree of `jax.ShapeDtypeStruct`, or a
         callable that takes the positional arguments as ShapeDtypeStructs (plus the
@@ -421,7 +423,7 @@ def foreign(result: Any, *, residuals: Any = None,
         must fill completely, and returns None. Saves a copy of every result.
       linear: the function is linear in its array arguments jointly (an FFT, a
         convolution with a fixed kernel, a sparse matvec with fixed matrix). Its
-        tangent is then the function itself, and `deftranspose` gives its adjoint:
+        JVP is then the function itself, and `deftranspose` gives its VJP:
         derivatives of every order work with NumPy code alone.
       cast: cast results of the right shape but another dtype (from the function or
         its rules) to the declared dtype. Off by default: nothing is silently cast.
@@ -470,8 +472,6 @@ def foreign(result: Any, *, residuals: Any = None,
         >>> a, b = jnp.eye(2, dtype=jnp.float32) * 2.0, jnp.ones(2, dtype=jnp.float32)
         >>> jax.grad(lambda b: solve(a, b).sum())(b)
         Array([0.5, 0.5], dtype=float32)
-
-    (Over 80 lines because its docstring documents each option; the code is a few lines.)
     """
     def wrap(fun: Callable[..., Any]) -> ForeignFunction:
         return ForeignFunction(fun, result, residuals=residuals, vmap=vmap, backend=backend,
@@ -496,7 +496,7 @@ def custom_gradient(result: Any, **options: Any) -> Callable[[Callable[..., Any]
 
     Returns:
       A decorator: applied to ``fun(*args) -> (value, grad_fn)``, it returns a
-      `ForeignFunction` whose adjoint calls ``grad_fn``.
+      `ForeignFunction` whose VJP rule calls ``grad_fn``.
 
     Example:
         >>> import jax, jax.numpy as jnp, numpy as np, jaxbridge as jb

@@ -34,12 +34,12 @@ L = TypeVar("L", bound="CallLayout")
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """A user derivative rule: `kind="numpy"` runs on the host, `"jax"` is traced.
-    `in_place` (the public ``out=True``): the rule writes its results into arrays passed
-    as ``out=`` (here "out" is only ever the forward output, never this flag)."""
+    `out` (the public ``out=True``): the rule writes its results into arrays passed as
+    ``out=`` instead of returning them."""
 
     fun: Callable[..., Any]
     kind: str
-    in_place: bool = False
+    out: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -54,7 +54,7 @@ class Definition:
     backend: str
     batch_dims: int
     on_mesh: str
-    in_place: bool       # jb.foreign(out=True): the function fills `out=` buffers
+    out: bool            # jb.foreign(out=True): the function fills `out=` buffers
     linear: bool
     cast: bool
     aliases: tuple = ()  # forward call: ((operand, result), ...), see api._forward_aliases
@@ -194,23 +194,23 @@ class CallLayout:
 
     def _rule_of(self, role: str) -> Rule | None:
         defn = self.defn
-        if role == "tangent":
-            return Rule(defn.fun, "numpy", defn.in_place) if defn.linear else defn.jvp
+        if role == "jvp":
+            return Rule(defn.fun, "numpy", defn.out) if defn.linear else defn.jvp
         return defn.transpose if defn.linear else defn.vjp
 
     def missing(self, role: str) -> MissingRuleError:
         name = self.name
-        if role == "tangent":
+        if role == "jvp":
             return MissingRuleError(
                 f"jaxbridge: forward-mode differentiation (jvp, jacfwd, hessian) of foreign "
-                f"function {name!r} needs a tangent (JVP) rule, and none is defined. Define "
+                f"function {name!r} needs a JVP rule, and none is defined. Define "
                 f"one with @{name}.defjvp.")
-        if role == "adjoint":
+        if role == "vjp":
             fix = (f"@{name}.deftranspose" if self.defn.linear else f"@{name}.defvjp")
             return MissingRuleError(
                 f"jaxbridge: reverse-mode differentiation (grad, vjp, jacrev) of foreign "
-                f"function {name!r} needs an adjoint ({'transpose' if self.defn.linear else 'VJP'}"
-                f") rule, and none is defined. Define one with {fix}.")
+                f"function {name!r} needs a {'transpose' if self.defn.linear else 'VJP'}"
+                f" rule, and none is defined. Define one with {fix}.")
         return MissingRuleError(
             f"jaxbridge: differentiation of foreign function {name!r} needs a JVP or VJP "
             f"rule, and none is defined. Define one with @{name}.defvjp and/or "

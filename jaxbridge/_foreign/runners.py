@@ -1,4 +1,4 @@
-"""Calling the user's code -- the function, its tangent, adjoint or transpose rule --
+"""Calling the user's code -- the function, its JVP, VJP or transpose rule --
 and checking what it returns.
 
 Host runners work on NumPy arrays and write into the output buffers they are given
@@ -29,15 +29,14 @@ from .definition import CallLayout, Rule
 
 __all__ = ["filler", "run_rule"]
 
-# One vocabulary (forward / tangent / adjoint), with the registering method for users.
-WHAT = {"forward": "forward call", "tangent": "tangent rule (defjvp)",
-        "adjoint": "adjoint rule (defvjp)"}
+# The pair's roles (forward / jvp / vjp) in messages, with the registering method.
+WHAT = {"forward": "forward call", "jvp": "JVP rule (defjvp)", "vjp": "VJP rule (defvjp)"}
 
 
 def _what(sig: CallLayout, role: str) -> str:
     if sig.defn.linear:
-        return {"forward": "forward call", "tangent": "forward call (on tangents)",
-                "adjoint": "adjoint rule (deftranspose)"}[role]
+        return {"forward": "forward call", "jvp": "forward call (on tangents)",
+                "vjp": "transpose rule (deftranspose)"}[role]
     return WHAT[role]
 
 
@@ -126,7 +125,7 @@ def flatten_checked(sig: CallLayout, value: Any, treedef: Any, avals: Sequence[A
 
 def cotangent_leaves(sig: CallLayout, value: Any, in_avals: Sequence[Any], nz: tuple,
                      host: bool, what: str) -> list[Any]:
-    """Check an adjoint (VJP or transpose) rule's result -- one cotangent per positional
+    """Check a VJP (or transpose) rule's result -- one cotangent per positional
     argument -- and flatten it to the cotangents of the inputs marked in `nz`."""
     if not isinstance(value, (tuple, list)) or len(value) != sig.n_args:
         got = f"{type(value).__name__} of length {len(value)}" if isinstance(
@@ -212,9 +211,9 @@ def _pick(avals: Sequence[Any], mask: Sequence[bool], shapes: Sequence[tuple] | 
                  for a, m in zip(avals, mask))
 
 
-def run_tangent(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
+def run_jvp(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
                 out_shapes: Sequence[tuple] | None = None) -> list[Any]:
-    """Operands -> tangents of the differentiable outputs (tangent role)."""
+    """Operands -> tangents of the differentiable outputs (the jvp role)."""
     avals = _pick(sig.primary_avals, sig.diff_out, out_shapes)
     if sig.defn.linear:  # the function itself, on the tangents
         value = rule.fun(*sig.args(ins), **sig.kwargs)
@@ -228,10 +227,10 @@ def run_tangent(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host
     return [t for t, d in zip(leaves, sig.diff_out) if d]
 
 
-def run_adjoint(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
+def run_vjp(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host: bool,
                 out_shapes: Sequence[tuple] | None = None) -> list[Any]:
-    """Operands -> cotangents of the inputs marked in `nz` (adjoint role)."""
-    what = _what(sig, "adjoint")
+    """Operands -> cotangents of the inputs marked in `nz` (the vjp role)."""
+    what = _what(sig, "vjp")
     in_avals = _pick(sig.in_avals, nz, out_shapes)
     if sig.defn.linear:
         ct = _output_tree(sig, ins)
@@ -259,8 +258,8 @@ def _output_tree(sig: CallLayout, leaves: Sequence[Any]) -> Any:
 
 def run_rule(sig: CallLayout, role: str, rule: Rule, ops: Sequence[Any], nz: tuple,
              host: bool) -> list[Any]:
-    """A tangent or adjoint rule on flat operands (traced rules call this with JAX values)."""
-    run = run_tangent if role == "tangent" else run_adjoint
+    """A JVP or VJP rule on flat operands (traced rules call this with JAX values)."""
+    run = run_jvp if role == "jvp" else run_vjp
     return run(sig, rule, ops, nz, host)
 
 
@@ -301,18 +300,18 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
         return _forward_filler(sig), sig.out_avals, what
     if rule is None:
         raise sig.missing(role)
-    if role == "tangent":
+    if role == "jvp":
         avals = tuple(a for a, d in zip(sig.primary_avals, sig.diff_out) if d)
-        if rule.in_place:
-            return _inplace_tangent_filler(sig, rule, nz), avals, what
-        run = run_tangent
+        if rule.out:
+            return _out_jvp_filler(sig, rule, nz), avals, what
+        run = run_jvp
     else:
         avals = tuple(a for a, z in zip(sig.in_avals, nz) if z)
-        if rule.in_place:
-            return _inplace_adjoint_filler(sig, rule, nz), avals, what
+        if rule.out:
+            return _out_vjp_filler(sig, rule, nz), avals, what
         if not sig.defn.linear:
-            return _adjoint_filler(sig, rule, nz), avals, what
-        run = run_adjoint
+            return _vjp_filler(sig, rule, nz), avals, what
+        run = run_vjp
 
     def fill(ins: tuple, outs: tuple) -> None:
         shapes = [o.shape for o in outs] if sig.num_batch_dims else None
@@ -324,20 +323,20 @@ def filler(sig: CallLayout, role: str, rule: Rule | None, nz: tuple
 
 # How the native trampoline may call a host function without its `fill` wrapper
 # (csrc/hostcall/direct_call.cc): fill.direct = (fun, kind, finish), plus
-# (n_in, live) for the adjoint kinds.
+# (n_in, live) for the VJP kinds (kDirectAdjoint* there).
 DIRECT_RETURNS = 1  # fun(*ins) returns the one result
 DIRECT_OUT = 2      # fun(*ins, out=outs[0]) returns None
-DIRECT_ADJOINT = 3  # a VJP rule: fun(primals, out, ct) returns one cotangent per input
-DIRECT_ADJOINT_OUT = 4  # a VJP rule with out=True: fun(primals, out, ct, out=...) -> None
+DIRECT_VJP = 3      # a VJP rule: fun(primals, out, ct) returns one cotangent per input
+DIRECT_VJP_OUT = 4  # a VJP rule with out=True: fun(primals, out, ct, out=...) -> None
 
 
 def _direct(fill: Callable[[tuple, tuple], None], fun: Callable, kind: int,
-            finish: Callable[[Any, tuple], None], *adjoint: Any
+            finish: Callable[[Any, tuple], None], *vjp_layout: Any
             ) -> Callable[[tuple, tuple], None]:
     """`fill`, marked as callable directly: the trampoline calls `fun` on the inputs itself
     and hands any result it does not take to `finish(value, outputs)` (which checks and
     fills, or raises), exactly what `fill` would have done."""
-    fill.direct = (fun, kind, finish, *adjoint)  # type: ignore[attr-defined]
+    fill.direct = (fun, kind, finish, *vjp_layout)  # type: ignore[attr-defined]
     return fill
 
 
@@ -347,7 +346,7 @@ def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
     single = sig.res_tree is None and sig.out_tree.num_nodes == 1 \
         and sig.out_tree.num_leaves == 1
     direct = single and sig.plain_args and not kwargs
-    if sig.defn.in_place:
+    if sig.defn.out:
         def not_none(value: Any, outs: tuple) -> None:
             _returned_none(sig, value, "forward call")
 
@@ -359,7 +358,7 @@ def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
 
             return _direct(fill_plain, fun, DIRECT_OUT, not_none)
 
-        def fill_in_place(ins: tuple, outs: tuple) -> None:
+        def fill_out(ins: tuple, outs: tuple) -> None:
             if single:  # fast path: the lone output buffer is `out` itself
                 target = outs[0]
             else:
@@ -369,7 +368,7 @@ def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
             if value is not None:
                 not_none(value, outs)
 
-        return fill_in_place
+        return fill_out
     dtype = sig.out_avals[0].dtype if single else None
 
     def finish(value: Any, outs: tuple) -> None:
@@ -387,11 +386,11 @@ def _forward_filler(sig: CallLayout) -> Callable[[tuple, tuple], None]:
     return _direct(fill, fun, DIRECT_RETURNS, finish) if direct else fill
 
 
-def _adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, tuple], None]:
+def _vjp_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, tuple], None]:
     """The VJP rule, with a fast path for the common case: plain array arguments, one
     array output, and a rule that returns NumPy arrays of the declared shapes and dtypes
     (anything else is checked). Without keyword arguments the trampoline calls the rule
-    itself (DIRECT_ADJOINT)."""
+    itself (DIRECT_VJP)."""
     fast = sig.plain_args and sig.res_tree is None and sig.n_out == 1 \
         and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.num_batch_dims
     fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
@@ -405,7 +404,7 @@ def _adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, 
                 for o, v in zip(outs, picked):
                     o[...] = v
                 return
-        leaves = cotangent_leaves(sig, value, sig.in_avals, nz, True, WHAT["adjoint"])
+        leaves = cotangent_leaves(sig, value, sig.in_avals, nz, True, WHAT["vjp"])
         for o, v in zip(outs, leaves):
             o[...] = v
 
@@ -414,14 +413,14 @@ def _adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, 
             finish(fun(tuple(ins[:n_in]), ins[n_in], ins[n_in + 1], **kwargs), outs)
             return
         shapes = [o.shape for o in outs] if sig.num_batch_dims else None
-        for o, v in zip(outs, run_adjoint(sig, rule, ins, nz, True, shapes)):
+        for o, v in zip(outs, run_vjp(sig, rule, ins, nz, True, shapes)):
             o[...] = v
 
-    return _direct(fill, fun, DIRECT_ADJOINT, finish, n_in, live) if fast and not kwargs \
+    return _direct(fill, fun, DIRECT_VJP, finish, n_in, live) if fast and not kwargs \
         else fill
 
 
-def _inplace_tangent_filler(sig: CallLayout, rule: Rule, nz: tuple
+def _out_jvp_filler(sig: CallLayout, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
     def fill(ins: tuple, outs: tuple) -> None:
         target = _output_tree(sig, outs)
@@ -431,21 +430,21 @@ def _inplace_tangent_filler(sig: CallLayout, rule: Rule, nz: tuple
             primals, out, res, tans = _split(sig, ins)
             value = _call(sig, rule.fun, (primals, out, _input_trees(sig, tans, nz)), res,
                           out=target)
-        _returned_none(sig, value, _what(sig, "tangent"))
+        _returned_none(sig, value, _what(sig, "jvp"))
 
     return fill
 
 
-def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
+def _out_vjp_filler(sig: CallLayout, rule: Rule, nz: tuple
                             ) -> Callable[[tuple, tuple], None]:
-    # Fast path (as in _adjoint_filler): plain array arguments, one array output.
+    # Fast path (as in _vjp_filler): plain array arguments, one array output.
     fast = sig.plain_args and sig.res_tree is None and sig.n_out == 1 \
         and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.defn.linear
     fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
     where = tuple(sum(nz[:i]) if z else -1 for i, z in enumerate(nz))  # -> index in outs
 
     def not_none(value: Any, outs: tuple) -> None:
-        _returned_none(sig, value, _what(sig, "adjoint"))
+        _returned_none(sig, value, _what(sig, "vjp"))
 
     def fill(ins: tuple, outs: tuple) -> None:
         if fast:
@@ -461,11 +460,11 @@ def _inplace_adjoint_filler(sig: CallLayout, rule: Rule, nz: tuple
             primals, out, res, cts = _split(sig, ins)
             value = _call(sig, rule.fun, (primals, out, _output_tree(sig, cts)), res,
                           out=target)
-        _returned_none(sig, value, _what(sig, "adjoint"))
+        _returned_none(sig, value, _what(sig, "vjp"))
 
-    if fast and not kwargs:  # the trampoline calls the rule itself (DIRECT_ADJOINT_OUT)
+    if fast and not kwargs:  # the trampoline calls the rule itself (DIRECT_VJP_OUT)
         live = tuple(i for i, j in enumerate(where) if j >= 0)
-        return _direct(fill, fun, DIRECT_ADJOINT_OUT, not_none, n_in, live)
+        return _direct(fill, fun, DIRECT_VJP_OUT, not_none, n_in, live)
     return fill
 
 

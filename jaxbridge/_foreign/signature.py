@@ -74,8 +74,8 @@ class CallSignature(CallLayout):
         return run
 
     def second_order_error(self, role: str) -> MissingRuleError:
-        kind = "JVP" if role == "tangent" else "VJP"
-        method = "defjvp" if role == "tangent" else "defvjp"
+        kind = "JVP" if role == "jvp" else "VJP"
+        method = "defjvp" if role == "jvp" else "defvjp"
         return MissingRuleError(
             f"jaxbridge: a second-order derivative of foreign function {self.name!r} "
             f"differentiates its {kind} rule with respect to the primal inputs, but that rule "

@@ -8,16 +8,17 @@ A kernel is up to three FFI targets playing the three roles of a derivative pair
 (`jaxbridge._core.pair`), with fixed calling conventions:
 
 * forward  ``(*primals) -> outputs``
-* adjoint  ``(*primals, *outputs, *cotangents) -> input cotangents``
-* tangent  ``(*primals, *outputs, *tangents) -> output tangents`` (optional)
+* vjp      ``(*primals, *outputs, *cotangents) -> input cotangents``
+* jvp      ``(*primals, *outputs, *tangents) -> output tangents`` (optional)
 
 Cotangents/tangents exist only for floating-point outputs/inputs that are not in
 ``nondiff_argnums``. Static keyword arguments become FFI attributes of all three calls.
-``pass_outputs=False`` drops ``*outputs`` from the adjoint and tangent conventions;
+``pass_outputs=False`` drops ``*outputs`` from the VJP and JVP conventions;
 ``aliases`` lets a kernel write a result into an operand's buffer. A linear kernel
-(``linear=True``) has no tangent or adjoint of its own: its tangent is the forward
-kernel applied to the tangents and its adjoint is the ``transpose`` kernel applied to
-the cotangents (both take only those).
+(``linear=True``) has no JVP or VJP kernel of its own: its JVP is the forward kernel
+applied to the tangents and its VJP is the ``transpose`` kernel applied to the
+cotangents (both take only those). ``adjoint=``/``tangent=`` are the deprecated
+spellings of ``vjp=``/``jvp=`` (`jaxbridge._core.renamed`).
 
 Batching is explicit: ``vmap="vectorized"`` means the kernels accept any number of
 leading batch dimensions shared by every operand and result (a `vmap` is ONE call);
@@ -28,7 +29,6 @@ spelling of ``"vectorized"``, the word `jaxbridge.foreign` uses too.)
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from .._core.jaxapi import (
     ShapedArray,
 )
 from .._core.pair import VMAP_CHOICES, make_pair
+from .._core.renamed import renamed_attribute, renamed_keyword, renamed_role, renamed_value
 from .._core.scalars import convert_scalar, is_scalar
 from ..errors import KernelError
 from . import guard
@@ -84,12 +85,9 @@ def get_include() -> str:
 
 def vmap_choice(vmap: Any, stacklevel: int = 3) -> str:
     """`vmap`, with the deprecated spelling ``"batch"`` read as ``"vectorized"`` (warned
-    at the caller `stacklevel` frames up)."""
-    if vmap == "batch":
-        warnings.warn("jaxbridge.kernel: vmap='batch' is deprecated; write "
-                      "vmap='vectorized' (the same word as jaxbridge.foreign's)",
-                      DeprecationWarning, stacklevel=stacklevel)
-        return "vectorized"
+    at the caller `stacklevel` frames up from this function's own frame)."""
+    vmap = renamed_value("jaxbridge.kernel", "vmap", vmap, "batch", "vectorized",
+                         stacklevel - 1)
     if vmap not in VMAP_CHOICES:
         raise KernelError(f"jaxbridge.kernel: vmap must be one of {VMAP_CHOICES}, got "
                           f"{vmap!r}")
@@ -136,11 +134,11 @@ class Kernel:
       forward_with_residuals: the targets of the forward that also returns the
         residuals (empty if the forward returns them, or there are none).
       residuals: the declared residuals (or None).
-      adjoint: the adjoint targets (or None).
-      tangent: the tangent targets (or None).
-      transpose: the transpose targets of a linear kernel (or None).
+      vjp: the VJP targets (``{}`` if none; ``adjoint`` is its deprecated name).
+      jvp: the JVP targets (``{}`` if none; ``tangent`` is its deprecated name).
+      transpose: the transpose targets of a linear kernel (``{}`` if none).
       result: the declared result.
-      vmap: ``"batch"`` or ``"loop"``.
+      vmap: ``"vectorized"`` or ``"loop"``.
       dtypes: the allowed dtypes of differentiable arguments (None: any).
       batch_dims: the number of leading dimensions split per shard.
       guard_outputs: every call checks that the handlers write inside their outputs.
@@ -162,8 +160,8 @@ class Kernel:
     # What it is (read-only: a kernel is immutable; see KernelSpec).
     name = property(lambda self: self.spec.name)
     forward = property(lambda self: self.spec.forward)
-    adjoint = property(lambda self: self.spec.adjoint)
-    tangent = property(lambda self: self.spec.tangent)
+    vjp = property(lambda self: self.spec.vjp)
+    jvp = property(lambda self: self.spec.jvp)
     transpose = property(lambda self: self.spec.transpose)
     result = property(lambda self: self.spec.result)
     vmap = property(lambda self: self.spec.vmap)
@@ -180,9 +178,21 @@ class Kernel:
     forward_with_residuals = property(lambda self: self.spec.forward_with_residuals)
     guard_outputs = property(lambda self: self.spec.guard_outputs)
 
+    @property
+    def adjoint(self) -> Any:
+        """Deprecated name of `vjp`."""
+        renamed_attribute("jaxbridge.Kernel", "vjp", "adjoint", 1)
+        return self.vjp
+
+    @property
+    def tangent(self) -> Any:
+        """Deprecated name of `jvp`."""
+        renamed_attribute("jaxbridge.Kernel", "jvp", "tangent", 1)
+        return self.jvp
+
     def __repr__(self) -> str:
         extra = (f"transpose={self.transpose}" if self.linear
-                 else f"adjoint={self.adjoint}, tangent={self.tangent}")
+                 else f"vjp={self.vjp}, jvp={self.jvp}")
         return f"Kernel({self.name!r}, forward={self.forward}, {extra}, vmap={self.vmap!r})"
 
     def derivatives(self) -> Derivatives:
@@ -191,19 +201,19 @@ class Kernel:
 
         Example:
             >>> import jaxbridge as jb
-            >>> k = jb.kernel("my_forward", adjoint="my_adjoint", result=lambda x: x)
+            >>> k = jb.kernel("my_forward", vjp="my_vjp", result=lambda x: x)
             >>> k.derivatives().how
-            'forward mode: none; reverse mode: adjoint kernel; second order: no'
+            'forward mode: none; reverse mode: VJP kernel; second order: no'
         """
         forward: str | None
         if self.linear:
             forward, reverse = "the forward kernel (linear=True)", (
                 "transpose kernel" if self.transpose else None)
         else:
-            forward = "tangent kernel" if self.tangent else None
-            reverse = "adjoint kernel" if self.adjoint else None
-        what = "transpose" if self.linear else "adjoint"
-        missing = "; ".join(["pass tangent= to jaxbridge.kernel for forward mode"]
+            forward = "JVP kernel" if self.jvp else None
+            reverse = "VJP kernel" if self.vjp else None
+        what = "transpose" if self.linear else "vjp"
+        missing = "; ".join(["pass jvp= to jaxbridge.kernel for forward mode"]
                             * (forward is None)
                             + [f"pass {what}= to jaxbridge.kernel for reverse mode"]
                             * (reverse is None))
@@ -397,7 +407,7 @@ def _check_batch_dims(where: str, k: Any, avals: tuple) -> None:
                      f"result", error=KernelError)
 
 
-def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: Any,
+def kernel(forward: Any, vjp: Any = None, jvp: Any = None, *, result: Any,
            platforms: Sequence[str] | None = None, vmap: str = "loop",
            name: str | None = None, arg_names: Sequence[str] | None = None,
            dtypes: Sequence[Any] | None = ("float32", "float64"),
@@ -406,25 +416,29 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
            pass_outputs: bool = True, aliases: Mapping[str, Mapping[int, int]] | None = None,
            linear: bool = False, transpose: Any = None,
            batch_dims: int | Callable[..., int] = 0, residuals: Any = None,
-           forward_with_residuals: Any = None, guard_outputs: bool = False) -> Kernel:
+           forward_with_residuals: Any = None, guard_outputs: bool = False,
+           adjoint: Any = None, tangent: Any = None) -> Kernel:
     """Turn XLA FFI targets into one differentiable JAX function.
+
+    Over 80 lines: the docstring documents every option of the one public front end;
+    the body only normalizes them.
 
     Calling conventions (``...`` = the static keyword arguments, passed as FFI
     attributes of every call; (co)tangents exist only for floating outputs/inputs not
     in ``nondiff_argnums``)::
 
         forward(*primals, ...)                         -> outputs
-        adjoint(*primals, *outputs, *cotangents, ...)  -> one cotangent per diff. input
-        tangent(*primals, *outputs, *tangents, ...)    -> one tangent per diff. output
+        vjp(*primals, *outputs, *cotangents, ...)      -> one cotangent per diff. input
+        jvp(*primals, *outputs, *tangents, ...)        -> one tangent per diff. output
 
     With ``residuals=``, what the forward computed for the derivatives reaches them
     (after the outputs; callers never see residuals)::
 
         forward_with_residuals(*primals, ...)          -> outputs, residuals
-        adjoint(*primals, *outputs, *residuals, *cotangents, ...)
-        tangent(*primals, *outputs, *residuals, *tangents, ...)
+        vjp(*primals, *outputs, *residuals, *cotangents, ...)
+        jvp(*primals, *outputs, *residuals, *tangents, ...)
 
-    ``grad``/``vjp``/``jacrev`` use the adjoint, ``jvp``/``jacfwd`` the tangent; either
+    ``grad``/``vjp``/``jacrev`` use the VJP kernel, ``jvp``/``jacfwd`` the JVP kernel; either
     may be omitted (the transformation that needs it then raises `MissingRuleError`).
     A guide with a complete example is docs/guides/kernels.md.
 
@@ -432,8 +446,8 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
       forward: the forward target: a registered target name, a PyCapsule (registered
         for you under ``f"{namespace or 'user'}.{name}_forward"``), or a dict
         ``{platform: name or capsule}`` for per-platform targets.
-      adjoint: the adjoint (VJP) target, same forms.
-      tangent: the tangent (JVP) target, same forms.
+      vjp: the VJP target (reverse mode), same forms.
+      jvp: the JVP target (forward mode), same forms.
       result: a pytree of ``jax.ShapeDtypeStruct``, or a function of the arguments'
         ``ShapeDtypeStruct``s and the attributes returning one.
       platforms: platforms that string targets exist on (default ``("cpu",)``).
@@ -454,19 +468,19 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
       nondiff_argnums: positional arguments that are never differentiated (integer
         index arrays, say); they get no cotangent and are exempt from ``dtypes``.
       namespace: namespace for targets registered from capsules.
-      pass_outputs: ``False``: the adjoint and tangent take no ``*outputs``
-        (``adjoint(*primals, *cotangents)``), so ``jax.grad`` need not run the forward
+      pass_outputs: ``False``: the VJP and JVP kernels take no ``*outputs``
+        (``vjp(*primals, *cotangents)``), so ``jax.grad`` need not run the forward
         kernel when only the gradient is used.
       aliases: ``{role: {operand index: result index}}`` (role ``"forward"``,
-        ``"forward_with_residuals"``, ``"adjoint"``, ``"tangent"`` or ``"transpose"``;
+        ``"forward_with_residuals"``, ``"vjp"``, ``"jvp"`` or ``"transpose"``;
         indices into that kernel's operands and results): the result is written into
         the operand's buffer, as ``jax.ffi.ffi_call``'s ``input_output_aliases`` (XLA
         copies the operand first when it is still needed). Same shape and dtype; the
         kernel must be correct in place.
       linear: the forward kernel is linear in all its (array) arguments jointly. Then
-        its tangent is the forward kernel on the tangents and its adjoint is
+        its JVP is the forward kernel on the tangents and its VJP is
         ``transpose(*cotangents) -> one cotangent per argument``: derivatives of every
-        order work. Give ``transpose`` instead of ``adjoint``/``tangent``.
+        order work. Give ``transpose`` instead of ``vjp``/``jvp``.
       transpose: the transpose target of a linear kernel, same forms as ``forward``.
       batch_dims: the number of leading dimensions, shared by every operand and result of
         every role, along which the kernels are independent (an int, or a function of
@@ -475,8 +489,8 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         shard on local data instead of refusing the call.
       residuals: what the derivative kernels take from the forward besides the outputs,
         declared like ``result`` (a pytree of ``jax.ShapeDtypeStruct`` or a function
-        returning one). They follow the outputs in the operands of the adjoint and
-        tangent (also with ``pass_outputs=False``), and `jax.jit` keeps them from the
+        returning one). They follow the outputs in the operands of the VJP and
+        JVP kernels (also with ``pass_outputs=False``), and `jax.jit` keeps them from the
         forward pass to the backward pass as `jax.custom_vjp` does.
       forward_with_residuals: the target of the forward that returns the outputs and
         then the residuals (same forms as ``forward``); differentiated calls run it,
@@ -489,6 +503,9 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         Costs a copy of each output and 2-3x its memory (and a device wait on CUDA);
         `Kernel.guarded()` turns it on for an existing kernel, and
         `jaxbridge.testing.check_rules` for every kernel it traces.
+      adjoint: deprecated spelling of ``vjp`` (a DeprecationWarning; removed in the
+        next release).
+      tangent: deprecated spelling of ``jvp`` (likewise).
 
     Returns:
       A `Kernel`, called as ``k(*arrays, **attrs)``.
@@ -496,7 +513,7 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
     Raises:
       KernelError: a bad target (not a name, capsule or ``{platform: ...}`` dict; an
         invalid or reserved ``jaxbridge_`` name) or contradictory options (an unknown
-        ``vmap``, ``linear`` with ``adjoint``/``tangent`` or ``residuals``,
+        ``vmap``, ``linear`` with ``vjp``/``jvp`` or ``residuals``,
         ``transpose`` without ``linear``, ``forward_with_residuals`` without
         ``residuals``, malformed ``attrs`` or ``aliases``). Calls raise it too, at trace
         time: a dtype outside ``dtypes``, an unknown or missing attribute, one of the
@@ -504,40 +521,43 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         registered outside jaxbridge with ``guard_outputs``; ``check`` raises its own.
       AliasError: (a `KernelError`) malformed ``aliases``, or aliased buffers of
         different shapes or dtypes in a call; `jaxbridge.foreign` raises it too.
+      TypeError: a keyword given together with its deprecated spelling (``vjp`` and
+        ``adjoint``, ``jvp`` and ``tangent``).
 
     Example (compiles C++, so not run as a doctest; docs/getting-started.md and
     docs/guides/kernels.md run complete ones):
         >>> lib = jaxbridge.cpp.load("cube", sources=["cube.cc"])  # doctest: +SKIP
         >>> cube = jaxbridge.kernel(lib.handlers["CubeForward"],
-        ...                         lib.handlers["CubeAdjoint"],
+        ...                         lib.handlers["CubeVjp"],
         ...                         result=lambda x, **_: x, vmap="vectorized",
         ...                         name="cube")  # doctest: +SKIP
         >>> jax.grad(lambda x: cube(x).sum())(jnp.ones(3))  # doctest: +SKIP
 
     This is how `jaxbridge.ops` declares the built-in softplus (its targets carry the
-    reserved ``jaxbridge_`` prefix): the elementwise adjoint needs only ``x`` and
+    reserved ``jaxbridge_`` prefix): the elementwise VJP kernel needs only ``x`` and
     overwrites the cotangent with the input cotangent::
 
         softplus = jaxbridge.kernel(
             "jaxbridge_softplus_fwd", "jaxbridge_softplus_adj", "jaxbridge_softplus_tan",
             result=lambda x, **_: x, vmap="vectorized", attrs={"beta": 1.0},
-            pass_outputs=False, aliases={"adjoint": {1: 0}})
-
-    (Over 80 lines because its docstring documents each option; the code is under 30 lines.)
+            pass_outputs=False, aliases={"vjp": {1: 0}})
     """
+    where = "jaxbridge.kernel"
+    vjp = renamed_keyword(where, "vjp", vjp, "adjoint", adjoint, 1)
+    jvp = renamed_keyword(where, "jvp", jvp, "tangent", tangent, 1)
     vmap = vmap_choice(vmap)
     if name is None:
         name = forward if isinstance(forward, str) else "kernel"
         name = name.removesuffix("_fwd").removesuffix("_forward")
     name = str(name)
-    _check_roles(name, linear, adjoint, tangent, transpose, residuals, forward_with_residuals)
+    _check_roles(name, linear, vjp, jvp, transpose, residuals, forward_with_residuals)
     fwd = _targets(forward, "forward", name, platforms, namespace)
     if not fwd:
         raise KernelError(f"jaxbridge.kernel {name!r}: a forward target is required")
     plats = platforms or list(fwd)
     targets = {"forward": fwd,
-               "adjoint": _targets(adjoint, "adjoint", name, plats, namespace),
-               "tangent": _targets(tangent, "tangent", name, plats, namespace),
+               "vjp": _targets(vjp, "vjp", name, plats, namespace),
+               "jvp": _targets(jvp, "jvp", name, plats, namespace),
                "transpose": _targets(transpose, "transpose", name, plats, namespace),
                "forward_with_residuals": _targets(forward_with_residuals,
                                                   "forward_with_residuals", name, plats,
@@ -548,23 +568,32 @@ def kernel(forward: Any, adjoint: Any = None, tangent: Any = None, *, result: An
         arg_names=None if arg_names is None else tuple(arg_names),
         attrs=_check_attrs_arg(name, attrs), check=check,
         nondiff_argnums=tuple(nondiff_argnums), pass_outputs=bool(pass_outputs),
-        aliases=check_aliases_arg(f"jaxbridge.kernel {name!r}: argument 'aliases'", aliases,
-                                  ROLES),
+        aliases=check_aliases_arg(f"jaxbridge.kernel {name!r}: argument 'aliases'",
+                                  _renamed_roles(name, aliases), ROLES),
         linear=bool(linear), batch_dims=batch_dims,
         residuals=residuals, guard_outputs=bool(guard_outputs)))
 
 
-def _check_roles(name: str, linear: bool, adjoint: Any, tangent: Any, transpose: Any,
+def _renamed_roles(name: str, aliases: Any) -> Any:
+    """`aliases` with the deprecated roles ``"adjoint"``/``"tangent"`` read as
+    ``"vjp"``/``"jvp"`` (warned at kernel()'s caller); checked by `check_aliases_arg`."""
+    if not isinstance(aliases, Mapping):
+        return aliases
+    return {renamed_role(f"jaxbridge.kernel {name!r}: aliases", role, 2): pairs
+            for role, pairs in aliases.items()}
+
+
+def _check_roles(name: str, linear: bool, vjp: Any, jvp: Any, transpose: Any,
                  residuals: Any, forward_with_residuals: Any) -> None:
     """Raise on a combination of kernels and options that cannot work together."""
     where = f"jaxbridge.kernel {name!r}"
-    if linear and (adjoint is not None or tangent is not None):
-        raise KernelError(f"{where}: a linear kernel's tangent is the forward kernel and its "
-                          f"adjoint is the transpose kernel: pass transpose=..., not "
-                          f"adjoint= or tangent=")
+    if linear and (vjp is not None or jvp is not None):
+        raise KernelError(f"{where}: a linear kernel's JVP is the forward kernel and its "
+                          f"VJP is the transpose kernel: pass transpose=..., not "
+                          f"vjp= or jvp=")
     if transpose is not None and not linear:
         raise KernelError(f"{where}: transpose= is for linear kernels (linear=True); give "
-                          f"adjoint= for this one")
+                          f"vjp= for this one")
     if linear and residuals is not None:
         raise KernelError(f"{where}: a linear kernel has no residuals (its derivatives do not "
                           f"depend on its inputs); drop residuals= or linear=True")

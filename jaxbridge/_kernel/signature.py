@@ -27,7 +27,7 @@ from .registry import make_batch_partitionable
 
 __all__ = ["ROLES", "KernelSpec", "CallAvals", "KernelSignature"]
 
-ROLES = ("forward", "forward_with_residuals", "adjoint", "tangent", "transpose")
+ROLES = ("forward", "forward_with_residuals", "vjp", "jvp", "transpose")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -37,8 +37,8 @@ class KernelSpec:
 
     name: str
     forward: Mapping[str, str]          # {platform: FFI target name}
-    adjoint: Mapping[str, str]
-    tangent: Mapping[str, str]
+    vjp: Mapping[str, str]
+    jvp: Mapping[str, str]
     transpose: Mapping[str, str]
     result: Any                         # a pytree of ShapeDtypeStruct, or a function
     vmap: str                           # "loop" | "vectorized"
@@ -56,7 +56,7 @@ class KernelSpec:
     guard_outputs: bool = False         # every call checked (guard.py)
 
     def table(self, role: str) -> Mapping[str, str]:
-        return {"forward": self.forward, "adjoint": self.adjoint, "tangent": self.tangent,
+        return {"forward": self.forward, "vjp": self.vjp, "jvp": self.jvp,
                 "transpose": self.transpose,
                 "forward_with_residuals": self.forward_with_residuals}[role]
 
@@ -187,11 +187,11 @@ class KernelSignature:
         return [*primals, *kept, *outs[n:]]
 
     def kernel_role(self, role: str) -> str:
-        """The kernel that plays the pair's `role`: a linear kernel's tangent is its
-        forward kernel, its adjoint the transpose kernel; the forward of a call that
+        """The kernel that plays the pair's `role`: a linear kernel's JVP is its
+        forward kernel, its VJP the transpose kernel; the forward of a call that
         returns residuals is the ``forward_with_residuals`` kernel where there is one."""
         if self.spec.linear and role != "forward":
-            return "forward" if role == "tangent" else "transpose"
+            return "forward" if role == "jvp" else "transpose"
         if role == "forward" and self.residual_outputs and self.spec.forward_with_residuals:
             return "forward_with_residuals"
         return role
@@ -204,22 +204,22 @@ class KernelSignature:
 
     def missing(self, role: str) -> MissingRuleError:
         name = self.name
-        if role == "tangent":
+        if role == "jvp":
             return MissingRuleError(
                 f"jaxbridge: forward-mode differentiation (jvp, jacfwd, hessian, linearize) "
-                f"of kernel {name!r} needs a tangent kernel, and none was given. Pass "
-                f"tangent=<FFI target> to jaxbridge.kernel, or use reverse mode (grad, vjp, "
-                f"jacrev), which uses the adjoint kernel.")
-        if role == "adjoint":
-            what = "transpose" if self.spec.linear else "adjoint"
+                f"of kernel {name!r} needs a JVP kernel, and none was given. Pass "
+                f"jvp=<FFI target> to jaxbridge.kernel, or use reverse mode (grad, vjp, "
+                f"jacrev), which uses the VJP kernel.")
+        if role == "vjp":
+            what = "transpose" if self.spec.linear else "vjp"
             return MissingRuleError(
                 f"jaxbridge: reverse-mode differentiation (grad, vjp, jacrev) of kernel "
-                f"{name!r} needs {'a' if what == 'transpose' else 'an'} {what} kernel, and "
+                f"{name!r} needs a {what.upper() if what == 'vjp' else what} kernel, and "
                 f"none was given. Pass {what}=<FFI target> to jaxbridge.kernel.")
         return MissingRuleError(
-            f"jaxbridge: differentiation of kernel {name!r} needs an adjoint or tangent "
-            f"kernel, and none was given. Pass adjoint=... and/or tangent=... to "
-            f"jaxbridge.kernel (or linear=True with transpose=...).")
+            f"jaxbridge: differentiation of kernel {name!r} needs a VJP or JVP kernel, and "
+            f"none was given. Pass vjp=... and/or jvp=... to jaxbridge.kernel (or "
+            f"linear=True with transpose=...).")
 
     def second_order_error(self, role: str) -> MissingRuleError:
         return MissingRuleError(
@@ -240,7 +240,7 @@ class KernelSignature:
         if role == "forward":
             return list(self.in_avals), outputs
         fixed = self.fixed(list(self.in_avals), outputs + residuals)
-        if role == "adjoint" or role == "transpose":
+        if role == "vjp" or role == "transpose":
             return fixed + tan, adj
         return fixed + adj, tan
 
@@ -249,7 +249,7 @@ class KernelSignature:
         av = self.avals
         if role == "forward":
             return list(av.output_names) + list(av.residual_names) * self.residual_outputs
-        if role == "tangent":
+        if role == "jvp":
             return [f"tangent of {n}" for n, a in zip(av.output_names, av.outputs)
                     if is_differentiable(a.dtype)]
         return [f"cotangent of argument {n!r}" for n, d in zip(av.input_names, self.diff_in)

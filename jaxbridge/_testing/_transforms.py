@@ -344,7 +344,7 @@ def check_export(r: Run) -> None:
                             "cannot be exported)")
     differentiable = r.plan.rev and bool(r.call.diff) and bool(r.call.dout)
     text = jax.jit(r.call.call_dyn).lower(r.call.dyn).as_text()
-    if differentiable:  # the serialized VJP calls the adjoint kernels too
+    if differentiable:  # the serialized VJP calls the VJP kernels too
         cts = [r.randn(r.call.outs[o]) for o in r.call.dout]
         text += jax.jit(r.call.vjp_all).lower(r.call.dyn, cts).as_text()
     targets = custom_call_targets(text)

@@ -33,7 +33,7 @@ from . import _redirect, _rng
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 from ._torchapi import memory_of, memory_users, move_to_private_memory
 
-__all__ = ["BatchingState", "run_host", "run_one", "run_in_place", "write_results"]
+__all__ = ["BatchingState", "run_host", "run_one", "run_into_out", "write_results"]
 
 
 def is_torch_op(fn: Any) -> bool:
@@ -344,7 +344,7 @@ def _targets(out: Any) -> Any:
         lambda o: to_torch(o) if isinstance(o, np.ndarray) else o, out)
 
 
-def run_in_place(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree: Any,
+def run_into_out(name: str, fn: Callable[..., Any], leaves: Sequence[Any], tree: Any,
                  static: dict, out: Any, state: BatchingState) -> None:
     """Run a function of ``wrap(..., out=True)``: it writes its results into `out`
     (XLA's output buffers, as tensors in the declared structure) and returns None.

@@ -25,7 +25,7 @@ def _to_jax(t: torch.Tensor, where: str) -> Any:
 def _state(buffers: dict) -> dict:
     """Private copies of the buffers, outside autograd: buffers are state, not parameters
     (torch gives them no gradient, and ops such as batch norm refuse to differentiate
-    with respect to their running statistics, which the adjoint would otherwise ask)."""
+    with respect to their running statistics, which the VJP rule would otherwise ask)."""
     return {k: v.detach().clone() for k, v in buffers.items()}
 
 

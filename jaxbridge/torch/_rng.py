@@ -1,6 +1,6 @@
 """torch's random generators, replayed for the derivative calls that run a function again.
 
-The adjoint and the tangent of a wrapped function run it again (torch's graph cannot
+The VJP and JVP rules of a wrapped function run it again (torch's graph cannot
 cross from one XLA call to the next). A function that draws random numbers (dropout,
 ``torch.bernoulli``, ``torch.randn``) must draw the same ones there as in its forward
 call. So the forward call of such a function writes the generators' state, as it was

@@ -5,8 +5,8 @@ function on zero-copy tensors and writes into XLA's output buffers (`out=True`).
 derivative rules are JAX rules (``kind="jax"``) that call two more wrapped torch
 functions, made on first use for each call signature:
 
-* the adjoint: ``(primals, cotangents) -> input cotangents`` by `torch.func.vjp`;
-* the tangent: ``(primals, tangents) -> output tangents`` by `torch.func.jvp`.
+* the VJP rule: ``(primals, cotangents) -> input cotangents`` by `torch.func.vjp`;
+* the JVP rule: ``(primals, tangents) -> output tangents`` by `torch.func.jvp`.
 
 Both are `TorchFunction`s again, with rules of their own, so every derivative is
 itself differentiable: `hessian` (forward over reverse) runs `torch.func.jvp` of
@@ -31,15 +31,15 @@ import torch
 
 from .._core.arrays import is_array_leaf
 from .._core.capabilities import Derivatives
+from .._core.pair import VMAP_CHOICES  # the words of jb.foreign and jb.kernel too
 from .._foreign.api import ForeignFunction, callable_name
 from . import _rng, _shapes
 from ._convert import numpy_dtype, torch_dtype
 from ._device import device_filler
-from ._host import BatchingState, run_host, run_in_place, run_one
+from ._host import BatchingState, run_host, run_into_out, run_one
 
 __all__ = ["TorchFunction", "wrap"]
 
-VMAP_CHOICES = ("vectorized", "loop")
 # The static keyword carrying the ranks of the unbatched array arguments: how the host
 # side tells a batched call (under jax.vmap) from a plain one.
 RANKS = "_jaxbridge_ranks"
@@ -94,7 +94,7 @@ class TorchFunction:
                 f"{callable_name(fn)!r} writes into: a pytree of jax.ShapeDtypeStruct, or a "
                 f"function of the arguments as ShapeDtypeStructs)")
         self.fn = fn
-        self.in_place = out
+        self.out = out  # fn writes into out= buffers (the public out=True)
         if out:  # derivatives and torch.vmap need it as a function that returns results
             composable = composable or _out_functional(fn, result, callable_name(fn))
         # What the derivative rules differentiate with torch.func: `fn` itself, or for a
@@ -121,8 +121,8 @@ class TorchFunction:
         foreign = ForeignFunction(self._host_forward(stochastic), self._declare, out=True,
                                   residuals=self._rng_residual if stochastic else None,
                                   **self._options)
-        foreign.defvjp(self._adjoint_rule, kind="jax")
-        foreign.defjvp(self._tangent_rule, kind="jax")
+        foreign.defvjp(self._vjp_rule, kind="jax")
+        foreign.defjvp(self._jvp_rule, kind="jax")
         return foreign
 
     def __repr__(self) -> str:
@@ -172,7 +172,7 @@ class TorchFunction:
                            else ("static", x) for x in leaves), tuple(sorted(static.items())))
         found = self._inferred.get(key)
         if found is None:
-            fn = self._composable if self.in_place else self.fn
+            fn = self._composable if self.out else self.fn
             found = _shapes.infer(fn, leaves, tree, static, self.__name__,
                                   shapes=self.result is None)
             if len(self._inferred) >= INFERRED_KEPT:
@@ -197,7 +197,7 @@ class TorchFunction:
         `stochastic`, the generators' state before the call into the residual)."""
         fn, name, state = self.fn, self.__name__, self._batching
         vectorized = self._options["vmap"] == "vectorized"
-        in_place, functional = self.in_place, self._composable
+        fills_out, functional = self.out, self._composable
 
         def forward(*args: Any, out: Any, _jaxbridge_ranks: tuple, **static: Any) -> None:
             if stochastic:  # the generators' state travels in the residual (`_rng`)
@@ -209,7 +209,7 @@ class TorchFunction:
 
         def run(args: tuple, out: Any, _jaxbridge_ranks: tuple, static: dict,
                 rng_state: Any) -> None:
-            if rng_state is None and not in_place and not static and len(args) == 1 \
+            if rng_state is None and not fills_out and not static and len(args) == 1 \
                     and type(args[0]) is np.ndarray \
                     and (not vectorized or args[0].ndim == _jaxbridge_ranks[0]):
                 run_one(name, fn, args[0], out, state)  # the hot path: one array, unbatched
@@ -217,17 +217,17 @@ class TorchFunction:
             leaves, tree = jax.tree_util.tree_flatten(args)
 
             def call(tensors: list[Any]) -> Any:
-                f = functional if in_place else fn
+                f = functional if fills_out else fn
                 return f(*jax.tree_util.tree_unflatten(tree, tensors), **static)
 
             depth = 0
             if vectorized and _jaxbridge_ranks:  # under jax.vmap: leading axes on every leaf
                 first = next(x for x in leaves if isinstance(x, (np.ndarray, torch.Tensor)))
                 depth = first.ndim - _jaxbridge_ranks[0]
-            if in_place and depth == 0:
+            if fills_out and depth == 0:
                 if rng_state is not None:
                     _rng.capture_into(rng_state)
-                run_in_place(name, fn, leaves, tree, static, out, state)
+                run_into_out(name, fn, leaves, tree, static, out, state)
                 return
             # A torch operator on its arguments as they are may write into `out`.
             op = fn if state.op and not static and len(leaves) == len(args) else None
@@ -244,7 +244,7 @@ class TorchFunction:
         (three Python frames fewer per call); and where torch has CUDA, the device fill
         that runs on XLA's device buffers and stream (jaxbridge/torch/_device.py)."""
         device_fill = device_filler(fill)
-        one_in_one_out = not self.in_place and sig.plain_args and len(sig.in_avals) == 1 \
+        one_in_one_out = not self.out and sig.plain_args and len(sig.in_avals) == 1 \
             and not sig.batch_shape and sig.res_tree is None and sig.out_tree.num_nodes == 1 \
             and sig.out_tree.num_leaves == 1 and set(sig.kwargs) == {RANKS}
         if not one_in_one_out:
@@ -272,7 +272,7 @@ class TorchFunction:
             return self._composable, primals
         return _rng.replayed(self._composable), (res[0], *primals)
 
-    def _adjoint_rule(self, primals: tuple, y: Any, ct: Any, *res: Any, **static: Any) -> tuple:
+    def _vjp_rule(self, primals: tuple, y: Any, ct: Any, *res: Any, **static: Any) -> tuple:
         static.pop(RANKS)
         fn, primals = self._with_state(primals, res)
         p_leaves, in_tree = jax.tree_util.tree_flatten(primals)
@@ -282,19 +282,19 @@ class TorchFunction:
         ct_leaves = jax.tree_util.tree_leaves(ct)  # None (integer outputs) drops out
         if not diff_in or not diff_out:
             return tuple(None for _ in primals[len(res):])
-        key = ("adjoint", in_tree, _avals_key(p_leaves), out_tree, diff_out,
+        key = ("vjp", in_tree, _avals_key(p_leaves), out_tree, diff_out,
                tuple(sorted(static.items())))
-        adjoint = self._derive(key, lambda: TorchFunction(
+        vjp = self._derive(key, lambda: TorchFunction(
             _autograd_vjp(fn, in_tree, diff_in, diff_out, static),
-            lambda p, cts: [p[i] for i in diff_in], name=f"adjoint of {self.__name__}",
+            lambda p, cts: [p[i] for i in diff_in], name=f"VJP of {self.__name__}",
             composable=_torch_vjp(fn, in_tree, diff_in, diff_out, static), stochastic=False,
             **self._options))
-        cts = iter(adjoint(p_leaves, ct_leaves))
+        cts = iter(vjp(p_leaves, ct_leaves))
         leaves = [next(cts) if i in diff_in else None for i in range(len(p_leaves))]
         return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))[len(res):]
 
-    def _tangent_rule(self, primals: tuple, y: Any, tangents: tuple, *res: Any,
-                      **static: Any) -> Any:
+    def _jvp_rule(self, primals: tuple, y: Any, tangents: tuple, *res: Any,
+                  **static: Any) -> Any:
         static.pop(RANKS)
         fn, primals = self._with_state(primals, res)
         tangents = (None,) * len(res) + tuple(tangents)
@@ -312,12 +312,12 @@ class TorchFunction:
             return None
         out_structs = [jax.ShapeDtypeStruct(np.shape(y_leaves[j]), jnp.result_type(y_leaves[j]))
                        for j in diff_out]
-        key = ("tangent", in_tree, _avals_key(p_leaves), live, out_tree,
+        key = ("jvp", in_tree, _avals_key(p_leaves), live, out_tree,
                _avals_key(out_structs), diff_out, tuple(sorted(static.items())))
-        tangent = self._derive(key, lambda: TorchFunction(
+        jvp = self._derive(key, lambda: TorchFunction(
             _torch_jvp(fn, in_tree, live, diff_out, static), out_structs,
-            name=f"tangent of {self.__name__}", stochastic=False, **self._options))
-        touts = iter(tangent(p_leaves, [t_leaves[i] for i in live]))
+            name=f"JVP of {self.__name__}", stochastic=False, **self._options))
+        touts = iter(jvp(p_leaves, [t_leaves[i] for i in live]))
         leaves = [next(touts) if j in diff_out else None for j in range(len(y_leaves))]
         return jax.tree_util.tree_unflatten(out_tree, leaves)
 
@@ -375,10 +375,10 @@ def _conj(ts: Any) -> list:
 
 def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
                   static: dict) -> Callable[[list, list], list]:
-    """The adjoint by plain autograd: what eager torch's `loss.backward()` costs, less
+    """The VJP by plain autograd: what eager torch's `loss.backward()` costs, less
     than `torch.func.vjp`'s per-op dispatch (used for the call itself; its own
     derivatives differentiate the `torch.func.vjp` twin)."""
-    def adjoint(p_leaves: list, cts: list) -> list:
+    def vjp(p_leaves: list, cts: list) -> list:
         with torch.enable_grad():
             xs = [p_leaves[i].detach().requires_grad_() for i in diff_in]
             outs = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)(*xs)
@@ -387,27 +387,27 @@ def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out
                                         allow_unused=True) if live else [None] * len(xs)
         return _conj([torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)])
 
-    return adjoint
+    return vjp
 
 
 def _torch_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
                static: dict) -> Callable[[list, list], list]:
-    def adjoint(p_leaves: list, cts: list) -> list:
+    def vjp(p_leaves: list, cts: list) -> list:
         f = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)
         pull = torch.func.vjp(f, *[p_leaves[i] for i in diff_in])[1]
         return _conj(pull(tuple(_conj(cts))))
 
-    return adjoint
+    return vjp
 
 
 def _torch_jvp(fn: Callable[..., Any], in_tree: Any, live: tuple, diff_out: tuple,
                static: dict) -> Callable[[list, list], list]:
-    def tangent(p_leaves: list, ts: list) -> list:
+    def jvp(p_leaves: list, ts: list) -> list:
         f = _restricted(fn, in_tree, p_leaves, live, diff_out, static)
         touts = torch.func.jvp(f, tuple(p_leaves[i] for i in live), tuple(ts))[1]
         return list(touts)
 
-    return tangent
+    return jvp
 
 
 def wrap(fn: Callable[..., Any] | None = None, result: Any = None, *,

@@ -9,7 +9,7 @@
 // Scale: y = 2 x (forward, adjoint and tangent), each writing `extra` elements past
 // the end of its result, or `before` elements before its start, when `role` names it:
 // the guarded call must report it. DoubleInPlace: an adjoint that reads its result
-// buffer, correct only where it aliases the cotangent (aliases={"adjoint": {1: 0}}).
+// buffer, correct only where it aliases the cotangent (aliases={"vjp": {1: 0}}).
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -84,11 +84,11 @@ ffi::Error ScaleForward(F64 x, R64 y, int64_t extra, int64_t before, std::string
 }
 ffi::Error ScaleAdjoint(F64 x, F64 y, F64 ct, R64 gx, int64_t extra, int64_t before,
                         std::string_view role) {
-  return ScaleImpl("adjoint", ct, gx, extra, before, role);
+  return ScaleImpl("vjp", ct, gx, extra, before, role);
 }
 ffi::Error ScaleTangent(F64 x, F64 y, F64 tx, R64 ty, int64_t extra, int64_t before,
                         std::string_view role) {
-  return ScaleImpl("tangent", tx, ty, extra, before, role);
+  return ScaleImpl("jvp", tx, ty, extra, before, role);
 }
 
 // (x, ct) -> gx = 2 ct, read from gx's own buffer: right only where gx is ct's buffer.

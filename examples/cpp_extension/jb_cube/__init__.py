@@ -12,7 +12,7 @@ from . import _cube
 _h = _cube.handlers()
 
 cube = kernel(
-    forward=_h["forward"], adjoint=_h["adjoint"], tangent=_h["tangent"],
+    forward=_h["forward"], vjp=_h["vjp"], jvp=_h["jvp"],
     name="cube", namespace="jb_cube",           # targets: jb_cube.cube_{forward,...}
     result=lambda x, **_: x,                    # same shape and dtype as x
     attrs={"factor": 1.0},                      # static keyword -> FFI attribute

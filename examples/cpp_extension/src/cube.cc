@@ -1,4 +1,4 @@
-// An example user kernel: y = factor * x^3, with its adjoint and tangent.
+// An example user kernel: y = factor * x^3, with its VJP and JVP.
 // Built two ways: by this project's CMakeLists.txt (a pybind11 module that hands
 // the capsules to Python) and, in the tests, by jaxbridge.cpp.load at run time.
 #include <cstdint>
@@ -14,7 +14,7 @@ template <typename T>
 void Cube(const T* x, T* y, int64_t b, int64_t e, T factor) {
   for (int64_t i = b; i < e; ++i) y[i] = factor * x[i] * x[i] * x[i];
 }
-// Adjoint and tangent coincide (diagonal Jacobian): out = v * 3 factor x^2.
+// The VJP and the JVP coincide (diagonal Jacobian): out = v * 3 factor x^2.
 template <typename T>
 void CubeDeriv(const T* x, const T* v, T* out, int64_t b, int64_t e, T factor) {
   for (int64_t i = b; i < e; ++i) out[i] = v[i] * T(3) * factor * x[i] * x[i];
@@ -34,7 +34,7 @@ ffi::Error CubeFwd(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyB
   });
 }
 
-// adjoint(x, y, ct) -> gx ; tangent(x, y, tx) -> ty
+// vjp(x, y, ct) -> gx ; jvp(x, y, tx) -> ty
 ffi::Error CubeDerivative(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer v,
                           ffi::Result<ffi::AnyBuffer> out, double factor) {
   JAXBRIDGE_RETURN_IF_ERROR(jaxbridge::CheckSameShape(x, v, "cube_derivative", "x", "v"));
@@ -55,14 +55,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeForward, CubeFwd,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<double>("factor"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeAdjoint, CubeDerivative,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeVjp, CubeDerivative,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<double>("factor"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeTangent, CubeDerivative,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CubeJvp, CubeDerivative,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -4,8 +4,8 @@
 #include "xla/ffi/api/api.h"
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(CubeForward);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(CubeAdjoint);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(CubeTangent);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(CubeVjp);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(CubeJvp);
 
 namespace py = pybind11;
 
@@ -13,8 +13,8 @@ PYBIND11_MODULE(_cube, m) {
   m.def("handlers", []() {
     py::dict d;
     d["forward"] = py::capsule(reinterpret_cast<void*>(CubeForward));
-    d["adjoint"] = py::capsule(reinterpret_cast<void*>(CubeAdjoint));
-    d["tangent"] = py::capsule(reinterpret_cast<void*>(CubeTangent));
+    d["vjp"] = py::capsule(reinterpret_cast<void*>(CubeVjp));
+    d["jvp"] = py::capsule(reinterpret_cast<void*>(CubeJvp));
     return d;
   });
 }
