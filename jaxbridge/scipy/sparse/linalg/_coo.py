@@ -10,8 +10,8 @@ import numpy as np
 import scipy.sparse
 
 
-def as_coo(A: Any, n: int | None, name: str = "spsolve"
-            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def as_coo(A: Any, n: int | None,
+           name: str = "spsolve") -> tuple[jax.Array, jax.Array, jax.Array]:
     """(data, row, col) from a BCOO/BCSR, a SciPy sparse matrix (constant), a dense
     array (eigsh), or a SciPy-style constructor tuple (spsolve)."""
     from jax.experimental import sparse as jsparse
