@@ -31,6 +31,27 @@ Q = {"c": jnp.array([1.0, -2.0]), "w": jnp.array([1.0, 3.0])}
 
 
 
+def test_public_names_import_from_where_they_did():
+    """optimize and sparse.linalg are packages laid out as SciPy's: every public name
+    (and SciPy's choices of method, loss and stepping) imports from its old module."""
+    from jaxbridge.scipy import optimize
+    from jaxbridge.scipy.sparse import linalg
+    assert optimize.__all__ == ["root", "minimize", "least_squares", "OptimizeResult",
+                                "LINEAR_SOLVERS"]
+    assert linalg.__all__ == ["spsolve", "eigsh", "FACTOR_CACHE_SIZE", "factor_cache_info"]
+    assert optimize.LINEAR_SOLVERS == ("auto", "direct", "gmres", "cg")
+    assert optimize.STEPPINGS == ("auto", "scipy", "compiled")
+    assert optimize.LOSSES == ("linear", "soft_l1", "huber", "cauchy", "arctan")
+    assert "L-BFGS-B" in optimize.MIN_BOUNDS and "Newton-CG" in optimize.MIN_HESS
+    assert optimize.MIN_GRAD_FREE[0] == "Nelder-Mead" and optimize.ROOT_JAC_METHODS == (
+        "hybr", "lm")
+    assert linalg.FACTOR_CACHE_SIZE == 8
+    sol = optimize.root(lambda x: x - 2.0, jnp.zeros(1))
+    assert type(sol) is optimize.OptimizeResult
+    assert repr(optimize.OptimizeResult).endswith("jaxbridge.scipy.optimize.OptimizeResult'>")
+    np.testing.assert_allclose(sol.x, [2.0])
+
+
 def F_np(x, p):
     return x ** 3 + p["a"] * x - p["b"]
 
@@ -682,7 +703,7 @@ def test_compiled_dfsane_stagnating_line_searches_match_scipys_iterates():
     trials that do decrease the merit, and the search shrinks alpha more than once, where
     SciPy's clip of the next step to [0.1, 0.5] alpha binds. Same x (to 1e-12), nfev and
     nit as SciPy after 5000 evaluations (the loop itself, no failure policy)."""
-    from jaxbridge.scipy import _dfsane
+    from jaxbridge.scipy.optimize import _dfsane
     ref = scipy.optimize.root(lambda x: 1.0 + 1e-16 * x, np.zeros(1), method="df-sane",
                               options={"maxfev": 5000})
     assert (ref.success, ref.nfev, ref.nit) == (False, 5000, 1075)

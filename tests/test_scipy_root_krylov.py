@@ -11,8 +11,9 @@ import pytest
 import scipy.optimize
 from conftest import deq_layer, fd
 
-from jaxbridge.scipy import SolverError, _gmres, _newton_krylov
-from jaxbridge.scipy.optimize import root
+from jaxbridge.scipy import SolverError
+from jaxbridge.scipy.optimize import _newton_krylov, root
+from jaxbridge.scipy.sparse.linalg import _gmres
 
 # the lean GMRES (the compiled root's inner and tangent solver), jitted once: the
 # matvec and the cycle length are static

@@ -104,6 +104,22 @@ def test_vmap_jit_and_factor_reuse(system):
     assert after["hits"] > before["hits"]
 
 
+def test_factor_cache_size_is_set_on_the_public_module(system, monkeypatch):
+    """`jaxbridge.scipy.sparse.linalg.FACTOR_CACHE_SIZE`, set by a user, bounds the
+    cache at its next insertion (the cache lives in a private module of the package)."""
+    _, data, row, col, b = system
+    monkeypatch.setattr(sl, "FACTOR_CACHE_SIZE", 1)
+    for scale in (11.0, 13.0):  # two new matrices: two misses, one factor kept
+        np.testing.assert_allclose(spsolve((data * scale, (row, col)), b),
+                                   np.linalg.solve(dense(data * scale, row, col), b),
+                                   rtol=1e-10)
+    info = sl.factor_cache_info()
+    assert (info["maxsize"], info["size"]) == (1, 1)
+    monkeypatch.setattr(sl, "FACTOR_CACHE_SIZE", 3)
+    spsolve((data * 17.0, (row, col)), b)
+    assert (sl.factor_cache_info()["maxsize"], sl.factor_cache_info()["size"]) == (3, 2)
+
+
 def test_jitted_training_loop(system):
     _, data, row, col, b = system
     target = spsolve((data, (row, col)), b)

@@ -61,14 +61,16 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # (107 s wall at load 4, beside a second test run; 67 s at load 3 before the cauchy
     # and arctan outlier cases). The rest of the file (2 min), the matrix's slow cells and
     # the float32 bound test are left to the suite.
-    "jaxbridge/scipy/optimize.py": (
-        f"{_M} tests/test_scipy_optimize.py",
-        "(test_cell and optimize) or failure_policies or singular_optimality "
-        "or held_just_inside or matrix_free_cg or (closed_form_and_fd and gmres) "
-        "or active_coordinate_and_bound or each_bound or krylov_solves "
-        "or robust_loss "
-        "or inactive_positive_bounds or cost_of_every_loss or scipy_root_auto",
-    ),
+    # The same tests for each module of the optimize package that carries derivatives.
+    **dict.fromkeys(
+        [f"jaxbridge/scipy/optimize/{m}.py" for m in ("_implicit", "_problem", "_active",
+                                                      "_loss")],
+        (f"{_M} tests/test_scipy_optimize.py",
+         "(test_cell and optimize) or failure_policies or singular_optimality "
+         "or held_just_inside or matrix_free_cg or (closed_form_and_fd and gmres) "
+         "or active_coordinate_and_bound or each_bound or krylov_solves "
+         "or robust_loss "
+         "or inactive_positive_bounds or cost_of_every_loss or scipy_root_auto")),
     # integrate.py's own derivative code runs on SciPy's loop (stepping="scipy", the
     # implicit methods with forward sensitivities), in the recording host call of the
     # implicit methods' compiled derivatives, and in quad; the compiled RK loop (the
@@ -164,7 +166,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # above CPython's small-int cache: the size check compares values, not objects).
     # 155 s here at load 13-16 on the unmutated code (before the DEQ and this session's
     # five new compiled_root tests were added).
-    "jaxbridge/scipy/_compiled_root.py": (
+    "jaxbridge/scipy/optimize/_compiled_root.py": (
         f"tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py {_M} -m 'not docs'",
         "(test_root_value_matches_scipy and (krylov or df-sane)) or compiled_root "
         "or closed_form_gradient_under_jit or (test_scipy_root_krylov and test_bad_input) "
@@ -176,7 +178,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # and non-default options (slow stage), maxfev's exhaustion (slow stage), the
     # matrix's df-sane cell. 88 s here at load 14 (before the two new compiled_dfsane
     # tests of survivors: SciPy's default tolerance, long line searches).
-    "jaxbridge/scipy/_dfsane.py": (
+    "jaxbridge/scipy/optimize/_dfsane.py": (
         f"tests/test_scipy_optimize.py {_M} -m 'not docs'",
         "(matches_scipy and df-sane) or compiled_dfsane or compiled_root_bad_input "
         "or compiled_root_failures "
@@ -187,7 +189,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # backtracking, maxiter and nit failures (slow stage). Not the slow DEQ derivatives
     # (the implicit function theorem's, _compiled_root's). 136 s here at load 15 (before
     # the two new tests of survivors: Armijo's trial steps, the inner cycle's size).
-    "jaxbridge/scipy/_newton_krylov.py": (
+    "jaxbridge/scipy/optimize/_newton_krylov.py": (
         "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
         "(test_root_value_matches_scipy and krylov) "
         "or (test_scipy_root_krylov and not deq_derivatives "
@@ -198,7 +200,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # cycle against GMRES by its definition at any scale and for both Gram-Schmidt
     # variants, the restarted solve (slow stage), the GMRES tangent solve of the
     # 96-unknown DEQ (slow stage). 160 s here at load 16.
-    "jaxbridge/scipy/_gmres.py": (
+    "jaxbridge/scipy/sparse/linalg/_gmres.py": (
         "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
         "(compiled_root_deq_gradients and 6-16) or (deq_16x32 and not kw1) "
         "or no_finite_differences or armijo_backtracking or lean_gmres "
@@ -208,8 +210,10 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # against the jnp twins) first, then the whole default file (values, gradients vs
     # dense JAX and finite differences, vmap, the singular and degenerate policies).
     # 41 s here at load 2-5.
-    "jaxbridge/scipy/sparse/linalg.py": (f"{_M} tests/test_scipy_sparse.py",
-                                         "(test_cell and sparse) or test_scipy_sparse"),
+    **dict.fromkeys(["jaxbridge/scipy/sparse/linalg/_spsolve.py",
+                     "jaxbridge/scipy/sparse/linalg/_eigsh.py"],
+                    (f"{_M} tests/test_scipy_sparse.py",
+                     "(test_cell and sparse) or test_scipy_sparse")),
     # Dense output (OdeSolution): the closed-form gradients in w and t (the Hermite
     # correction and the interpolant's own t-derivative, DOP853/Radau/BDF/LSODA) first,
     # then the one-step solve's values and gradient, then SciPy's values for every
@@ -389,7 +393,12 @@ RULES = {
     "jaxbridge/scipy/special.py": r"_jvp$|^_no_order_derivative|^_sum$|^_times$|^_tail$",
     "jaxbridge/scipy/signal.py": r"_jvp$|_vjp$|^_causal_conv|^_lag_products|^_pad_state"
     r"|^_reversed_solve",
-    "jaxbridge/scipy/optimize.py": r"_jvp$|_vjp$|^_active$|^_free_and_x$|^_rho$|solve$",
+    # optimize: the implicit solve's rules, the linear solves they make, the active bounds
+    # and the robust losses
+    "jaxbridge/scipy/optimize/_implicit.py": r"_jvp$|_vjp$|^_free_and_x$|^solve$",
+    "jaxbridge/scipy/optimize/_problem.py": r"solve$",
+    "jaxbridge/scipy/optimize/_active.py": r"^active$",
+    "jaxbridge/scipy/optimize/_loss.py": r"^rho$",
     # integrate: the SciPy loop's rules (_ivp_vjp with its nested rhs/adj_jac, _ivp_jvp,
     # the cotangents), the host-side ODE they solve (_Ode: __init__, adj, adj_jac, jac_kw,
     # solve, sensitivities), the recording of SciPy's steps for _stiff's compiled
@@ -413,21 +422,22 @@ RULES = {
     # (_root, F, solve, _tangent_solve with checked/krylov/direct/tangent_solve, root);
     # not unsupported() (which loop runs: argument dispatch) nor the failure messages
     # (_check_root, _check_linear: what an error says, not a value).
-    "jaxbridge/scipy/_compiled_root.py": r"^(root|_root|F|solve|_tangent_solve|checked"
+    "jaxbridge/scipy/optimize/_compiled_root.py": r"^(root|_root|F|solve|_tangent_solve|checked"
     r"|krylov|direct|tangent_solve)$",
     # The loops (their values are the roots the derivatives are taken at) and the
     # tolerance they are given; not supported()/unsupported() (which loop runs).
-    "jaxbridge/scipy/_dfsane.py": r"^(with_tol|solve|direction|body)$",
-    "jaxbridge/scipy/_newton_krylov.py": r"^(with_tol|solve|merit|maxnorm|check|armijo"
-    r"|cubic|body|step)$",
+    "jaxbridge/scipy/optimize/_dfsane.py": r"^(with_tol|solve|direction|body)$",
+    "jaxbridge/scipy/optimize/_newton_krylov.py": r"^(with_tol|solve|_merit|_maxnorm|_check"
+    r"|_armijo|cubic|body|_step)$",
     # Every function: Newton's inner solve and the GMRES tangent solve of the IFT.
-    "jaxbridge/scipy/_gmres.py": r".",
+    "jaxbridge/scipy/sparse/linalg/_gmres.py": r".",
     # sparse.linalg: spsolve's and eigsh's JVP and VJP rules and what only they call
     # (the symmetrized products, the bordered solve for eigenvector derivatives, the
     # degeneracy tests that decide between a derivative and an error). Not the forward
     # solves (_spsolve, _eigsh: values, checked against SciPy), the factor cache
-    # (_factor, _digest: shared with the forward), nor the input conversion (_as_coo).
-    "jaxbridge/scipy/sparse/linalg.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
+    # (_factor, _digest: shared with the forward), nor the input conversion (_coo.as_coo).
+    "jaxbridge/scipy/sparse/linalg/_spsolve.py": r"_jvp$|_vjp$",
+    "jaxbridge/scipy/sparse/linalg/_eigsh.py": r"_jvp$|_vjp$|^_eigenspace_problem|^_pinv_solve"
     r"|^_degenerate|^_sym_",
     # _dense: what carries OdeSolution's derivatives: the quintic Hermite correction
     # (_hermite, `zero`, _single: the derivative in parameters, y0 and t0) and the

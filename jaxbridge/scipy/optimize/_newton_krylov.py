@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _gmres
-from . import _loops as loops
+from .. import _loops as loops
+from ..sparse.linalg import _gmres
 
 # nonlin_solve's constants
 _GAMMA, _ETA_MAX, _ETA_THRESHOLD, _ETA0 = 0.9, 0.9999, 0.1, 1e-3
@@ -135,6 +135,20 @@ class _Search(NamedTuple):
     done: jax.Array
 
 
+class _Settings(NamedTuple):
+    """solve's options, resolved as nonlin_solve resolves them."""
+    f_tol: float
+    f_rtol: float
+    x_tol: float
+    x_rtol: float
+    nit: int | None
+    maxiter: int
+    line_search: str | None
+    restart: int            # the Arnoldi steps of the one inner GMRES cycle
+    inner_rtol: Any
+    inner_atol: float
+
+
 def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = None,
           maxiter: int | None = None, ftol: float | None = None, fatol: float | None = None,
           xtol: float | None = None, xatol: float | None = None, tol_norm: Any = None,
@@ -145,12 +159,7 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
     (nfev, nit, status, converged) as SciPy's result reports them (status 1: converged,
     2: maxiter or nit reached, 3: a zero or non-finite Newton step)."""
     del tol_norm, disp  # checked by unsupported(): None and False only
-    real = x0.dtype
     eps = float(np.finfo(np.float64).eps)
-    f_tol = eps ** (1.0 / 3) if fatol is None else float(fatol)  # SciPy: fatol -> f_tol
-    f_rtol = np.inf if ftol is None else float(ftol)
-    x_tol = np.inf if xatol is None else float(xatol)
-    x_rtol = np.inf if xtol is None else float(xtol)
     if maxiter is None:
         maxiter = nit + 1 if nit is not None else 100 * (x0.size + 1)
     if line_search is True:
@@ -163,109 +172,122 @@ def solve(F: Callable[[jax.Array], jax.Array], x0: jax.Array, nit: int | None = 
     # (KrylovJacobian: maxiter=1; LGMRES's inner_m, jac_options' "inner_inner_m";
     # GMRES's restart = inner_maxiter)
     m = int(jac.get("inner_inner_m", 30) if inner == "lgmres" else jac.get("inner_maxiter", 20))
-    restart = max(1, min(m, x0.size))
-    inner_rtol, inner_atol = jac.get("inner_rtol"), float(jac.get("inner_atol", 0.0))
-
-    def merit(v: jax.Array) -> jax.Array:  # _safe_norm(v)**2
-        return jnp.where(jnp.all(jnp.isfinite(v)), jnp.vdot(v, v), jnp.inf)
-
-    def maxnorm(v: jax.Array) -> jax.Array:
-        return jnp.max(jnp.abs(v))
-
+    cfg = _Settings(
+        f_tol=eps ** (1.0 / 3) if fatol is None else float(fatol),  # SciPy: fatol -> f_tol
+        f_rtol=np.inf if ftol is None else float(ftol),
+        x_tol=np.inf if xatol is None else float(xatol),
+        x_rtol=np.inf if xtol is None else float(xtol),
+        nit=nit, maxiter=maxiter, line_search=line_search,
+        restart=max(1, min(m, x0.size)), inner_rtol=jac.get("inner_rtol"),
+        inner_atol=float(jac.get("inner_atol", 0.0)))
     F0 = F(x0)
-    f0_norm = maxnorm(F0)
-
-    def check(s: _State) -> jax.Array:
-        """TerminationCondition.check: 1 converged, 2 nit reached, 0 go on."""
-        f_norm, x_norm, dx_norm = maxnorm(s.F), maxnorm(s.x), maxnorm(s.dx)
-        # inf / inf is NaN and fails the test, as in SciPy (dx is inf before a step)
-        ok = ((f_norm <= f_tol) & (f_norm / f_rtol <= f0_norm)
-              & (dx_norm <= x_tol) & (dx_norm / x_rtol <= x_norm))
-        status = ok.astype(jnp.int32)
-        if nit is not None:  # SciPy's backwards-compatible fixed iteration count
-            status = 2 * (s.checks + 1 > nit).astype(jnp.int32)
-        return jnp.where(f_norm == 0, 1, status)
-
-    def armijo(x: jax.Array, dx: jax.Array, phi0: jax.Array) -> _Search:
-        """scalar_search_armijo(phi, phi0, -phi0, amin=1e-2), one trial per iteration."""
-        derphi0 = -phi0
-
-        def cubic(a0: jax.Array, a1: jax.Array, p0: jax.Array, p1: jax.Array) -> jax.Array:
-            factor = a0 ** 2 * a1 ** 2 * (a1 - a0)
-            a = (a0 ** 2 * (p1 - phi0 - derphi0 * a1) - a1 ** 2 * (p0 - phi0 - derphi0 * a0))
-            a = a / factor
-            b = (-a0 ** 3 * (p1 - phi0 - derphi0 * a1) + a1 ** 3 * (p0 - phi0 - derphi0 * a0))
-            b = b / factor
-            return (-b + jnp.sqrt(jnp.abs(b ** 2 - 3 * a * derphi0))) / (3.0 * a)
-
-        def body(q: _Search) -> _Search:
-            Fs = F(x + q.s * dx)
-            p = merit(Fs)
-            ok = p <= phi0 + _C1 * q.s * derphi0
-            first, second = q.k == 0, q.k == 1
-            # after the first trial (alpha0 = 1): the quadratic interpolant's minimizer
-            quad = -derphi0 * q.a0 ** 2 / 2.0 / (p - phi0 - derphi0 * q.a0)
-            # after a failed cubic trial alpha2: SciPy's safeguard, then shift
-            a2 = jnp.where(((q.a1 - q.s) > q.a1 / 2.0) | ((1 - q.s / q.a1) < 0.96),
-                           q.a1 / 2.0, q.s)
-            a0 = jnp.where(first, q.a0, jnp.where(second, q.a0, q.a1))
-            a1 = jnp.where(first, quad, jnp.where(second, q.a1, a2))
-            p0 = jnp.where(first, p, jnp.where(second, q.p0, q.p1))
-            p1 = jnp.where(first, q.p1, p)
-            go_on = first | (a1 > _AMIN)  # the quadratic trial always runs
-            nxt = jnp.where(first, quad, cubic(a0, a1, p0, p1))
-            done = ok | ~go_on
-            return _Search(q.k + 1, a0, a1, p0, p1, jnp.where(done, q.s, nxt), q.s, Fs, ok,
-                           done)
-
-        one = jnp.ones((), real)
-        q0 = _Search(jnp.zeros((), jnp.int32), one, one, phi0, phi0, one, jnp.zeros((), real),
-                     jnp.zeros_like(x), jnp.zeros((), bool), jnp.zeros((), bool))
-        return loops.while_loop(lambda q: ~q.done, body, q0)
-
-    def step(s: _State) -> _State:
-        """One iteration of nonlin_solve's loop after a failed termination test."""
-        # one Newton step: exact products at x (linearize evaluates F there once)
-        _, jvp = jax.linearize(F, s.x)
-        tol = jnp.minimum(s.eta, s.eta * s.F_norm) if inner_rtol is None else inner_rtol
-        # floored at sqrt(eps): SciPy's finite-difference products (rdiff = sqrt(eps))
-        # are no more accurate than that, and below it GMRES only burns its whole
-        # subspace (float64 rounding) in the last Newton steps, where F is ~1e-16
-        tol = jnp.maximum(tol, _INNER_RTOL_MIN)
-        # (JAX's own GMRES would treat an F of norm below eps as zero and stop Newton a
-        # few ulps short; _gmres.cycle normalizes it without a threshold)
-        dx = -_gmres.cycle(jvp, s.F, tol, inner_atol, restart)
-        bad = ~jnp.all(jnp.isfinite(dx)) | (jnp.max(jnp.abs(dx)) == 0)
-        nfev = s.nfev + 1
-        if line_search == "armijo":
-            q = armijo(s.x, dx, s.F_norm ** 2)
-            nfev = nfev + q.k
-            sl = jnp.where(q.found, q.s_last, 1.0)  # no step found: the full Newton step
-            x = s.x + sl * dx
-            reuse = sl == q.s_last
-            Fx = loops.cond(reuse, lambda: q.F_last, lambda: F(x))
-            nfev = nfev + jnp.where(reuse, 0, 1)
-        else:
-            x = s.x + dx
-            Fx = F(x)
-            nfev = nfev + 1
-        F_norm = jnp.linalg.norm(Fx)
-        eta_a = _GAMMA * F_norm ** 2 / s.F_norm ** 2
-        eta = jnp.where(_GAMMA * s.eta ** 2 < _ETA_THRESHOLD, jnp.minimum(_ETA_MAX, eta_a),
-                        jnp.minimum(_ETA_MAX, jnp.maximum(eta_a, _GAMMA * s.eta ** 2)))
-        checks = s.checks + 1
-        status = jnp.where(bad, BAD_STEP, jnp.where(checks >= maxiter, MAXITER, 0))
-        return _State(jnp.where(bad, s.x, x), jnp.where(bad, s.F, Fx),
-                      jnp.where(bad, s.F_norm, F_norm), jnp.where(bad, s.dx, dx),
-                      jnp.where(bad, s.eta, eta), checks, nfev, status.astype(jnp.int32))
-
+    f0_norm = _maxnorm(F0)
     s0 = _State(x0, F0, jnp.linalg.norm(F0), jnp.full_like(x0, jnp.inf),
-                jnp.asarray(_ETA0, real), jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32),
+                jnp.asarray(_ETA0, x0.dtype), jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32),
                 jnp.zeros((), jnp.int32))
     # the termination test is the loop's condition (no cond around the step); the test
     # that stopped it is made once more after the loop, to report it and count it
-    s = loops.while_loop(lambda s: (s.status == 0) & (check(s) == 0), step, s0)
+    s = loops.while_loop(lambda s: (s.status == 0) & (_check(s, cfg, f0_norm) == 0),
+                         lambda s: _step(F, s, cfg), s0)
     tested = s.status == 0
-    status = jnp.where(tested, check(s), s.status)
+    status = jnp.where(tested, _check(s, cfg, f0_norm), s.status)
     checks = s.checks + tested.astype(jnp.int32)
     return s.x, Stats(s.nfev, checks, status, status == CONVERGED)
+
+
+def _merit(v: jax.Array) -> jax.Array:  # _safe_norm(v)**2
+    return jnp.where(jnp.all(jnp.isfinite(v)), jnp.vdot(v, v), jnp.inf)
+
+
+def _maxnorm(v: jax.Array) -> jax.Array:
+    return jnp.max(jnp.abs(v))
+
+
+def _check(s: _State, cfg: _Settings, f0_norm: jax.Array) -> jax.Array:
+    """TerminationCondition.check: 1 converged, 2 nit reached, 0 go on."""
+    f_norm, x_norm, dx_norm = _maxnorm(s.F), _maxnorm(s.x), _maxnorm(s.dx)
+    # inf / inf is NaN and fails the test, as in SciPy (dx is inf before a step)
+    ok = ((f_norm <= cfg.f_tol) & (f_norm / cfg.f_rtol <= f0_norm)
+          & (dx_norm <= cfg.x_tol) & (dx_norm / cfg.x_rtol <= x_norm))
+    status = ok.astype(jnp.int32)
+    if cfg.nit is not None:  # SciPy's backwards-compatible fixed iteration count
+        status = 2 * (s.checks + 1 > cfg.nit).astype(jnp.int32)
+    return jnp.where(f_norm == 0, 1, status)
+
+
+def _armijo(F: Callable[[jax.Array], jax.Array], x: jax.Array, dx: jax.Array,
+            phi0: jax.Array) -> _Search:
+    """scalar_search_armijo(phi, phi0, -phi0, amin=1e-2), one trial per iteration."""
+    derphi0 = -phi0
+
+    def cubic(a0: jax.Array, a1: jax.Array, p0: jax.Array, p1: jax.Array) -> jax.Array:
+        factor = a0 ** 2 * a1 ** 2 * (a1 - a0)
+        a = (a0 ** 2 * (p1 - phi0 - derphi0 * a1) - a1 ** 2 * (p0 - phi0 - derphi0 * a0))
+        a = a / factor
+        b = (-a0 ** 3 * (p1 - phi0 - derphi0 * a1) + a1 ** 3 * (p0 - phi0 - derphi0 * a0))
+        b = b / factor
+        return (-b + jnp.sqrt(jnp.abs(b ** 2 - 3 * a * derphi0))) / (3.0 * a)
+
+    def body(q: _Search) -> _Search:
+        Fs = F(x + q.s * dx)
+        p = _merit(Fs)
+        ok = p <= phi0 + _C1 * q.s * derphi0
+        first, second = q.k == 0, q.k == 1
+        # after the first trial (alpha0 = 1): the quadratic interpolant's minimizer
+        quad = -derphi0 * q.a0 ** 2 / 2.0 / (p - phi0 - derphi0 * q.a0)
+        # after a failed cubic trial alpha2: SciPy's safeguard, then shift
+        a2 = jnp.where(((q.a1 - q.s) > q.a1 / 2.0) | ((1 - q.s / q.a1) < 0.96),
+                       q.a1 / 2.0, q.s)
+        a0 = jnp.where(first, q.a0, jnp.where(second, q.a0, q.a1))
+        a1 = jnp.where(first, quad, jnp.where(second, q.a1, a2))
+        p0 = jnp.where(first, p, jnp.where(second, q.p0, q.p1))
+        p1 = jnp.where(first, q.p1, p)
+        go_on = first | (a1 > _AMIN)  # the quadratic trial always runs
+        nxt = jnp.where(first, quad, cubic(a0, a1, p0, p1))
+        done = ok | ~go_on
+        return _Search(q.k + 1, a0, a1, p0, p1, jnp.where(done, q.s, nxt), q.s, Fs, ok,
+                       done)
+
+    real = x.dtype
+    one = jnp.ones((), real)
+    q0 = _Search(jnp.zeros((), jnp.int32), one, one, phi0, phi0, one, jnp.zeros((), real),
+                 jnp.zeros_like(x), jnp.zeros((), bool), jnp.zeros((), bool))
+    return loops.while_loop(lambda q: ~q.done, body, q0)
+
+
+def _step(F: Callable[[jax.Array], jax.Array], s: _State, cfg: _Settings) -> _State:
+    """One iteration of nonlin_solve's loop after a failed termination test."""
+    # one Newton step: exact products at x (linearize evaluates F there once)
+    _, jvp = jax.linearize(F, s.x)
+    tol = (jnp.minimum(s.eta, s.eta * s.F_norm) if cfg.inner_rtol is None
+           else cfg.inner_rtol)
+    # floored at sqrt(eps): SciPy's finite-difference products (rdiff = sqrt(eps))
+    # are no more accurate than that, and below it GMRES only burns its whole
+    # subspace (float64 rounding) in the last Newton steps, where F is ~1e-16
+    tol = jnp.maximum(tol, _INNER_RTOL_MIN)
+    # (JAX's own GMRES would treat an F of norm below eps as zero and stop Newton a
+    # few ulps short; _gmres.cycle normalizes it without a threshold)
+    dx = -_gmres.cycle(jvp, s.F, tol, cfg.inner_atol, cfg.restart)
+    bad = ~jnp.all(jnp.isfinite(dx)) | (jnp.max(jnp.abs(dx)) == 0)
+    nfev = s.nfev + 1
+    if cfg.line_search == "armijo":
+        q = _armijo(F, s.x, dx, s.F_norm ** 2)
+        nfev = nfev + q.k
+        sl = jnp.where(q.found, q.s_last, 1.0)  # no step found: the full Newton step
+        x = s.x + sl * dx
+        reuse = sl == q.s_last
+        Fx = loops.cond(reuse, lambda: q.F_last, lambda: F(x))
+        nfev = nfev + jnp.where(reuse, 0, 1)
+    else:
+        x = s.x + dx
+        Fx = F(x)
+        nfev = nfev + 1
+    F_norm = jnp.linalg.norm(Fx)
+    eta_a = _GAMMA * F_norm ** 2 / s.F_norm ** 2
+    eta = jnp.where(_GAMMA * s.eta ** 2 < _ETA_THRESHOLD, jnp.minimum(_ETA_MAX, eta_a),
+                    jnp.minimum(_ETA_MAX, jnp.maximum(eta_a, _GAMMA * s.eta ** 2)))
+    checks = s.checks + 1
+    status = jnp.where(bad, BAD_STEP, jnp.where(checks >= cfg.maxiter, MAXITER, 0))
+    return _State(jnp.where(bad, s.x, x), jnp.where(bad, s.F, Fx),
+                  jnp.where(bad, s.F_norm, F_norm), jnp.where(bad, s.dx, dx),
+                  jnp.where(bad, s.eta, eta), checks, nfev, status.astype(jnp.int32))

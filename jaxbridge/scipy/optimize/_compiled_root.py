@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _foreign
-from . import _dfsane, _gmres, _newton_krylov
-from . import _loops as loops
-from ._common import failure
-from ._trace import HostFun
+from ... import _foreign
+from .. import _loops as loops
+from .._common import failure
+from .._trace import HostFun
+from ..sparse.linalg import _gmres
+from . import _dfsane, _newton_krylov
 
 # each loop's module: with_tol(options, tol) -> its keyword arguments, and
 # solve(F, z0, **those) -> (z, Stats with nfev, nit, status, converged)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import _loops as loops
+from .. import _loops as loops
 
 # scipy.optimize._linesearch._nonmonotone_line_search_cruz's defaults
 _GAMMA, _TAU_MIN, _TAU_MAX = 1e-4, 0.1, 0.5

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _loops as loops
+from ... import _loops as loops
 
 _SQRT2 = float(np.sqrt(2.0))
 # from this many unknowns on, Gram-Schmidt runs over the basis rows built so far, one

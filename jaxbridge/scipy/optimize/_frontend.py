@@ -1,0 +1,123 @@
+"""What root, minimize and least_squares share: checks, closures lifted out, the implicit solve."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.optimize
+
+from .._common import as_float_array, check_policy, static_options
+from .._trace import check_args, convert
+from . import _implicit
+from ._options import LINEAR_SOLVERS, SolveOptions
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Request:
+    """One call of root, minimize or least_squares as its front end received it.
+
+    `kind` is the function's name; the rest are SciPy's arguments of that name, not
+    yet checked (`bounds` may hold traced arrays, `options` is SciPy's dict).
+    """
+
+    kind: str
+    method: str
+    jac: Any = None
+    bounds: Any = None
+    tol: Any = None
+    options: dict | None = None
+    callback: Any = None
+    linear_solver: str = "auto"
+    on_failure: str = "raise"
+
+
+@dataclasses.dataclass(frozen=True)
+class Solution:
+    """The implicit solve's outputs, and `user_fun(x)`: the user's function at x (in JAX)."""
+
+    x: jax.Array
+    active: jax.Array
+    stats: jax.Array
+    success: jax.Array
+    user_fun: Callable[[jax.Array], Any]
+
+
+def check_linear_solver(linear_solver: str, qualname: str) -> None:
+    """A ValueError naming the function unless `linear_solver` is one of LINEAR_SOLVERS."""
+    if linear_solver not in LINEAR_SOLVERS:
+        raise ValueError(f"jaxbridge.scipy.{qualname}: linear_solver must be one of "
+                         f"{LINEAR_SOLVERS}, got {linear_solver!r}")
+
+
+def bounds(given: Any, x0: jax.Array, name: str) -> tuple[jax.Array, jax.Array]:
+    """(lb, ub) shaped like x0 from SciPy's forms: Bounds, (lb, ub), or [(lo, hi), ...]."""
+    inf = jnp.full(x0.shape, jnp.inf, x0.dtype)
+    if given is None:
+        return -inf, inf
+    if isinstance(given, scipy.optimize.Bounds):
+        lo, hi = given.lb, given.ub
+    elif name != "least_squares" and isinstance(given, (list, tuple)) and given and \
+            all(isinstance(b, (list, tuple)) and len(b) == 2 for b in given):
+        lo = [(-np.inf if b[0] is None else b[0]) for b in given]
+        hi = [(np.inf if b[1] is None else b[1]) for b in given]
+    elif isinstance(given, (list, tuple)) and len(given) == 2:
+        lo, hi = given
+    else:
+        raise TypeError(f"jaxbridge.scipy.optimize.{name}: bounds must be a "
+                        f"scipy.optimize.Bounds, (lb, ub) or a sequence of (min, max) pairs, "
+                        f"got {type(given).__name__}")
+
+    def full(v: Any, which: str) -> jax.Array:
+        if isinstance(v, (list, tuple)):  # entries may be traced (differentiable bounds)
+            v = jnp.stack([jnp.asarray(e, x0.dtype).reshape(()) for e in v])
+        v = jnp.asarray(v, x0.dtype)
+        if v.size not in (1, x0.size):
+            raise ValueError(f"jaxbridge.scipy.optimize.{name}: the {which} bounds must be a "
+                             f"scalar or have x0's {x0.size} entries, got shape {v.shape}")
+        return jnp.broadcast_to(v.reshape(-1), (x0.size,)).reshape(x0.shape)
+    return full(lo, "lower"), full(hi, "upper")
+
+
+def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
+    """Check `request`, lift `fun`'s (and a `jac` function's) closures and `args` out as
+    inputs, and run the implicit solve: x* differentiable in them and in the bounds."""
+    kind = request.kind
+    qual = f"optimize.{kind}"
+    check_policy(request.on_failure, qual)
+    check_linear_solver(request.linear_solver, qual)
+    if request.callback is not None:
+        try:
+            hash(request.callback)
+        except TypeError:
+            raise TypeError(f"jaxbridge.scipy.{qual}: callback must be hashable (it is "
+                            f"static); got {type(request.callback).__name__}") from None
+    call = "fun(x, *args)"
+    args = check_args(args, qual, call, "unpack" if kind == "least_squares" else "wrap")
+    x0 = as_float_array(x0, qual, "x0")
+    x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
+    hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
+    params, fixed = hf.split(ops)
+    jac = request.jac
+    jac_hf = jac if jac in (None, True, False) else None
+    jac_ops: Sequence[Any] = ()
+    if callable(jac):
+        jac_hf, jac_ops = convert(jac, qual, "jac", (x_aval,), args, "jac(x, *args)")
+        jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
+    lb, ub = bounds(request.bounds, x0, kind)
+    opts = SolveOptions(kind=kind, fun=hf, method=request.method, jac=jac_hf,
+                        tol=None if request.tol is None else float(request.tol),
+                        options=static_options(request.options, qual),
+                        callback=request.callback, linear_solver=request.linear_solver,
+                        on_failure=request.on_failure)
+    x, active, stats, success = _implicit.solve(x0, lb, ub, params, fixed, tuple(jac_ops),
+                                                opts=opts)
+
+    def user_fun(x: jax.Array) -> Any:
+        y = fun(x, *args)
+        return y[0] if jac is True and isinstance(y, tuple) else y
+    return Solution(x, active, stats, success, user_fun)
