@@ -55,8 +55,9 @@ def _modules_with_examples() -> list:
 
 MODULES = _modules_with_examples()
 # Long by nature (a solver compiled per example): in the slow run
-SLOW_MODULES = {"jaxbridge.scipy.integrate", "jaxbridge.scipy.optimize", "jaxbridge.scipy._bvp",
-                "jaxbridge.scipy._dense"}
+SLOW_MODULES = {"jaxbridge.scipy.integrate._ivp", "jaxbridge.scipy.integrate._quad",
+                "jaxbridge.scipy.optimize", "jaxbridge.scipy.integrate._bvp",
+                "jaxbridge.scipy.integrate._dense"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow)

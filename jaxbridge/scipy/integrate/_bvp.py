@@ -32,8 +32,8 @@ import scipy.integrate
 import scipy.sparse
 import scipy.sparse.linalg
 
-from .. import _foreign
-from ._common import (
+from ... import _foreign
+from .._common import (
     Result,
     check_policy,
     check_real,
@@ -46,7 +46,7 @@ from ._common import (
     on_cpu,
     unsupported,
 )
-from ._trace import HostFun, array_aval, convert
+from .._trace import HostFun, array_aval, convert
 
 __all__ = ["solve_bvp", "BvpResult", "BvpSolution"]
 
@@ -370,6 +370,8 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
               max_nodes: int = 1000, verbose: int = 0, bc_tol: float | None = None, *,
               on_failure: str = "raise") -> BvpResult:
     """`scipy.integrate.solve_bvp`, differentiable by the implicit function theorem.
+
+    (Over 80 lines for SciPy's long signature and its documentation; the body is short.)
 
     Same signature and conventions as SciPy: `fun(x, y)` or `fun(x, y, p)`, vectorized
     (`x` (m,), `y` (n, m) -> (n, m)), and `bc(ya, yb)` or `bc(ya, yb, p)` -> (n + k,),
