@@ -383,7 +383,8 @@ def test_quad_scipy_signature_and_points():
         quad(f, 0.0, 1.0, (1.0, 1.0), full_output=1)
     with pytest.raises(NotImplementedError, match="weight"):
         quad(f, 0.0, 1.0, (1.0, 1.0), weight="cos", wvar=1.0)
-    with pytest.raises(ValueError, match=r"`func` must return one array of shape \(\)"):
+    # (one wording with solve_ivp's event functions: a scalar is shape ())
+    with pytest.raises(ValueError, match=r"`func` must return a scalar \(shape \(\)\)"):
         quad(lambda x: jnp.stack([x, x]), 0.0, 1.0)
 
 

@@ -475,7 +475,7 @@ RULES = {
     # differentiates on the device (BvpSolution's spline: _single, __call__; `__call__`
     # is only BvpSolution's here). Not the forward glue (_bvp, _padded, fun, bc, fun_jac,
     # bc_jac: what SciPy's Newton runs; values checked against SciPy), the argument
-    # checks in solve_bvp, nor _Static/_result (the cache key, result shapes).
+    # checks in solve_bvp, nor BvpConfig/_result (the cache key, result shapes).
     "jaxbridge/scipy/integrate/_bvp.py": r"^(_single|__call__|col|residual|blocks|tangent|adjoint"
     r"|jacobian|_x_tangent|_bvp_jvp|_bvp_vjp|_none)$",
     # _common: the tangent and cotangent plumbing every scipy wrapper's rules use, and

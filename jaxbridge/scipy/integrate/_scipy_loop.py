@@ -92,25 +92,28 @@ class _Ode:
             return {"jac": self.jac}
         return {}
 
-    def solve(self, role: str, t0: float, z0: np.ndarray, t1: float, t_eval: np.ndarray, *,
-              method: str, rtol: float, atol: Any, options: tuple,
-              extra: tuple = (), jac: Any = None) -> Any:
-        """`scipy.integrate.solve_ivp` of `z' = role(t, z, params, *extra)` (SciPy's loop;
-        the compiled loop does not come here: see `_compiled`)."""
+    def solve(self, role: str, span: tuple[float, float], z0: np.ndarray, t_eval: np.ndarray,
+              cfg: IvpConfig, tol: tuple[float, Any], extra: tuple = (), jac: Any = None
+              ) -> Any:
+        """`scipy.integrate.solve_ivp` of `z' = role(t, z, params, *extra)` on `span` with
+        `cfg`'s method and options and `tol = (rtol, atol)` (SciPy's loop; the compiled
+        loop does not come here: see `_compiled`)."""
         kw = {}
-        if jac is not None and method in IMPLICIT_METHODS:
+        if jac is not None and cfg.method in IMPLICIT_METHODS:
             kw["jac"] = jac
         return scipy.integrate.solve_ivp(
-            lambda t, z: f64(self(role, t, z, self.params, *extra)), (t0, t1), z0,
-            method=method, t_eval=t_eval, rtol=rtol, atol=atol, **kw, **dict(options))
+            lambda t, z: f64(self(role, t, z, self.params, *extra)), span, z0,
+            method=cfg.method, t_eval=t_eval, rtol=tol[0], atol=tol[1], **kw,
+            **dict(cfg.options))
 
-    def sensitivities(self, t0: Any, y0: Any, t1: Any, t_eval: Any, S0: Any, dp: Any, *,
-                      method: str, rtol: Any, atol: Any, sens_rtol: Any, sens_atol: Any, jac: Any,
-                      options: tuple) -> Any:
-        """`S(t_i)` (T, n, K) of `S' = f_y S + f_p dp`, `S(t0) = S0` (n, K); dp (P, K).
+    def sensitivities(self, cfg: IvpConfig, span: tuple[float, float], y0: Any, t_eval: Any,
+                      S0: Any, dp: Any, sens_tol: tuple[float, float]) -> Any:
+        """`S(t_i)` (T, n, K) of `S' = f_y S + f_p dp`, `S(t0) = S0` (n, K); dp (P, K), solved
+        with `y` at `cfg`'s tolerances and `S` at `sens_tol = (rtol, atol)`.
 
         Returns `(S, None)`, or `(None, SciPy's message)` when the solve fails.
         """
+        (t0, _), (sens_rtol, sens_atol) = span, sens_tol
         n, K = S0.shape
         T = t_eval.shape[0]
         if np.all(t_eval == t0):
@@ -118,16 +121,15 @@ class _Ode:
         dp = jax.device_put(np.asarray(dp, np.float64).reshape(self.P, K))
         params = self.params
         sens_jac = None
-        if method in IMPLICIT_METHODS and jac is not False:
+        if cfg.method in IMPLICIT_METHODS and cfg.jac is not False:
             sens_jac = lambda t, z: f64(self("sens_jac", t, z, params, dp))  # noqa: E731
-        sol = self.solve("sens", t0, np.concatenate([y0, np.ravel(S0)]), t1, t_eval,
-                         method=method, rtol=min(rtol, sens_rtol),
-                         atol=np.concatenate([np.full(n, atol), np.full(n * K, sens_atol)]),
-                         options=options, extra=(dp,), jac=sens_jac)
+        tol = (min(cfg.rtol, sens_rtol),
+               np.concatenate([np.full(n, cfg.atol), np.full(n * K, sens_atol)]))
+        sol = self.solve("sens", span, np.concatenate([y0, np.ravel(S0)]), t_eval, cfg, tol,
+                         extra=(dp,), jac=sens_jac)
         if sol.status != 0:
             return None, sol.message
         return sol.y[n:].T.reshape(T, n, K), None
-
 
 
 def _ivp_result(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, jac_ops: Any,
@@ -183,8 +185,7 @@ def scipy_solve(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
         return still, np.zeros(5, np.int32)
     with on_cpu():
         ode = _ode((t0, t1, y0, t_eval_in, params, fixed, jac_ops), fun, jac)
-        sol = ode.solve("f", t0, np.ravel(f64(y0)), t1, t_eval, method=method, rtol=cfg.rtol,
-                        atol=cfg.atol, options=cfg.options,
+        sol = ode.solve("f", (t0, t1), np.ravel(f64(y0)), t_eval, cfg, (cfg.rtol, cfg.atol),
                         jac=ode.jac if jac is not False else None)
     stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, getattr(sol, "steps", -1)],
                      np.int32)
@@ -262,10 +263,8 @@ def _ivp_vjp(primals: tuple, out: Any, ct: Any, *, cfg: IvpConfig) -> Any:
         if cfg.sensitivity == "forward":
             # The whole Jacobian d y(t_i) / d(y0, params) in one solve, then contracted.
             eye = np.eye(n + P)
-            S, message = ode.sensitivities(
-                t0, np.ravel(f64(y0)), t1, t_eval, eye[:n], eye[n:], method=cfg.method,
-                rtol=cfg.rtol, atol=cfg.atol, sens_rtol=cfg.adjoint_rtol,
-                sens_atol=cfg.adjoint_atol, jac=cfg.jac, options=cfg.options)
+            S, message = ode.sensitivities(cfg, (t0, t1), np.ravel(f64(y0)), t_eval, eye[:n],
+                                           eye[n:], (cfg.adjoint_rtol, cfg.adjoint_atol))
             if S is None:
                 fail("integrate.solve_ivp", cfg.method, f"sensitivity solve: {message}",
                      cfg.on_failure)
@@ -365,7 +364,6 @@ def _ivp_vjp_nan(primals: tuple) -> Any:
 def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, cfg: IvpConfig) -> Any:
     """Forward sensitivities: (y, s)' = (f, df/dy s + df/dp dp), s(t0) = dy0 - f dt0."""
     fun, jac, method, on_failure = cfg.fun, cfg.jac, cfg.method, cfg.on_failure
-    rtol, atol = cfg.rtol, cfg.atol
     t0, t1, y0, t_eval, params, fixed, jac_ops = primals
     dt0, _, dy0, dt_eval, dparams, _, _ = tangents
     ys = out[0]
@@ -382,9 +380,8 @@ def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, cfg: IvpConfig) -> Any:
             s0 = s0 - ode.f(t0, y0f) * float(dt0)
         Y = f64(ys).reshape(T, n)
         S, message = ode.sensitivities(
-            t0, y0f, t1, t_eval, s0[:, None], np_ravel(fill_zeros(dparams, params))[:, None],
-            method=method, rtol=rtol, atol=atol, sens_rtol=rtol, sens_atol=atol, jac=jac,
-            options=cfg.options)
+            cfg, (t0, t1), y0f, t_eval, s0[:, None],
+            np_ravel(fill_zeros(dparams, params))[:, None], (cfg.rtol, cfg.atol))
         if S is None:
             fail("integrate.solve_ivp", method, f"sensitivity solve: {message}", on_failure)
             return np.full(np.shape(ys), np.nan, ys.dtype), None
