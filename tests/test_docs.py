@@ -55,9 +55,10 @@ def _modules_with_examples() -> list:
 
 MODULES = _modules_with_examples()
 # Long by nature (a solver compiled per example): in the slow run
-SLOW_MODULES = {"jaxbridge.scipy.integrate", "jaxbridge.scipy.optimize._root",
-                "jaxbridge.scipy.optimize._minimize", "jaxbridge.scipy.optimize._least_squares",
-                "jaxbridge.scipy._bvp", "jaxbridge.scipy._dense"}
+SLOW_MODULES = {"jaxbridge.scipy.integrate._ivp", "jaxbridge.scipy.integrate._quad",
+                "jaxbridge.scipy.integrate._bvp", "jaxbridge.scipy.integrate._dense",
+                "jaxbridge.scipy.optimize._root", "jaxbridge.scipy.optimize._minimize",
+                "jaxbridge.scipy.optimize._least_squares"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow)

@@ -491,3 +491,50 @@ def test_an_event_without_derivative_leaves_the_other_slots_exact(mode):
     np.testing.assert_allclose(d(lambda k: times(k)[0][1])(2.0), -0.25, rtol=1e-8)
     np.testing.assert_allclose(d(lambda k: times(k)[1])(2.0), 1.0, rtol=1e-8)  # y(1) = k
     assert np.isnan(d(lambda k: times(k)[0][0])(2.0))
+
+
+def _bad_argument_error(kw):
+    """(type, message) of what solve_ivp raised for `kw` on top of a valid decay call."""
+    call = dict(fun=lambda t, y: -y, t_span=(0.0, 1.0), y0=jnp.ones(2), t_eval=[0.5, 1.0])
+    call.update(kw)
+    try:
+        solve_ivp(**call)
+    except (TypeError, ValueError) as exc:
+        return type(exc), str(exc)
+    return None
+
+
+def _at_zero(t, y):
+    return y[0] - 0.5
+
+
+@pytest.mark.parametrize("bad", [
+    dict(t_eval=[0.5, 2.0]),                       # t_eval outside t_span
+    dict(t_eval=[-0.5, 0.5]),
+    dict(t_span=(1.0, 0.0), t_eval=[0.5, 1.5]),    # backward, outside
+    dict(t_eval=[[0.5, 1.0]]),                     # not 1-D
+    dict(t_span=(0.0, 1.0, 2.0)),                  # not (t0, tf)
+    dict(y0=jnp.ones(2) + 1j),                     # complex state
+    dict(y0=jnp.ones(3), fun=lambda t, y: -y[:2]),  # fun returns the wrong shape
+    dict(args=3.0),                                # args cannot be unpacked
+], ids=["t_eval_after", "t_eval_before", "t_eval_backward", "t_eval_2d", "t_span_3",
+        "y0_complex", "fun_shape", "args_scalar"])
+@pytest.mark.parametrize("path", [dict(events=_at_zero), dict(dense_output=True),
+                                  dict(events=[])], ids=["events", "dense", "no_events"])
+def test_events_and_plain_paths_reject_bad_arguments_alike(bad, path):
+    """The events / dense-output path and the plain path check their arguments in one
+    place: the same bad t_eval, t_span, y0, fun or args raise the same error (the
+    events path once skipped the t_eval-within-t_span check)."""
+    plain = _bad_argument_error(bad)
+    assert plain is not None, f"the plain path accepted {bad}"
+    assert _bad_argument_error({**bad, **path}) == plain
+
+
+def test_events_path_rejects_bad_choices_as_the_plain_path_does():
+    """A sensitivity or stepping that is no choice at all raises on every path."""
+    for kw, what in ((dict(sensitivity="backward"), "sensitivity"),
+                     (dict(stepping="host"), "stepping")):
+        for path in (dict(), dict(events=_at_zero), dict(t_eval=None)):
+            call = {"t_eval": [1.0], **path, **kw}
+            with pytest.raises(ValueError, match=rf"solve_ivp: {what} must be one of"):
+                solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(1), **call)

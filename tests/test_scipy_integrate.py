@@ -15,7 +15,8 @@ import scipy.sparse
 from conftest import fd
 
 from jaxbridge.scipy import SolverError
-from jaxbridge.scipy.integrate import _sensitivity_choice, quad, solve_ivp
+from jaxbridge.scipy.integrate import quad, solve_ivp
+from jaxbridge.scipy.integrate._options import sensitivity_choice
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -168,12 +169,12 @@ def test_no_evaluation_times_gives_zero_gradient(sensitivity):
 
 def test_sensitivity_choice_and_bad_value():
     # "auto": forward sensitivities while the augmented system n (1 + n + P) is small.
-    assert _sensitivity_choice("auto", 3, 3) == "forward"
-    assert _sensitivity_choice("auto", 20, 0) == "adjoint"
-    assert _sensitivity_choice("adjoint", 1, 0) == "adjoint"
+    assert sensitivity_choice("auto", 3, 3) == "forward"
+    assert sensitivity_choice("auto", 20, 0) == "adjoint"
+    assert sensitivity_choice("adjoint", 1, 0) == "adjoint"
     # the implicit methods' compiled adjoint is the faster one even for tiny systems
-    assert _sensitivity_choice("auto", 3, 3, compiled_implicit=True) == "adjoint"
-    assert _sensitivity_choice("forward", 3, 3, compiled_implicit=True) == "forward"
+    assert sensitivity_choice("auto", 3, 3, compiled_implicit=True) == "adjoint"
+    assert sensitivity_choice("forward", 3, 3, compiled_implicit=True) == "forward"
     with pytest.raises(ValueError, match=r"solve_ivp: sensitivity must be one of .*'backward'"):
         solve_ivp(damped, (0.0, 3.0), Y0, t_eval=TE, args=(P,), sensitivity="backward")
 
@@ -382,7 +383,8 @@ def test_quad_scipy_signature_and_points():
         quad(f, 0.0, 1.0, (1.0, 1.0), full_output=1)
     with pytest.raises(NotImplementedError, match="weight"):
         quad(f, 0.0, 1.0, (1.0, 1.0), weight="cos", wvar=1.0)
-    with pytest.raises(ValueError, match=r"`func` must return one array of shape \(\)"):
+    # (one wording with solve_ivp's event functions: a scalar is shape ())
+    with pytest.raises(ValueError, match=r"`func` must return a scalar \(shape \(\)\)"):
         quad(lambda x: jnp.stack([x, x]), 0.0, 1.0)
 
 

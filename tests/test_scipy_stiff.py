@@ -16,9 +16,8 @@ import pytest
 import scipy.integrate
 from conftest import fd
 
-from jaxbridge.scipy import _stiff
-from jaxbridge.scipy._stiff import A_RADAU, C_RADAU, P_RADAU
-from jaxbridge.scipy.integrate import solve_ivp
+from jaxbridge.scipy.integrate import _stiff, solve_ivp
+from jaxbridge.scipy.integrate._stiff import A_RADAU, C_RADAU, P_RADAU
 
 STIFF = ["BDF", "Radau", "LSODA"]
 

@@ -77,13 +77,24 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # explicit methods' default under x64) is _rk's. Values and gradients of the implicit
     # methods first, then quad, the SciPy loop's closed-form test, the recording's error
     # and status paths, the matrix's quad and implicit float64 cells. 98 s here at load 6.
-    "jaxbridge/scipy/integrate.py": (
+    "jaxbridge/scipy/integrate/_scipy_loop.py": (
         f"tests/test_scipy_integrate.py tests/test_scipy_stiff.py {_M} -m 'not docs'",
         "scipy_loop or test_quad or (gradients_vs_finite and not RK45) "
         "or (robertson and BDF-forward) or (values_match_scipy and not RK45 and not DOP853) "
         "or (test_scipy_stiff and (too_small or status_and_counts or failed_solve "
         "or (linear_stiff and Radau))) "
         "or (test_cell and integrate and float64 and (quad or implicit))",
+    ),
+    # quad's Leibniz-rule derivatives and failure policy.
+    "jaxbridge/scipy/integrate/_quad.py": (
+        f"tests/test_scipy_integrate.py {_M} -m 'not docs'",
+        "test_quad or (test_cell and integrate and float64 and quad)",
+    ),
+    # The event times' implicit-function-theorem derivatives.
+    "jaxbridge/scipy/integrate/_events.py": (
+        "tests/test_scipy_events.py -m 'not docs'",
+        "(decay_event_gradients and not RK23) or closed_over_event or nan_derivatives "
+        "or event_without_derivative or both_modes_and_directions",
     ),
     # _common's tangent/cotangent plumbing (fill_zeros, np_ravel/np_unravel, jnp_ravel,
     # tangent_like, nan_like, f64, host_jit): the SciPy loop's derivatives in both modes
@@ -106,7 +117,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # and Radau with `jac` and `sens_jac`), SciPy's values of the implicit methods (their
     # `jac`), Robertson's forward sensitivities (BDF, LSODA), a user `jac` closing over a
     # traced value (slow stage). 45 s here at load 4-6.
-    "jaxbridge/scipy/_ivp_common.py": (
+    "jaxbridge/scipy/integrate/_ode.py": (
         "tests/test_scipy_integrate.py tests/test_scipy_closures.py -m 'not docs'",
         "scipy_loop_derivatives_match or (values_match_scipy and (Radau or BDF)) "
         "or (stiff_robertson and forward) or user_jacobians_may_close",
@@ -115,7 +126,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # solve both ways), then the whole file with its slow closed-form test (sol(x) in x,
     # vmap, the interval's end in reverse mode). 45 s at load 6 before its 2026-11-26
     # three tests (about 4 s of CPU each).
-    "jaxbridge/scipy/_bvp.py": (
+    "jaxbridge/scipy/integrate/_bvp.py": (
         f"{_M} tests/test_scipy_bvp.py -m 'not docs'",
         "(test_cell and solve_bvp and not vjp and not jvp) or test_scipy_bvp",
     ),
@@ -124,7 +135,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # forward sensitivities), then SciPy's values and the two-level checkpointing (slow
     # stage: the only test with more than one segment; it must ask for the discrete
     # adjoint). 58 s here at load 5-6 before this session's four tests were added.
-    "jaxbridge/scipy/_rk.py": (
+    "jaxbridge/scipy/integrate/_rk.py": (
         f"{_M} tests/test_scipy_integrate.py -m 'not docs'",
         "(test_cell and solve_ivp and float64 and not implicit and ((adjoint and vjp) "
         "or (RK45 and jvp) or (t_span and vjp) or (evaluation and jvp))) "
@@ -135,7 +146,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # x64): the matrix's implicit rows in jvp/vjp, test_scipy_stiff.py's default tests and
     # its exactness test for Radau's discrete solution (slow stage), the finite-difference
     # gradients of test_scipy_integrate.py. 70 s here without the slow test, load 9.
-    "jaxbridge/scipy/_stiff.py": (
+    "jaxbridge/scipy/integrate/_stiff.py": (
         f"{_M} tests/test_scipy_stiff.py tests/test_scipy_integrate.py -m 'not docs'",
         "(test_cell and solve_ivp and float64 and implicit and (jvp or vjp)) "
         "or (test_scipy_stiff and not vmap_of and not van_der_pol and not "
@@ -147,7 +158,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # by the implicit function theorem, dense output, steps) of the fast methods first,
     # then the terminal, count, max_steps and failure paths, and the tests written for
     # its mutation survivors (2026-11-26). 93 s here at load 7 before those (+11 s).
-    "jaxbridge/scipy/_events.py": (
+    "jaxbridge/scipy/integrate/_trajectory.py": (
         "tests/test_scipy_events.py -m 'not docs'",
         "(decay_event_gradients and not RK23) or (cannonball and not RK45) "
         "or closed_over_event or (dense_output_gradients_closed_form and not RK23) "
@@ -220,7 +231,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # method in both directions (each kind's branch of _segment, extrapolation), then
     # the zero-length span (dt == 0). Node ids, so that pytest runs them in this order.
     # 50 s here at load 5 (file order, before the zero-length test).
-    "jaxbridge/scipy/_dense.py": (
+    "jaxbridge/scipy/integrate/_dense.py": (
         "tests/test_scipy_events.py::test_dense_output_gradients_closed_form "
         "tests/test_scipy_events.py::test_dense_output_of_a_one_step_solve_matches_scipy "
         "tests/test_scipy_events.py::test_dense_output_matches_scipy "
@@ -407,17 +418,21 @@ RULES = {
     # (_ivp, _compiled_ivp, _stiff_ivp), the argument checks, nor _sensitivity_choice
     # (which of two correct gradients is computed). Mutants carry their innermost name
     # only: `__init__` is _Ode's and _Integrand's, `solve` also _StiffProblem's.
-    "jaxbridge/scipy/integrate.py": r"^(__init__|adj|adj_jac|jac_kw|solve|sensitivities"
-    r"|_ivp_vjp|rhs|_ivp_cotangents|_ivp_vjp_nan|_ivp_jvp|_recorded_result|_ivp_recorded"
-    r"|_quad_run|_f_at|_quad_vjp|_quad_jvp|df_dp|jvp_p)$",
-    # _events: the host side of the derivatives (_Host's __init__ and sensitivities, the
-    # output points and their sensitivities, the JVP and VJP rules), the padding that
-    # keeps padded entries finite (_pad_rows), the implicit-function-theorem slot (_ift).
-    # `__init__` is also _Static's (the cache key). Not the forward solve (_trajectory:
-    # values, checked against SciPy) nor solve_ivp (argument checks, with the JAX-side
-    # assembly of events and steps: name-only selection cannot split it).
-    "jaxbridge/scipy/_events.py": r"^(__init__|sensitivities|_pad_rows|_points|_sens_at"
-    r"|_trajectory_jvp|_trajectory_vjp|_ift)$",
+    "jaxbridge/scipy/integrate/_scipy_loop.py": r"^(__init__|adj|adj_jac|jac_kw|solve|sensitivities"
+    r"|_ivp_vjp|rhs|_ivp_cotangents|_ivp_vjp_nan|_ivp_jvp|_recorded_result|recorded_solve"
+    r"|_continuous_adjoint|_adjoint_jacobian)$",
+    # quad's rules and integrand (moved out of integrate.py with the package split).
+    "jaxbridge/scipy/integrate/_quad.py": r"^(__init__|_quad_run|_f_at|_quad_vjp|_quad_jvp"
+    r"|_gradient_integral|df_dp|jvp_p)$",
+    # _trajectory: the host side of the derivatives (_Host's __init__ and sensitivities,
+    # the output points and their sensitivities, the JVP and VJP rules), the padding that
+    # keeps padded entries finite (_pad_rows). Not the forward solve (trajectory: values,
+    # checked against SciPy).
+    "jaxbridge/scipy/integrate/_trajectory.py": r"^(__init__|sensitivities|_pad_rows|_points"
+    r"|_sens_at|_trajectory_jvp|_trajectory_vjp)$",
+    # _events: the implicit-function-theorem slot of an event time and its shift.
+    "jaxbridge/scipy/integrate/_events.py": r"^(event_slot|_time_shift|_time_shift_jvp"
+    r"|tangent|cotangent)$",
     # The compiled root: the custom_root around the loop and its tangent solves
     # (_root, F, solve, _tangent_solve with checked/krylov/direct/tangent_solve, root);
     # not unsupported() (which loop runs: argument dispatch) nor the failure messages
@@ -444,7 +459,7 @@ RULES = {
     # interpolant that JAX differentiates in t (_segment). Not the host-side coefficient
     # extraction (`coefficients`), the segment choice (_index), nor the properties and
     # __call__'s shape handling: values, checked against SciPy.
-    "jaxbridge/scipy/_dense.py": r"^(_hermite|zero|_single|_segment)$",
+    "jaxbridge/scipy/integrate/_dense.py": r"^(_hermite|zero|_single|_segment)$",
     # _trace: what makes closed-over values and `args` differentiable operands: convert
     # (and its nested `traced`), _is_dynamic (which `args` leaves become operands),
     # HostFun's __init__ (which operands are differentiable), __call__, split, merge,
@@ -458,20 +473,20 @@ RULES = {
     # stepping (_Rk: values, checked by every solve) nor checkpoint_sizes (memory).
     # Mutants carry their innermost function's name only: `body` and `solve` also match
     # the forward loop's, a few forward mutants in the population.
-    "jaxbridge/scipy/_rk.py": r"^(_sweep|rerun|body|step_vjp|phi|with_output|plain|output"
+    "jaxbridge/scipy/integrate/_rk.py": r"^(_sweep|rerun|body|step_vjp|phi|with_output|plain|output"
     r"|segment|back|_bind_fixed|_linear_with_transpose|solve|transpose_solve|_plain"
     r"|differentiable_solve|_differentiable_solve_jvp|flat|split|core|forward|transpose"
     r"|_forward_recording|_record|_tape0|_core)$",
     # _stiff: the whole module is derivative code (SciPy runs the solve), but for
     # max_states (how many steps the recording may hold: memory).
-    "jaxbridge/scipy/_stiff.py": r"^(?!max_states$).",
+    "jaxbridge/scipy/integrate/_stiff.py": r"^(?!max_states$).",
     # _bvp: the derivative side (the tangent and adjoint of the collocation system, its
     # sparse Jacobian, the final mesh's motion with the interval's ends) and what JAX
     # differentiates on the device (BvpSolution's spline: _single, __call__; `__call__`
     # is only BvpSolution's here). Not the forward glue (_bvp, _padded, fun, bc, fun_jac,
     # bc_jac: what SciPy's Newton runs; values checked against SciPy), the argument
-    # checks in solve_bvp, nor _Static/_result (the cache key, result shapes).
-    "jaxbridge/scipy/_bvp.py": r"^(_single|__call__|col|residual|blocks|tangent|adjoint"
+    # checks in solve_bvp, nor BvpConfig/_result (the cache key, result shapes).
+    "jaxbridge/scipy/integrate/_bvp.py": r"^(_single|__call__|col|residual|blocks|tangent|adjoint"
     r"|jacobian|_x_tangent|_bvp_jvp|_bvp_vjp|_none)$",
     # _common: the tangent and cotangent plumbing every scipy wrapper's rules use, and
     # the host-side compile cache they run through; not the LRU bookkeeping, the Result
@@ -480,7 +495,7 @@ RULES = {
     r"|nan_like|f64|host_jit|as_float_array)$",
     # _ivp_common: ode_functions and its nested f, jac_y, sens (with column), sens_jac;
     # not OdeResult (field names and messages).
-    "jaxbridge/scipy/_ivp_common.py": r"^(ode_functions|f|jac_y|sens|column|sens_jac)$",
+    "jaxbridge/scipy/integrate/_ode.py": r"^(ode_functions|f|jac_y|sens|column|sens_jac)$",
     "jaxbridge/_core/pair.py": r".",
     "jaxbridge/_foreign/runners.py": r"^run_|^filler",
     "jaxbridge/ops.py": r".",

@@ -1,6 +1,5 @@
-"""What `solve_ivp` returns, the method names and the JAX functions of one ODE (right-hand
-side, Jacobian, forward-sensitivity system): shared by `integrate` and `_events` (its
-events / dense-output path), which would otherwise import each other."""
+"""One ODE for SciPy's host loop: the method names, what `solve_ivp` returns and the
+JAX functions of the problem (right-hand side, Jacobian, forward-sensitivity system)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._common import Result
-from ._trace import HostFun
+from .._common import Result
+from .._trace import HostFun
 
 METHODS = ("RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA")
 IMPLICIT_METHODS = ("Radau", "BDF", "LSODA")
@@ -24,7 +23,7 @@ class OdeResult(Result):
     `t` (T,), `y` (y0.shape + (T,)), `status` (0: reached the end; -1: a step failed,
     only with `on_failure="nan"`), `success`, and SciPy's counters `nfev`, `njev`,
     `nlu` (of the forward solve). `sol` (with ``dense_output=True``), `t_events` and
-    `y_events` (with ``events=``) are set by the events path (`_events`), else None.
+    `y_events` (with ``events=``) are set by the events path (`_trajectory`), else None.
     """
 
     _fields = ("t", "y", "sol", "t_events", "y_events", "nfev", "njev", "nlu", "status",
@@ -32,6 +31,27 @@ class OdeResult(Result):
     _messages: ClassVar[dict[int, str]] = {
         0: "The solver successfully reached the end of the integration interval.",
         -1: "Integration step failed."}
+
+
+class OdeEventResult(OdeResult):
+    """:class:`OdeResult` of a solve with events, dense output or `t_eval=None`.
+
+    SciPy's fields, with static shapes: `t` (= t_eval, or SciPy's step times padded
+    with `inf` to `max_steps + 1`), `y` (`y0.shape + (len(t),)`; NaN at t_eval times
+    after a terminal event, `inf` past the last step), `t_events` (a list, one array
+    of length `max_events` per event function, NaN past the last stored event),
+    `y_events` (likewise, `(max_events,) + y0.shape`), `sol` (an
+    :class:`OdeSolution`, a JAX function, with dense_output=True), `status` (0, 1: a
+    terminal event, -1), plus the counts `n_events` (int array, one per event
+    function: all events SciPy found, which may exceed `max_events`) and `n_points`
+    (valid entries of `t`, SciPy's `len(sol.t)`).
+    """
+
+    # (OdeResult's _fields is inferred as a fixed-length tuple; this one is longer)
+    _fields = OdeResult._fields + ("n_events", "n_points")  # type: ignore[assignment]
+    _messages: ClassVar[dict[int, str]] = {
+        **OdeResult._messages, 1: "A termination event occurred."}
+
 
 
 def ode_functions(fun: HostFun, jac: HostFun | bool | None, shape: tuple, ydtype: Any,

@@ -23,13 +23,13 @@ O(h^6) in the step, below the solution's own error for every method.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["OdeSolution", "n_coefficients", "coefficients"]
+__all__ = ["OdeSolution", "DenseArrays", "n_coefficients", "coefficients"]
 
 sg = jax.lax.stop_gradient
 
@@ -109,6 +109,21 @@ def _hermite(s: Any, dt: Any, ya: Any, yb: Any, fa: Any, fb: Any, ga: Any, gb: A
                          + (0.5 * s3 - s4 + 0.5 * s5) * gb))
 
 
+class DenseArrays(NamedTuple):
+    """The arrays of one :class:`OdeSolution` (its pytree leaves), padded to a static
+    number of segments."""
+
+    ts: Any       # segment boundaries (SciPy's `ts`)
+    n_nodes: Any  # valid entries of ts
+    t_ref: Any    # per segment: the interpolant's reference time
+    h: Any        # per segment: its step
+    y_old: Any    # per segment: its base state (n,)
+    C: Any        # per segment: its coefficients (rows, n)
+    Y: Any        # the states at ts (for the derivative's Hermite correction)
+    F: Any        # y' at ts
+    G: Any        # y'' at ts
+
+
 class OdeSolution:
     """`sol.sol` of :func:`jaxbridge.scipy.integrate.solve_ivp(dense_output=True)`.
 
@@ -127,13 +142,12 @@ class OdeSolution:
       0.606531
     """
 
-    _leaves = ("ts", "n_nodes", "t_ref", "h", "y_old", "C", "Y", "F", "G")
-
-    def __init__(self, method: str, shape: tuple, ts: Any, n_nodes: Any, t_ref: Any, h: Any,
-                 y_old: Any, C: Any, Y: Any, F: Any, G: Any) -> None:
-        self.method, self.shape = method, tuple(shape)
-        self.ts, self.n_nodes, self.t_ref, self.h = ts, n_nodes, t_ref, h
-        self.y_old, self.C, self.Y, self.F, self.G = y_old, C, Y, F, G
+    def __init__(self, method: str, shape: tuple, arrays: DenseArrays) -> None:
+        self.method, self.shape, self.arrays = method, tuple(shape), arrays
+        self.ts, self.n_nodes, self.t_ref, self.h = arrays.ts, arrays.n_nodes, arrays.t_ref, \
+            arrays.h
+        self.y_old, self.C, self.Y, self.F, self.G = arrays.y_old, arrays.C, arrays.Y, \
+            arrays.F, arrays.G
 
     @property
     def n_segments(self) -> Any:
@@ -194,5 +208,5 @@ class OdeSolution:
 
 jax.tree_util.register_pytree_node(
     OdeSolution,
-    lambda s: ([getattr(s, f) for f in OdeSolution._leaves], (s.method, s.shape)),
-    lambda aux, leaves: OdeSolution(*aux, *leaves))
+    lambda s: (list(s.arrays), (s.method, s.shape)),
+    lambda aux, leaves: OdeSolution(*aux, DenseArrays(*leaves)))

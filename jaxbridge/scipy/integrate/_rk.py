@@ -46,7 +46,7 @@ import numpy as np
 import scipy.integrate
 from jax.flatten_util import ravel_pytree
 
-from . import _loops as loops
+from .. import _loops as loops
 from ._linear import linear_with_transpose
 
 EXPLICIT = ("RK23", "RK45", "DOP853")
@@ -244,11 +244,20 @@ class _Rk:
                          n_accepted=jnp.asarray(0, jnp.int32))
 
 
-def _setup(method: str, fun: Callable, t0: Any, y0: Any, t_bound: Any, t_eval: Any,
-           rtol: float, atol: Any, max_step: float) -> _Rk:
+class _Controls(NamedTuple):
+    """The step control's static settings: SciPy's method, rtol and max_step."""
+
+    method: str
+    rtol: float
+    max_step: float
+
+
+def _setup(controls: _Controls, fun: Callable, t0: Any, y0: Any, t_bound: Any, t_eval: Any,
+           atol: Any) -> _Rk:
     direction = jnp.where(t_bound >= t0, 1.0, -1.0)
     atol = jnp.broadcast_to(atol, (y0.shape[0],))
-    return _Rk(method, fun, rtol, atol, max_step, t_bound, t_eval, direction)
+    return _Rk(controls.method, fun, controls.rtol, atol, controls.max_step, t_bound, t_eval,
+               direction)
 
 
 def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax.Array,
@@ -260,7 +269,7 @@ def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax
     Returns `(ys (T, n), status, nfev, accepted steps)`: status 0 (reached t_bound) or
     -1 (the step size fell below SciPy's minimum).
     """
-    rk = _setup(method, fun, t0, y0, t_bound, t_eval, rtol, atol, max_step)
+    rk = _setup(_Controls(method, rtol, max_step), fun, t0, y0, t_bound, t_eval, atol)
     state = loops.while_loop(lambda s: s.status == 1, lambda s: rk.attempt(s)[0],
                                rk.start(t0, y0, first_step))
     return state.ys, state.status, state.nfev, state.n_accepted
@@ -326,10 +335,19 @@ def _forward_recording(rk: _Rk, start: LoopState, L: int, S: int) -> tuple:
     return loops.while_loop(lambda c: c[0].status == 1, body, (start, segs, tape))
 
 
+class _Recording(NamedTuple):
+    """What the forward loop kept for the adjoint: the loop state at each segment start,
+    the (t, y, h) tape of the last segment, and the number of accepted steps."""
+
+    segs: LoopState
+    tape: tuple
+    n_steps: Any
+
+
 def _sweep(spec: Spec, fun: Callable[[Any, Any, Any], Any], rk: _Rk, params: Any,
-           t_eval: Any, segs: LoopState, tape: tuple, n_steps: Any, ct: Any
-           ) -> tuple[Any, Any]:
+           t_eval: Any, recording: _Recording, ct: Any) -> tuple[Any, Any]:
     """The discrete adjoint: (dL/dy0, dL/dparams) for output cotangents `ct` (T, n)."""
+    segs, tape, n_steps = recording
     L = spec.seg_len
     n, dtype = tape[1].shape[1], tape[1].dtype
     direction, T = rk.direction, t_eval.shape[0]
@@ -428,8 +446,8 @@ def _differentiable_solve_jvp(spec: Spec, primals: tuple, tangents: tuple) -> tu
     t_bound = jnp.asarray(t_bound, jnp.result_type(float))
     L, S = spec.seg_len, spec.n_segs
     fun = functools.partial(_bind_fixed, spec.fun, fixed)  # fun(t, y, params)
-    rk = _setup(spec.method, lambda t, y: fun(t, y, params), t0, y0, t_bound, t_eval,
-                spec.rtol, atol, spec.max_step)
+    rk = _setup(_Controls(spec.method, spec.rtol, spec.max_step),
+                lambda t, y: fun(t, y, params), t0, y0, t_bound, t_eval, atol)
     final, segs, tape = _forward_recording(rk, rk.start(t0, y0, spec.first_step), L, S)
     ys, n_steps = final.ys, final.n_accepted
     overflow = n_steps > L * S
@@ -466,7 +484,8 @@ def _differentiable_solve_jvp(spec: Spec, primals: tuple, tangents: tuple) -> tu
             g = jnp.tensordot(c, J, axes=2)
             a, mu = g[:n], g[n:]
         else:
-            a, mu_tree = _sweep(spec, fun, rk, params, t_eval, segs, tape, n_steps, c)
+            a, mu_tree = _sweep(spec, fun, rk, params, t_eval,
+                                _Recording(segs, tape, n_steps), c)
             mu = ravel_pytree(mu_tree)[0]
         bad = overflow | (final.status != 0)
         a = jnp.where(bad, jnp.nan, a)

@@ -22,6 +22,7 @@ compile once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -32,8 +33,8 @@ import scipy.integrate
 import scipy.sparse
 import scipy.sparse.linalg
 
-from .. import _foreign
-from ._common import (
+from ... import _foreign
+from .._common import (
     Result,
     check_policy,
     check_real,
@@ -46,7 +47,7 @@ from ._common import (
     on_cpu,
     unsupported,
 )
-from ._trace import HostFun, array_aval, convert
+from .._trace import HostFun, array_aval, convert
 
 __all__ = ["solve_bvp", "BvpResult", "BvpSolution"]
 
@@ -121,8 +122,8 @@ class _Host:
     """NumPy callables for SciPy and the collocation system's derivatives, compiled
     once per (fun, bc, sizes) on arrays padded to `size` points."""
 
-    def __init__(self, st: dict, fun_ops: tuple, bc_ops: tuple) -> None:
-        fun, bc, n, k = st["fun"], st["bc"], st["n"], st["k"]
+    def __init__(self, st: BvpConfig, fun_ops: tuple, bc_ops: tuple) -> None:
+        fun, bc, n, k = st.fun, st.bc, st.n, st.k
         self.n, self.k, self.st = n, k, st
         self.f_diff, self.f_fixed = host_copies(fun_ops)
         self.b_diff, self.b_fixed = host_copies(bc_ops)
@@ -180,7 +181,7 @@ class _Host:
 
     def _padded(self, role: str, x: np.ndarray, y: np.ndarray, p: np.ndarray) -> Any:
         m = x.shape[0]
-        size = max(self.st["max_nodes"], 1 << max(m - 1, 0).bit_length())
+        size = max(self.st.max_nodes, 1 << max(m - 1, 0).bit_length())
         xp = np.concatenate([x, np.full(size - m, x[-1] if m else 0.0)])
         yp = np.concatenate([y, np.zeros((size - m, self.n))])
         out = self._j[role](self.f_diff, self.f_fixed, xp, yp, p)
@@ -240,25 +241,26 @@ class _Host:
             (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(N, N))
 
 
-def _result(x: Any, y: Any, p: Any, fun_ops: Any, bc_ops: Any, *, st: Any) -> Any:
-    s = st.value
-    M, n, k = s["max_nodes"], s["n"], s["k"]
+def _result(x: Any, y: Any, p: Any, fun_ops: Any, bc_ops: Any, *, st: BvpConfig) -> Any:
+    M, n, k = st.max_nodes, st.n, st.k
     dt = y.dtype
     return {"x": jax.ShapeDtypeStruct((M,), dt), "Y": jax.ShapeDtypeStruct((M, n), dt),
             "p": jax.ShapeDtypeStruct((k,), dt), "rms": jax.ShapeDtypeStruct((M - 1,), dt),
             "stats": jax.ShapeDtypeStruct((3,), jnp.int32)}  # status, niter, n_nodes
 
 
-class _Static:
-    def __init__(self, **kw: Any) -> None:
-        self.value = kw
-        self._key = tuple(sorted(kw.items()))
+@dataclasses.dataclass(frozen=True)
+class BvpConfig:
+    """Everything static about one `solve_bvp` call (hashable: the host call's key)."""
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and self._key == other._key
-
-    def __hash__(self) -> int:
-        return hash(self._key)
+    fun: HostFun           # fun(x, y[, p]) at one point
+    bc: HostFun            # bc(ya, yb[, p])
+    n: int                 # the state size
+    k: int                 # the number of unknown parameters p
+    tol: float
+    max_nodes: int         # also the padded results' static length
+    bc_tol: float | None
+    on_failure: str
 
 
 def _pad(a: np.ndarray, size: int) -> np.ndarray:
@@ -266,27 +268,26 @@ def _pad(a: np.ndarray, size: int) -> np.ndarray:
 
 
 @_foreign.foreign(_result)
-def _bvp(x: Any, y: Any, p: Any, fun_ops: Any, bc_ops: Any, *, st: Any) -> Any:
-    s = st.value
-    M, n = s["max_nodes"], s["n"]
+def _bvp(x: Any, y: Any, p: Any, fun_ops: Any, bc_ops: Any, *, st: BvpConfig) -> Any:
+    M, n = st.max_nodes, st.n
     with on_cpu():
-        host = _Host(s, fun_ops, bc_ops)
+        host = _Host(st, fun_ops, bc_ops)
         res = scipy.integrate.solve_bvp(
-            host.fun, host.bc, f64(x), f64(y), p=f64(p) if s["k"] else None,
-            fun_jac=host.fun_jac, bc_jac=host.bc_jac, tol=s["tol"], max_nodes=M,
-            bc_tol=s["bc_tol"])
+            host.fun, host.bc, f64(x), f64(y), p=f64(p) if st.k else None,
+            fun_jac=host.fun_jac, bc_jac=host.bc_jac, tol=st.tol, max_nodes=M,
+            bc_tol=st.bc_tol)
     dt = y.dtype
     stats = np.array([res.status, res.niter, res.x.size], np.int32)
     if res.status != 0:
-        if s["on_failure"] == "raise":
+        if st.on_failure == "raise":
             raise failure(NAME, res.message)
         return {"x": np.full(M, np.nan, dt), "Y": np.full((M, n), np.nan, dt),
-                "p": np.full(s["k"], np.nan, dt), "rms": np.full(M - 1, np.nan, dt),
+                "p": np.full(st.k, np.nan, dt), "rms": np.full(M - 1, np.nan, dt),
                 "stats": stats}
     rms = np.full(M - 1, np.nan)
     rms[:res.rms_residuals.size] = res.rms_residuals
     return {"x": _pad(res.x, M).astype(dt), "Y": _pad(res.y.T, M).astype(dt),
-            "p": (f64(res.p) if s["k"] else np.zeros(0)).astype(dt), "rms": rms.astype(dt),
+            "p": (f64(res.p) if st.k else np.zeros(0)).astype(dt), "rms": rms.astype(dt),
             "stats": stats}
 
 
@@ -304,29 +305,27 @@ def _x_tangent(x_in: Any, x_out: np.ndarray, dx_in: Any) -> np.ndarray:
 
 
 @_bvp.defjvp
-def _bvp_jvp(primals: tuple, out: dict, tangents: tuple, *, st: Any) -> Any:
-    s = st.value
+def _bvp_jvp(primals: tuple, out: dict, tangents: tuple, *, st: BvpConfig) -> Any:
     x, y, p, fun_ops, bc_ops = primals
     dx, _, _, dfun, dbc = tangents
     if int(out["stats"][0]) != 0:
         return {"x": None, "Y": np.full_like(out["Y"], np.nan), "p": np.full_like(out["p"], np.nan),
                 "rms": None, "stats": None}
     with on_cpu():
-        host = _Host(s, fun_ops, bc_ops)
+        host = _Host(st, fun_ops, bc_ops)
         X, Y, P = f64(out["x"]), f64(out["Y"]), f64(out["p"])
         dX = _x_tangent(x, X, dx)
         d_fd = fill_zeros(None if dfun is None else dfun[0], fun_ops[0])
         d_bd = fill_zeros(None if dbc is None else dbc[0], bc_ops[0])
         rhs = f64(host._j["tangent"](*host.args(X, Y, P), d_fd, d_bd, dX))
         dz = -scipy.sparse.linalg.splu(host.jacobian(X, Y, P)).solve(rhs)
-    n, M = s["n"], s["max_nodes"]
+    n, M = st.n, st.max_nodes
     return {"x": dX.astype(out["x"].dtype), "Y": dz[:n * M].reshape(M, n).astype(Y.dtype),
             "p": dz[n * M:].astype(out["p"].dtype), "rms": None, "stats": None}
 
 
 @_bvp.defvjp
-def _bvp_vjp(primals: tuple, out: dict, ct: dict, *, st: Any) -> Any:
-    s = st.value
+def _bvp_vjp(primals: tuple, out: dict, ct: dict, *, st: BvpConfig) -> Any:
     x, y, p, fun_ops, bc_ops = primals
     zero_guess = (np.zeros_like(y), np.zeros_like(p))
     if int(out["stats"][0]) != 0:
@@ -335,7 +334,7 @@ def _bvp_vjp(primals: tuple, out: dict, ct: dict, *, st: Any) -> Any:
         return (nan(x), *zero_guess, (nan(fun_ops[0]), _none(fun_ops[1])),
                 (nan(bc_ops[0]), _none(bc_ops[1])))
     with on_cpu():
-        host = _Host(s, fun_ops, bc_ops)
+        host = _Host(st, fun_ops, bc_ops)
         X, Y, P = f64(out["x"]), f64(out["Y"]), f64(out["p"])
         g = np.concatenate([np.ravel(f64(ct["Y"])), f64(ct["p"])])
         lam = scipy.sparse.linalg.splu(host.jacobian(X, Y, P).T.tocsc()).solve(g)
@@ -370,6 +369,8 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
               max_nodes: int = 1000, verbose: int = 0, bc_tol: float | None = None, *,
               on_failure: str = "raise") -> BvpResult:
     """`scipy.integrate.solve_bvp`, differentiable by the implicit function theorem.
+
+    (Over 80 lines for SciPy's long signature and its documentation; the body is short.)
 
     Same signature and conventions as SciPy: `fun(x, y)` or `fun(x, y, p)`, vectorized
     (`x` (m,), `y` (n, m) -> (n, m)), and `bc(ya, yb)` or `bc(ya, yb, p)` -> (n + k,),
@@ -436,7 +437,7 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
     _check_out(fun_hf, (n,), "fun", f_call)
     bc_hf, bc_ops = convert(bc, NAME, "bc", (s_y, s_y) + ((s_p,) if k else ()))
     _check_out(bc_hf, (n + k,), "bc", "bc(ya, yb, p)" if k else "bc(ya, yb)")
-    st = _Static(fun=fun_hf, bc=bc_hf, n=n, k=k, tol=float(tol), max_nodes=int(max_nodes),
+    st = BvpConfig(fun=fun_hf, bc=bc_hf, n=n, k=k, tol=float(tol), max_nodes=int(max_nodes),
                  bc_tol=None if bc_tol is None else float(bc_tol), on_failure=on_failure)
     out = _bvp(x, y, pa, fun_hf.split(fun_ops), bc_hf.split(bc_ops), st=st)
     status, m = out["stats"][0], out["stats"][2]

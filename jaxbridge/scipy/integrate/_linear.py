@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _loops as loops
+from .. import _loops as loops
 
 __all__ = ["linear_with_transpose"]
 

@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from . import _loops as loops
+from .. import _loops as loops
 from ._linear import linear_with_transpose
 
 NEWTON_MAX_ITER = 12
@@ -179,9 +179,19 @@ def _dense_weights(t_eval: Any, t: Any, t_next: Any, h: Any, first: Any, directi
     return covers, jnp.where(covers[:, None], D, 0.0)
 
 
-def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
-                     params: Any, dy0: Any, dp: Any, eps: float, atol: float) -> Any:
+class _Record(NamedTuple):
+    """SciPy's accepted steps, as the forward host call recorded them."""
+
+    grid_t: Any   # (M+1,) step times, padded with the last
+    grid_y: Any   # (M+1, n) states at them
+    n_steps: Any  # accepted steps (at most M)
+
+
+def _tangent_outputs(spec: StiffSpec, fun: Callable, record: _Record, t_eval: Any,
+                     params: Any, dy0: Any, dp: Any) -> Any:
     """Forward mode: d y(t_eval) (T, n) for tangents (dy0, dp), step by step from t0."""
+    grid_t, grid_y, n_steps = record
+    eps, atol = spec.eps, spec.atol
     T, n = t_eval.shape[0], dy0.shape[0]
     direction = jnp.where(grid_t[-1] >= grid_t[0], 1.0, -1.0).astype(t_eval.dtype)
     outs = jnp.broadcast_to(dy0, (T, n)) * (n_steps == 0)
@@ -200,10 +210,12 @@ def _tangent_outputs(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_ev
     return loops.while_loop(lambda c: c[0] < n_steps, body, (jnp.asarray(0), dy0, outs))[2]
 
 
-def _adjoint(fun: Callable, grid_t: Any, grid_y: Any, n_steps: Any, t_eval: Any,
-             params: Any, ct: Any, eps: float, atol: float) -> tuple[Any, Any]:
+def _adjoint(spec: StiffSpec, fun: Callable, record: _Record, t_eval: Any, params: Any,
+             ct: Any) -> tuple[Any, Any]:
     """Reverse mode (the discrete adjoint): (dL/dy0, dL/dparams) for output cotangents
     ct (T, n), sweeping the accepted steps backward."""
+    grid_t, grid_y, n_steps = record
+    eps, atol = spec.eps, spec.atol
     direction = jnp.where(grid_t[-1] >= grid_t[0], 1.0, -1.0).astype(t_eval.dtype)
     n = grid_y.shape[1]
 
@@ -253,6 +265,7 @@ def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) 
     stats = stats.at[0].set(jnp.where(n_steps > spec.capacity, -2, stats[0]))
     ys = jnp.where(bad, jnp.nan, ys)
     n_steps = jnp.minimum(n_steps, spec.capacity)
+    record = _Record(grid_t, grid_y, n_steps)
     fun = _bound(spec, fixed)
     dtype = y0.dtype
     n = y0.shape[0]
@@ -273,14 +286,12 @@ def _differentiable_solve_jvp(spec: StiffSpec, primals: tuple, tangents: tuple) 
 
     def forward(v: Any) -> Any:
         d0, dy, dp, dte = split(v)
-        core = _tangent_outputs(fun, grid_t, grid_y, n_steps, t_eval, params,
-                                dy - f0 * d0, unravel(dp.astype(flat_p.dtype)), spec.eps,
-                                spec.atol)
+        core = _tangent_outputs(spec, fun, record, t_eval, params, dy - f0 * d0,
+                                unravel(dp.astype(flat_p.dtype)))
         return jnp.where(bad, jnp.nan, core + f_out * dte[:, None])
 
     def transpose(c: Any) -> Any:
-        a, mu_tree = _adjoint(fun, grid_t, grid_y, n_steps, t_eval, params, c, spec.eps,
-                              spec.atol)
+        a, mu_tree = _adjoint(spec, fun, record, t_eval, params, c)
         a = jnp.where(bad, jnp.nan, a)
         mu = jnp.where(bad, jnp.nan, ravel_pytree(mu_tree)[0].astype(dtype))
         return jnp.concatenate([-(a @ f0)[None], a, mu, jnp.sum(c * f_out, axis=1)])

@@ -1,0 +1,228 @@
+"""`solve_ivp`'s one argument preparation (every path: compiled RK, stiff, SciPy's loop,
+events, dense output, step times) and the argument checks `quad` shares.
+
+`prepare` checks what the user passed, converts the user's functions to `HostFun`s and
+resolves every static choice into one frozen `IvpConfig`; the paths differ only in
+what they do with the `PreparedIvp` it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._common import as_float_array, check_policy, static_options, unsupported
+from .._trace import HostFun, array_aval, check_args, convert
+from ._events import event_spec
+from ._ode import IMPLICIT_METHODS, METHODS
+from ._options import (
+    MAX_EVENTS,
+    MAX_STEPS,
+    SENSITIVITIES,
+    STEPPINGS,
+    IvpConfig,
+    sensitivity_choice,
+    stepping_choice,
+)
+
+__all__ = ["IvpRequest", "PreparedIvp", "prepare", "check_returns"]
+
+NAME = "integrate.solve_ivp"
+CALL = "fun(t, y, *args)"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class IvpRequest:
+    """The arguments of one `solve_ivp` call, as the user passed them."""
+
+    fun: Callable[..., Any]
+    t_span: Any
+    y0: Any
+    method: str
+    t_eval: Any
+    dense_output: bool
+    events: Any
+    args: Any
+    rtol: float
+    atol: float
+    jac: Any
+    adjoint_rtol: float | None
+    adjoint_atol: float | None
+    sensitivity: str
+    stepping: str
+    checkpoints: int | None
+    on_failure: str
+    options: dict
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedIvp:
+    """One checked `solve_ivp` call: its static configuration and its operands."""
+
+    cfg: IvpConfig
+    fun: Callable[..., Any]    # the user's right-hand side (evaluated again in JAX)
+    t0: jax.Array
+    t1: jax.Array
+    y0: jax.Array
+    t_eval: jax.Array          # (0,) for t_eval=None (SciPy's step times are the outputs)
+    params: tuple              # the differentiable operands of `fun`
+    fixed: tuple               # its other operands
+    jac_ops: tuple             # the operands of a user `jac` (not differentiated)
+    ev_ops: tuple              # per event function, its operands (not differentiated)
+    events: tuple | None       # the user's event functions (None: no `events=`)
+    args: tuple                # SciPy's `args`, checked
+
+
+def check_method(method: Any, name: str) -> None:
+    """`method` is one of SciPy's names (an array here is a misplaced `t_eval`)."""
+    if isinstance(method, str) and method in METHODS:
+        return
+    if not isinstance(method, str) and (hasattr(method, "shape") or
+                                        isinstance(method, (list, tuple))):
+        raise TypeError(
+            f"jaxbridge.scipy.{name}: the 4th positional argument is `method`, as in SciPy's "
+            f"solve_ivp(fun, t_span, y0, method='RK45', t_eval=None, ...); got an array. "
+            f"Pass the evaluation times as t_eval=...")
+    raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS}, "
+                     f"got {method!r}")
+
+
+def check_checkpoints(checkpoints: Any, name: str) -> int | None:
+    """`checkpoints` as None or an int >= 2."""
+    if checkpoints is None:
+        return None
+    if isinstance(checkpoints, bool) or not isinstance(checkpoints, (int, np.integer)) \
+            or checkpoints < 2:
+        raise ValueError(f"jaxbridge.scipy.{name}: checkpoints must be None or an int >= 2 "
+                         f"(how many states the discrete adjoint may store), got "
+                         f"{checkpoints!r}")
+    return int(checkpoints)
+
+
+def check_t_eval(t0: jax.Array, t1: jax.Array, t_eval: jax.Array, name: str) -> None:
+    """SciPy's check that t_eval lies in t_span (when the values are concrete)."""
+    try:
+        a, b, te = float(t0), float(t1), np.asarray(t_eval)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return
+    lo, hi = min(a, b), max(a, b)
+    if te.size and (te.min() < lo or te.max() > hi):
+        raise ValueError(f"jaxbridge.scipy.{name}: values in t_eval are not within t_span "
+                         f"({a}, {b})")
+
+
+def check_returns(hf: HostFun, want: tuple, name: str, what: str) -> None:
+    """The converted user function `hf` returns one array of shape `want`."""
+    outs = hf.jaxpr.outvars
+    got = [tuple(array_aval(v.aval).shape) for v in outs]
+    if len(outs) != 1 or got[0] != tuple(want):
+        kind = "a scalar (shape ())" if want == () else f"one array of shape {tuple(want)}"
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must return {kind}; it returned "
+                         f"shapes {got}")
+
+
+def _check_sizes(req: IvpRequest, options: dict) -> tuple[int, int]:
+    """The events path's static sizes (`max_events`, `max_steps`, taken out of the
+    options) and the choices it cannot honour."""
+    if req.sensitivity == "adjoint":
+        raise unsupported(NAME, "sensitivity='adjoint'", "with events, dense output or "
+                          "t_eval=None the gradient uses forward sensitivities; pass "
+                          "sensitivity='auto' or 'forward'")
+    if req.stepping == "compiled":
+        raise unsupported(NAME, "stepping='compiled'", "events and dense output are located "
+                          "by SciPy's own step loop; pass stepping='auto' or 'scipy'")
+    for what, choices, v in (("sensitivity", SENSITIVITIES, req.sensitivity),
+                             ("stepping", STEPPINGS, req.stepping)):
+        if v not in choices:
+            raise ValueError(f"jaxbridge.scipy.{NAME}: {what} must be one of {choices}, got "
+                             f"{v!r}")
+    sizes = options.pop("max_events", MAX_EVENTS), options.pop("max_steps", MAX_STEPS)
+    for what, v in zip(("max_events", "max_steps"), sizes):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"jaxbridge.scipy.{NAME}: {what} must be a positive int (a "
+                             f"static size), got {v!r}")
+    return int(sizes[0]), int(sizes[1])
+
+
+def _times(req: IvpRequest) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(t0, t1, t_eval) in one time dtype (t_eval's, at least float), checked; t_eval
+    None gives an empty t_eval."""
+    t_eval = jnp.zeros((0,)) if req.t_eval is None else jnp.asarray(req.t_eval)
+    if t_eval.ndim != 1:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: t_eval must be 1-D, got shape "
+                         f"{t_eval.shape}")
+    if len(req.t_span) != 2:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: t_span must be (t0, tf), got "
+                         f"{req.t_span!r}")
+    tdtype = jnp.result_type(t_eval.dtype, float)
+    t_eval = t_eval.astype(tdtype)
+    t0, t1 = jnp.asarray(req.t_span[0], tdtype), jnp.asarray(req.t_span[1], tdtype)
+    check_t_eval(t0, t1, t_eval, NAME)
+    return t0, t1, t_eval
+
+
+def _convert_events(events: Any, example: tuple, args: tuple, max_events: int
+                    ) -> tuple[tuple, tuple, tuple, tuple, tuple]:
+    """(the user's event functions, their HostFuns, their operands, terminal,
+    direction)."""
+    evs, terminal, direction = event_spec(() if events is None else events, NAME)
+    for i, term in enumerate(terminal):
+        if term > max_events:
+            raise ValueError(f"jaxbridge.scipy.{NAME}: events[{i}].terminal={term} needs "
+                             f"max_events >= {term}, got max_events={max_events}")
+    hfs, ops = [], []
+    for i, ev in enumerate(evs):
+        hf, o = convert(ev, NAME, f"events[{i}]", example, args, "event(t, y, *args)")
+        check_returns(hf, (), NAME, f"events[{i}]")
+        hfs.append(hf)
+        ops.append(tuple(jax.lax.stop_gradient(x) for x in o))
+    return tuple(evs), tuple(hfs), tuple(ops), terminal, direction
+
+
+def prepare(req: IvpRequest) -> PreparedIvp:
+    """Check `req`, convert its functions, resolve its choices: the one preparation of
+    every `solve_ivp` path."""
+    check_policy(req.on_failure, NAME)
+    check_method(req.method, NAME)
+    budget = check_checkpoints(req.checkpoints, NAME)
+    events_path = req.events is not None or req.dense_output or req.t_eval is None
+    options = dict(req.options)
+    sizes = _check_sizes(req, options) if events_path else (MAX_EVENTS, MAX_STEPS)
+    args = check_args(req.args, NAME, CALL, "unpack_checked")
+    y0 = as_float_array(req.y0, NAME, "y0")
+    t0, t1, t_eval = _times(req)
+    example = (jax.ShapeDtypeStruct((), t_eval.dtype), jax.ShapeDtypeStruct(y0.shape, y0.dtype))
+    rhs, ops = convert(req.fun, NAME, "fun", example, args, CALL,
+                       vary_like=(t0, t1, y0, t_eval))
+    check_returns(rhs, y0.shape, NAME, "fun")
+    params, fixed = rhs.split(ops)
+    jac_hf: Any = req.jac
+    jac_ops: Sequence[Any] = ()
+    if callable(req.jac):
+        jac_hf, jac_ops = convert(req.jac, NAME, "jac", example, args, "jac(t, y, *args)")
+        jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
+    evs, ev_hfs, ev_ops, terminal, direction = _convert_events(req.events, example, args,
+                                                               sizes[0])
+    static = static_options(options, NAME)
+    if events_path:  # SciPy's loop locates the events; gradients by forward sensitivities
+        stepping, sensitivity = "scipy", "forward"
+    else:
+        stepping = stepping_choice(req.stepping, req.method, static, NAME)
+        sensitivity = sensitivity_choice(
+            req.sensitivity, y0.size, sum(p.size for p in params),
+            stepping == "compiled" and req.method in IMPLICIT_METHODS)
+    cfg = IvpConfig(
+        fun=rhs, jac=jac_hf, method=req.method, rtol=float(req.rtol), atol=float(req.atol),
+        adjoint_rtol=float(req.rtol if req.adjoint_rtol is None else req.adjoint_rtol),
+        adjoint_atol=float(req.atol if req.adjoint_atol is None else req.adjoint_atol),
+        sensitivity=sensitivity, on_failure=req.on_failure, options=static, stepping=stepping,
+        checkpoints=budget, events=ev_hfs, terminal=terminal, direction=direction,
+        max_events=sizes[0], max_steps=sizes[1], steps=req.t_eval is None,
+        dense=bool(req.dense_output), events_path=events_path)
+    return PreparedIvp(cfg, req.fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
+                       None if req.events is None else evs, args)

@@ -1,0 +1,223 @@
+"""The `solve_ivp` front end: one argument preparation, then the path that solves it.
+
+Paths: the compiled loop (`_compiled`: RK in JAX, or the implicit methods' compiled
+derivatives), SciPy's loop (`_scipy_loop`), and SciPy's loop with events, dense
+output or its own step times (`_trajectory`, with `_events` and `_dense` on top).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from . import _dense
+from ._arguments import IvpRequest, PreparedIvp, prepare
+from ._compiled import compiled_ivp_program, stiff_ivp_program
+from ._events import event_slot
+from ._ode import IMPLICIT_METHODS, OdeEventResult, OdeResult
+from ._scipy_loop import scipy_solve
+from ._trajectory import trajectory
+
+__all__ = ["solve_ivp"]
+
+sg = jax.lax.stop_gradient
+
+
+def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
+              t_eval: Any = None, dense_output: bool = False, events: Any = None,
+              vectorized: bool = False, args: Any = None, *, rtol: float = 1e-3,
+              atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
+              adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
+              sensitivity: str = "auto", stepping: str = "auto",
+              checkpoints: int | None = None, on_failure: str = "raise",
+              **options: Any) -> OdeResult:
+    """`scipy.integrate.solve_ivp`, differentiable in y0, args, closed-over arrays, t0, t_eval.
+
+    Same signature, defaults and `args` convention as SciPy: `fun(t, y, *args)`. (Over
+    80 lines for SciPy's long signature and its documentation; the body hands the
+    arguments to one preparation, `_arguments.prepare`, at once.)
+
+    Args:
+      fun: the right-hand side, written in JAX, returning an array shaped like `y0`.
+        It may close over arrays and traced values (e.g. `lambda t, y: -k * y` inside
+        a function differentiated w.r.t. `k`): they are differentiated like `args`.
+      t_span: `(t0, tf)`: SciPy integrates from `t0` (differentiable) to `tf`.
+      y0: initial state, any shape (float).
+      method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA".
+      t_eval: the times at which the solution is returned, within `t_span`, monotone.
+        None (SciPy's default): SciPy's own step times, padded to a static
+        `max_steps + 1` with `inf` (`n_points` of them are valid).
+      dense_output: True: `sol.sol` is SciPy's own interpolant as a JAX function of
+        `t` (differentiable in `t` and every parameter; see `OdeSolution`).
+      events: SciPy's event functions `event(t, y, *args)` (in JAX, may close over
+        traced values) with SciPy's `terminal` and `direction` attributes. `t_events`
+        and `y_events` are lists with one array per event, padded with NaN to a
+        static `max_events` (keyword, default 16; `n_events` counts every event,
+        also those past `max_events`); event times are differentiable by the
+        implicit function theorem. After a terminal event `y` is NaN at later
+        `t_eval` times and `status` is 1. These three run SciPy's own loop
+        (forward sensitivities for gradients); see docs/guides/ode-events.md.
+      vectorized: accepted and ignored (Jacobians come from JAX, not from finite
+        differences, so SciPy's vectorized evaluation has nothing to speed up).
+      args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
+        float leaves (pytrees are fine) are traced and differentiable; Python ints,
+        bools and other objects are passed unchanged (static). As in SciPy, any other
+        iterable is unpacked the same way, and a non-iterable raises SciPy's TypeError.
+      rtol, atol: SciPy's tolerances and defaults (1e-3, 1e-6: loose; gradients
+        inherit the solution's error, so pass tighter ones for training).
+      jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
+        JAX); None (default): the exact Jacobian from JAX; False: SciPy's finite
+        differences, in the forward solve and, with `stepping="scipy"`, in the
+        continuous adjoint's solves, so that a `fun` JAX can differentiate in reverse
+        mode only (a `jax.custom_vjp` inside) gets gradients there.
+      adjoint_rtol, adjoint_atol: tolerances of the gradient solve (default: rtol, atol).
+      sensitivity: how reverse mode (grad, vjp, jacrev) computes the gradient.
+        "adjoint": with the compiled loop, the discrete adjoint (exact for the
+        discrete solution; cost ~ two forward solves, independent of the number of
+        parameters P); for BDF, Radau and LSODA (with jax_enable_x64 and the default
+        stepping) the compiled Radau IIA adjoint over SciPy's recorded steps (exact for
+        Radau's discrete solution, within tolerance for BDF and LSODA; see
+        docs/guides/ode-gradients.md); with `stepping="scipy"`, the continuous adjoint
+        solved by SciPy (within tolerance). "forward": forward sensitivities for
+        every input at once (cost grows with `n (1 + n + P)` for `n` states). "auto"
+        (default): "forward" when `n (1 + n + P) <= 64`, else "adjoint"; always
+        "adjoint" for the implicit methods' compiled derivatives. Forward mode (jvp,
+        jacfwd) uses forward sensitivities (the compiled tangent of the same
+        discretization where reverse mode is compiled).
+      stepping: who runs the step loop. "scipy": SciPy's own Python loop (one host
+        round trip per right-hand-side evaluation, ~10 us each). "compiled": SciPy's
+        algorithm (same tableaus, step control, first step and dense output, so the
+        same steps and `nfev`) as a loop inside the caller's JAX program, for RK23,
+        RK45 and DOP853 (options limited to first_step, max_step; needs
+        jax_enable_x64): no host round trip at all, and `vmap` batches the loop. For
+        BDF, Radau and LSODA (x64), "compiled" keeps SciPy's loop for the solve and
+        compiles the derivatives over its recorded steps. "auto" (default):
+        "compiled" where it applies, else "scipy".
+      checkpoints: the compiled loop's reverse mode: how many states it may store
+        (None: 16 MiB worth, at most 2 x 1024, which covers 1e6 steps). Each
+        accepted step's `(t, y, h)` of the current segment and the loop state at
+        each segment start are stored, never the stages; `checkpoints=k` covers
+        about `(k/2)^2` accepted steps, at the price of one more forward solve per
+        gradient. For BDF, Radau and LSODA with compiled derivatives: how many
+        accepted steps the forward solve may record (one state each; None: 16 MiB
+        worth, at most 16384). A solve with more steps raises ValueError naming this
+        argument.
+      on_failure: "raise" (default): a failed solve raises
+        `jaxbridge.scipy.SolverError` with SciPy's message (eager and under `jit`);
+        "nan": the outputs and gradients are NaN and `status` is -1.
+      **options: passed on to `scipy.integrate.solve_ivp` (first_step, max_step, ...);
+        static, so hashable.
+
+    Returns:
+      :class:`OdeResult` with SciPy's fields: `t` (= t_eval), `y` of shape
+      `y0.shape + (len(t_eval),)`, `status`, `success`, `nfev`, `njev`, `nlu`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxbridge.scipy.integrate import solve_ivp
+      >>> decay = lambda t, y, k: -k * y
+      >>> grad = jax.grad(lambda k: solve_ivp(decay, (0.0, 1.0), jnp.ones(1), t_eval=[1.0],
+      ...                                     args=(k,), rtol=1e-8).y[0, 0])
+      >>> round(float(grad(1.0)), 4)  # d/dk exp(-k) at k = 1
+      -0.3679
+    """
+    del vectorized  # Jacobians come from JAX
+    prepared = prepare(IvpRequest(
+        fun=fun, t_span=t_span, y0=y0, method=method, t_eval=t_eval,
+        dense_output=dense_output, events=events, args=args, rtol=rtol, atol=atol, jac=jac,
+        adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol, sensitivity=sensitivity,
+        stepping=stepping, checkpoints=checkpoints, on_failure=on_failure, options=options))
+    if prepared.cfg.events_path:
+        return _with_events(prepared)
+    return _plain(prepared)
+
+
+def _plain(p: PreparedIvp) -> OdeResult:
+    """y(t_eval) by the compiled loop, the compiled stiff derivatives or SciPy's loop."""
+    cfg = p.cfg
+    compiled = cfg.stepping == "compiled"
+    if compiled and cfg.method in IMPLICIT_METHODS and cfg.sensitivity == "adjoint":
+        ys, stats = stiff_ivp_program(cfg, p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed,
+                                      p.jac_ops)
+    elif compiled and cfg.method not in IMPLICIT_METHODS:
+        ys, stats = compiled_ivp_program(cfg, p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed)
+    else:
+        ys, stats = scipy_solve(p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, p.jac_ops,
+                                cfg=cfg)
+    return OdeResult(t=p.t_eval, y=jnp.moveaxis(ys, 0, -1), status=stats[0], nfev=stats[1],
+                     njev=stats[2], nlu=stats[3], success=stats[0] == 0)
+
+
+def _with_events(p: PreparedIvp) -> OdeEventResult:
+    """SciPy's solve with events, dense output or its step times (`_trajectory`), its
+    event times, dense output and step outputs differentiable in JAX on top."""
+    out = trajectory(p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, (p.jac_ops, p.ev_ops),
+                     cfg=p.cfg)
+    stats = out["stats"]
+
+    def f_jax(t: Any, y: Any) -> Any:
+        return p.fun(t, y, *p.args)
+
+    t_events, y_events = _event_times(p, out, f_jax)
+    sol = _dense_solution(p, out, f_jax) if p.cfg.dense else None
+    if p.cfg.steps:
+        t_out, y_out = _step_outputs(p, out, t_events, y_events)
+    else:
+        t_out, y_out = p.t_eval, out["ys"]
+    given = p.events is not None
+    return OdeEventResult(
+        t=t_out, y=jnp.moveaxis(y_out, 0, -1), sol=sol,
+        t_events=t_events if given else None, y_events=y_events if given else None,
+        nfev=stats[1], njev=stats[2], nlu=stats[3], status=stats[0], success=stats[0] >= 0,
+        n_events=out["n_ev"] if given else None, n_points=stats[4])
+
+
+def _event_times(p: PreparedIvp, out: dict, f_jax: Callable) -> tuple[list, list]:
+    """Per event function, (t*, y(t*)) padded to max_events: the values from SciPy, the
+    derivatives by the implicit function theorem (`_events.event_slot`)."""
+    t_events, y_events = [], []
+    for i, ev in enumerate(p.events or ()):
+        valid = jnp.arange(p.cfg.max_events) < out["n_ev"][i]
+        slot = jax.vmap(lambda t, y, v, ev=ev: event_slot(ev, f_jax, p.args, t, y, v,
+                                                          sg(p.t0), sg(p.y0)))
+        t_i, y_i = slot(out["t_ev"][i], out["y_ev"][i], valid)
+        t_events.append(t_i)
+        y_events.append(y_i)
+    return t_events, y_events
+
+
+def _dense_solution(p: PreparedIvp, out: dict, f_jax: Callable) -> _dense.OdeSolution:
+    """`sol.sol`: SciPy's interpolant, with y' and y'' at the nodes for its derivative."""
+    nodes_t, nodes_y = out["nodes_t"], out["nodes_y"]
+
+    def derivatives(t: Any, y: Any) -> Any:  # y' and y'' along the solution
+        f, g = jax.jvp(f_jax, (t, y), (jnp.ones_like(t), f_jax(t, y)))
+        return jnp.ravel(f), jnp.ravel(g)
+    F, G = jax.vmap(derivatives)(sg(nodes_t), nodes_y)
+    return _dense.OdeSolution(p.cfg.method, p.y0.shape, _dense.DenseArrays(
+        ts=nodes_t, n_nodes=out["stats"][5], t_ref=out["seg"][:, 0], h=out["seg"][:, 1],
+        y_old=out["y_old"], C=out["C"], Y=nodes_y.reshape(nodes_y.shape[0], -1), F=F, G=G))
+
+
+def _step_outputs(p: PreparedIvp, out: dict, t_events: list, y_events: list) -> tuple:
+    """(t, y) at SciPy's step times (t_eval=None), padded with inf to max_steps + 1; a
+    last step at a terminal event takes that event's differentiable t*, y*."""
+    stats, m, ndim = out["stats"], out["stats"][5], p.y0.ndim
+    k = jnp.arange(p.cfg.max_steps + 1)
+    t_out = jnp.where(k == 0, p.t0, out["nodes_t"])
+    y_out = out["nodes_y"]
+    if p.events:
+        e = jnp.maximum(stats[6], 0)
+        j = jnp.clip(jnp.take(out["n_ev"], e) - 1, 0, p.cfg.max_events - 1)
+        t_star = jnp.stack(t_events)[e, j]
+        y_star = jnp.stack(y_events)[e, j]
+        last = (k == m - 1) & (stats[6] >= 0)
+        t_out = jnp.where(last, t_star, t_out)
+        y_out = jnp.where(last.reshape(-1, *([1] * ndim)), y_star, y_out)
+    past = k >= m
+    t_out = jnp.where(past, jnp.inf, t_out)
+    y_out = jnp.where(past.reshape(-1, *([1] * ndim)), jnp.inf, y_out)
+    return t_out, y_out

@@ -1,0 +1,98 @@
+"""The static options of one `solve_ivp` call: one frozen object the private rules take.
+
+`IvpConfig` is hashable (the host calls and the jitted programs are keyed on it) and
+compares the user's functions by their traced structure, so repeated solves of the
+same problem share JAX's caches. The choices `"auto"` resolves to (`stepping`,
+`sensitivity`) are made here, once, for every path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from . import _rk
+from ._ode import IMPLICIT_METHODS
+
+SENSITIVITIES = ("auto", "adjoint", "forward")
+STEPPINGS = ("auto", "scipy", "compiled")
+MAX_EVENTS = 16   # default slots per event function
+MAX_STEPS = 4096  # default slots for SciPy's steps (t_eval=None, dense_output)
+FORWARD_SENSITIVITY_MAX = 64  # augmented size n (1 + n + P) up to which "auto" -> forward
+
+
+@dataclasses.dataclass(frozen=True)
+class IvpConfig:
+    """Everything static about one `solve_ivp` call (hashable: the host call's key).
+
+    The fields after `capacity` are those of the events / dense output / step times
+    path (`events_path`); the plain path leaves them at their defaults.
+    """
+
+    fun: Any               # the right-hand side, a HostFun
+    jac: Any               # a HostFun, None (JAX's Jacobian) or False (SciPy's)
+    method: str
+    rtol: float
+    atol: float
+    adjoint_rtol: float    # tolerances of the gradient solve (adjoint or sensitivities)
+    adjoint_atol: float
+    sensitivity: str       # "forward" or "adjoint" (resolved from "auto")
+    on_failure: str
+    options: tuple         # SciPy's **options, as sorted items
+    stepping: str          # "compiled" or "scipy" (resolved from "auto")
+    checkpoints: int | None = None
+    capacity: int = 0      # accepted steps the stiff record holds (`_stiff.max_states`)
+    events: tuple = ()     # the event functions, as HostFuns
+    terminal: tuple = ()   # SciPy's `terminal` per event (0: not terminal)
+    direction: tuple = ()  # SciPy's `direction` per event
+    max_events: int = MAX_EVENTS
+    max_steps: int = MAX_STEPS
+    steps: bool = False    # t_eval=None: the outputs are SciPy's step times
+    dense: bool = False    # dense_output=True
+    events_path: bool = False  # events, dense output or step times: SciPy's loop keeps them
+
+    @property
+    def nodes(self) -> bool:
+        """Whether the host call returns the states at SciPy's step times."""
+        return self.steps or self.dense
+
+
+def sensitivity_choice(sensitivity: str, n: int, P: int, compiled_implicit: bool = False
+                       ) -> str:
+    """"auto": forward sensitivities for a small augmented system, else the adjoint; for
+    the implicit methods with compiled derivatives, always the adjoint (measured faster
+    than SciPy solving the augmented sensitivity system even for n = P = 3: Robertson,
+    benchmarks/RESULTS.md).
+
+    >>> sensitivity_choice("auto", 2, 1), sensitivity_choice("auto", 20, 5)
+    ('forward', 'adjoint')
+    """
+    if sensitivity not in SENSITIVITIES:
+        raise ValueError(f"jaxbridge.scipy.integrate.solve_ivp: sensitivity must be one of "
+                         f"{SENSITIVITIES}, got {sensitivity!r}")
+    if sensitivity == "auto":
+        if compiled_implicit:
+            return "adjoint"
+        return "forward" if n * (1 + n + P) <= FORWARD_SENSITIVITY_MAX else "adjoint"
+    return sensitivity
+
+
+def stepping_choice(stepping: str, method: str, options: tuple, name: str) -> str:
+    """Who runs the step loop: "compiled" where it applies (and was not refused), else
+    "scipy"; "compiled" where it does not apply raises."""
+    if stepping not in STEPPINGS:
+        raise ValueError(f"jaxbridge.scipy.{name}: stepping must be one of {STEPPINGS}, got "
+                         f"{stepping!r}")
+    x64 = jnp.result_type(float) == jnp.float64
+    ok = _rk.supported(method, options) or (method in IMPLICIT_METHODS and bool(x64))
+    if stepping == "compiled" and not ok:
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: stepping='compiled' runs SciPy's explicit methods "
+            f"{_rk.EXPLICIT} with the options {_rk.OPTIONS} only (and compiles the "
+            f"derivatives of the implicit ones {IMPLICIT_METHODS}), with jax_enable_x64 on; "
+            f"got method={method!r}, options={[k for k, _ in options]}")
+    if stepping == "auto":
+        return "compiled" if ok else "scipy"
+    return stepping
