@@ -1,6 +1,7 @@
 """The package's own house rules: no import circle inside a package; examples use only
 the public API; JAX internals only in _core/jaxapi.py; no module reads another module's
-private names; every repository path a comment or docstring names exists."""
+private names; every repository path a comment or docstring names exists; private
+functions take at most 8 parameters, and a function over 80 lines says why."""
 
 from __future__ import annotations
 
@@ -314,3 +315,34 @@ def test_every_path_a_comment_names_exists(top):
              for line, text in _comments_and_docstrings(p) for path in named_paths(text)
              if not _exists(path)]
     assert not stale, f"comments and docstrings name paths that do not exist: {stale}"
+
+
+def _function_sizes() -> list[tuple[str, str, int, int, str]]:
+    """(where, name, parameters, lines, docstring) of every function in the package;
+    `self`/`cls` are not counted."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs,
+                          *filter(None, (a.vararg, a.kwarg))]
+                if a.args and a.args[0].arg in ("self", "cls"):
+                    params = params[1:]
+                found.append((f"{path.relative_to(ROOT)}:{node.lineno}", node.name, len(params),
+                              node.end_lineno - node.lineno + 1, ast.get_docstring(node) or ""))
+    return found
+
+
+def test_private_functions_take_at_most_eight_parameters():
+    # More travel together as one frozen options object (e.g. scipy.optimize's SolveOptions).
+    many = [f"{where} {name} ({n})" for where, name, n, _, _ in _function_sizes()
+            if name.startswith("_") and not name.startswith("__") and n > 8]
+    assert not many, "private functions with over 8 parameters:\n" + "\n".join(many)
+
+
+def test_functions_over_80_lines_say_why():
+    long = [f"{where} {name} ({lines} lines)" for where, name, _, lines, doc in _function_sizes()
+            if lines > 80 and "over 80 lines" not in " ".join(doc.split()).lower()]
+    assert not long, ("functions over 80 lines whose docstring does not say why "
+                      "(\"Over 80 lines: ...\"):\n" + "\n".join(long))

@@ -78,10 +78,10 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # methods first, then quad, the SciPy loop's closed-form test, the recording's error
     # and status paths, the matrix's quad and implicit float64 cells. 98 s here at load 6.
     "jaxbridge/scipy/integrate/_scipy_loop.py": (
-        f"tests/test_scipy_integrate.py tests/test_scipy_stiff.py {_M} -m 'not docs'",
+        f"tests/test_scipy_integrate.py tests/test_scipy_integrate_stiff.py {_M} -m 'not docs'",
         "scipy_loop or test_quad or (gradients_vs_finite and not RK45) "
         "or (robertson and BDF-forward) or (values_match_scipy and not RK45 and not DOP853) "
-        "or (test_scipy_stiff and (too_small or status_and_counts or failed_solve "
+        "or (test_scipy_integrate_stiff and (too_small or status_and_counts or failed_solve "
         "or (linear_stiff and Radau))) "
         "or (test_cell and integrate and float64 and (quad or implicit))",
     ),
@@ -92,7 +92,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     ),
     # The event times' implicit-function-theorem derivatives.
     "jaxbridge/scipy/integrate/_events.py": (
-        "tests/test_scipy_events.py -m 'not docs'",
+        "tests/test_scipy_integrate_events.py -m 'not docs'",
         "(decay_event_gradients and not RK23) or closed_over_event or nan_derivatives "
         "or event_without_derivative or both_modes_and_directions",
     ),
@@ -127,7 +127,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # vmap, the interval's end in reverse mode). 45 s at load 6 before its 2026-11-26
     # three tests (about 4 s of CPU each).
     "jaxbridge/scipy/integrate/_bvp.py": (
-        f"{_M} tests/test_scipy_bvp.py -m 'not docs'",
+        f"{_M} tests/test_scipy_integrate_bvp.py -m 'not docs'",
         "(test_cell and solve_bvp and not vjp and not jvp) or test_scipy_bvp",
     ),
     # The compiled RK loop (RK45 here) in both modes: the matrix's jvp cells (JAX's
@@ -143,13 +143,13 @@ TESTS: dict[str, tuple[str, str | None]] = {
         "or longer_than_one or compiled_failed or two_level or more_than_twice",
     ),
     # The Radau IIA adjoint/tangent over SciPy's recorded steps (BDF, Radau, LSODA under
-    # x64): the matrix's implicit rows in jvp/vjp, test_scipy_stiff.py's default tests and
+    # x64): the matrix's implicit rows in jvp/vjp, test_scipy_integrate_stiff.py's default tests and
     # its exactness test for Radau's discrete solution (slow stage), the finite-difference
     # gradients of test_scipy_integrate.py. 70 s here without the slow test, load 9.
     "jaxbridge/scipy/integrate/_stiff.py": (
-        f"{_M} tests/test_scipy_stiff.py tests/test_scipy_integrate.py -m 'not docs'",
+        f"{_M} tests/test_scipy_integrate_stiff.py tests/test_scipy_integrate.py -m 'not docs'",
         "(test_cell and solve_ivp and float64 and implicit and (jvp or vjp)) "
-        "or (test_scipy_stiff and not vmap_of and not van_der_pol and not "
+        "or (test_scipy_integrate_stiff and not vmap_of and not van_der_pol and not "
         "forward_and_reverse and not closed_over) "
         "or (gradients_vs_finite and (Radau-adjoint or LSODA-adjoint)) "
         "or (robertson and BDF-adjoint)",
@@ -159,7 +159,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # then the terminal, count, max_steps and failure paths, and the tests written for
     # its mutation survivors (2026-11-26). 93 s here at load 7 before those (+11 s).
     "jaxbridge/scipy/integrate/_trajectory.py": (
-        "tests/test_scipy_events.py -m 'not docs'",
+        "tests/test_scipy_integrate_events.py -m 'not docs'",
         "(decay_event_gradients and not RK23) or (cannonball and not RK45) "
         "or closed_over_event or (dense_output_gradients_closed_form and not RK23) "
         "or steps_match or terminal_event_stops or terminal_count or more_events "
@@ -178,9 +178,9 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # 155 s here at load 13-16 on the unmutated code (before the DEQ and this session's
     # five new compiled_root tests were added).
     "jaxbridge/scipy/optimize/_compiled_root.py": (
-        f"tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py {_M} -m 'not docs'",
+        f"tests/test_scipy_optimize.py tests/test_scipy_optimize_root_krylov.py {_M} -m 'not docs'",
         "(test_root_value_matches_scipy and (krylov or df-sane)) or compiled_root "
-        "or closed_form_gradient_under_jit or (test_scipy_root_krylov and test_bad_input) "
+        "or closed_form_gradient_under_jit or (test_scipy_optimize_root_krylov and test_bad_input) "
         "or (deq_16x32 and not kw1) "
         "or armijo_backtracking or (test_cell and root and float64 and "
         "((krylov and vmap.jacrev) or (df-sane and vmap.jacfwd)))",
@@ -201,9 +201,9 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # (the implicit function theorem's, _compiled_root's). 136 s here at load 15 (before
     # the two new tests of survivors: Armijo's trial steps, the inner cycle's size).
     "jaxbridge/scipy/optimize/_newton_krylov.py": (
-        "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
+        "tests/test_scipy_optimize.py tests/test_scipy_optimize_root_krylov.py -m 'not docs'",
         "(test_root_value_matches_scipy and krylov) "
-        "or (test_scipy_root_krylov and not deq_derivatives "
+        "or (test_scipy_optimize_root_krylov and not deq_derivatives "
         "and not lean_gmres and not kw1)",
     ),
     # _gmres: Newton's inner cycle (the DEQ of 512, the evaluation count, Armijo, the
@@ -212,7 +212,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # variants, the restarted solve (slow stage), the GMRES tangent solve of the
     # 96-unknown DEQ (slow stage). 160 s here at load 16.
     "jaxbridge/scipy/sparse/linalg/_gmres.py": (
-        "tests/test_scipy_optimize.py tests/test_scipy_root_krylov.py -m 'not docs'",
+        "tests/test_scipy_optimize.py tests/test_scipy_optimize_root_krylov.py -m 'not docs'",
         "(compiled_root_deq_gradients and 6-16) or (deq_16x32 and not kw1) "
         "or no_finite_differences or armijo_backtracking or lean_gmres "
         "or exact_products or scaled_residual",
@@ -223,7 +223,7 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # 41 s here at load 2-5.
     **dict.fromkeys(["jaxbridge/scipy/sparse/linalg/_spsolve.py",
                      "jaxbridge/scipy/sparse/linalg/_eigsh.py"],
-                    (f"{_M} tests/test_scipy_sparse.py",
+                    (f"{_M} tests/test_scipy_sparse_linalg.py",
                      "(test_cell and sparse) or test_scipy_sparse")),
     # Dense output (OdeSolution): the closed-form gradients in w and t (the Hermite
     # correction and the interpolant's own t-derivative, DOP853/Radau/BDF/LSODA) first,
@@ -232,10 +232,11 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # the zero-length span (dt == 0). Node ids, so that pytest runs them in this order.
     # 50 s here at load 5 (file order, before the zero-length test).
     "jaxbridge/scipy/integrate/_dense.py": (
-        "tests/test_scipy_events.py::test_dense_output_gradients_closed_form "
-        "tests/test_scipy_events.py::test_dense_output_of_a_one_step_solve_matches_scipy "
-        "tests/test_scipy_events.py::test_dense_output_matches_scipy "
-        "tests/test_scipy_events.py::test_dense_output_of_a_zero_length_span_is_scipys_constant "
+        "tests/test_scipy_integrate_events.py::test_dense_output_gradients_closed_form "
+        "tests/test_scipy_integrate_events.py::test_dense_output_of_a_one_step_solve_matches_scipy "
+        "tests/test_scipy_integrate_events.py::test_dense_output_matches_scipy "
+        "tests/test_scipy_integrate_events.py::"
+        "test_dense_output_of_a_zero_length_span_is_scipys_constant "
         "-m 'not docs and not slow'",
         None,
     ),
@@ -344,8 +345,8 @@ TESTS: dict[str, tuple[str, str | None]] = {
     # by its hint; not the kernel kinds, which compile C++ on every run, nor the score
     # test, which runs them), then the check_rules tests that assert a hint.
     "jaxbridge/_testing/_hints.py": (
-        "tests/test_checker_mutants.py tests/test_testing.py tests/test_testing_verdicts.py",
-        "(test_checker_mutants and every_mutant and not kernel) or (test_testing and "
+        "tests/test_testing_mutants.py tests/test_testing.py tests/test_testing_verdicts.py",
+        "(test_testing_mutants and every_mutant and not kernel) or (test_testing and "
         "(wrong_sign or transposed_cotangent or missing_factor or swapped_arguments "
         "or relative_errors_stay_finite or output_shapes or declared_dtype "
         "or longer_cotangent or jvp_disagreeing or factor_near_one or hint_guesses)) "

@@ -15,7 +15,7 @@ from .._core.capabilities import Derivatives
 from .._core.checks import check_alias_types, check_aliases_arg, check_batch_dims, is_differentiable
 from .._core.jaxapi import aval_of
 from .._core.pair import VMAP_CHOICES, make_pair
-from .definition import Definition, Rule
+from .definition import CallInputs, CallOutputs, Definition, Rule
 from .hostcall import BACKENDS, ON_MESH
 from .signature import CallSignature
 
@@ -370,8 +370,8 @@ def _make_signature(defn: Definition, in_tree: Any, static_leaves: tuple, avals:
         _check_linear(defn, in_structs, out_avals)
     check_alias_types(f"jaxbridge.foreign {defn.name!r}", "forward", defn.aliases,
                       in_structs, out_avals + res_avals, "this call")
-    return CallSignature(defn, in_tree, static_leaves, in_structs, statics, out_tree,
-                         out_avals, res_tree, res_avals)
+    return CallSignature(defn, CallInputs(in_tree, static_leaves, in_structs, statics),
+                         CallOutputs(out_tree, out_avals, res_tree, res_avals))
 
 
 def _check_linear(defn: Definition, ins: tuple, outs: tuple) -> None:

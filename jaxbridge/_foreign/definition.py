@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 import jax
 
@@ -24,7 +24,7 @@ from .._core.checks import is_differentiable
 from ..errors import MissingRuleError, describe
 from .hostcall import CopyPolicy
 
-__all__ = ["Rule", "Definition", "CallLayout"]
+__all__ = ["Rule", "Definition", "CallInputs", "CallOutputs", "CallLayout"]
 
 # Call signatures kept per function: distinct shapes, static leaves and keyword values.
 SIGNATURES_KEPT = 256
@@ -84,13 +84,32 @@ class Definition:
         return sig
 
 
+class CallInputs(NamedTuple):
+    """A call's arguments: their pytree, the static leaves ((leaf index, value), ...),
+    the dynamic leaves' abstract values and the sorted keyword items."""
+    in_tree: Any
+    static_leaves: tuple
+    avals: tuple
+    statics: tuple
+
+
+class CallOutputs(NamedTuple):
+    """A call's results: the declared results' pytree and abstract values, then the
+    residuals' (None and () without residuals)."""
+    out_tree: Any
+    avals: tuple
+    res_tree: Any
+    res_avals: tuple
+
+
 class CallLayout:
     """One concrete call of a `Definition`: its arguments, results and rules (the
     `CallSignature` adds how the derivative pair runs it)."""
 
-    def __init__(self, defn: Definition, in_tree: Any, static_leaves: tuple, in_avals: tuple,
-                 statics: tuple, out_tree: Any, primary_avals: tuple, res_tree: Any,
-                 res_avals: tuple, batch_shape: tuple = (), base: CallLayout | None = None):
+    def __init__(self, defn: Definition, inputs: CallInputs, outputs: CallOutputs,
+                 batch_shape: tuple = (), base: CallLayout | None = None):
+        in_tree, static_leaves, in_avals, statics = inputs
+        out_tree, primary_avals, res_tree, res_avals = outputs
         self.defn = defn
         self.name = defn.name
         self.in_tree = in_tree
@@ -152,10 +171,11 @@ class CallLayout:
         if sig is None:
             def add(avals):
                 return tuple(jax.ShapeDtypeStruct((size, *a.shape), a.dtype) for a in avals)
-            sig = type(self)(self.defn, self.in_tree, self.static_leaves,
-                                add(self.in_avals), self.statics, self.out_tree,
-                                add(self.primary_avals), self.res_tree, add(self.res_avals),
-                                (size, *self.batch_shape), self.base)
+            inputs = CallInputs(self.in_tree, self.static_leaves, add(self.in_avals),
+                                self.statics)
+            outputs = CallOutputs(self.out_tree, add(self.primary_avals), self.res_tree,
+                                  add(self.res_avals))
+            sig = type(self)(self.defn, inputs, outputs, (size, *self.batch_shape), self.base)
             self._batched[size] = sig
         return sig
 

@@ -1,6 +1,6 @@
 """Guesses at the bug behind a failed comparison of a rule with its reference ("sign
 flipped", "off by a constant factor ~1.01", "Jacobian looks transposed", ...), read
-from the numbers alone. `tests/test_checker_mutants.py` holds the checker to them.
+from the numbers alone. `tests/test_testing_mutants.py` holds the checker to them.
 """
 
 from __future__ import annotations
