@@ -47,6 +47,37 @@ class Solution:
     user_fun: Callable[[jax.Array], Any]
 
 
+ROOT_METHODS = ("hybr", "lm", "broyden1", "broyden2", "anderson", "linearmixing",
+                "diagbroyden", "excitingmixing", "krylov", "df-sane")
+MIN_METHODS = ("Nelder-Mead", "Powell", "CG", "BFGS", "Newton-CG", "L-BFGS-B", "TNC", "COBYLA",
+               "COBYQA", "SLSQP", "trust-constr", "dogleg", "trust-ncg", "trust-exact",
+               "trust-krylov")
+
+
+def canonical_method(method: Any, kind: str) -> Any:
+    """SciPy's spelling of a root or minimize `method`: SciPy compares names lower-cased
+    ('l-bfgs-b', 'HYBR'), so do we, in this one place; the checks and results downstream
+    see one name. Names SciPy does not know (and callables) pass on to SciPy's own error.
+
+    >>> canonical_method("l-bfgs-b", "minimize"), canonical_method("HYBR", "root")
+    ('L-BFGS-B', 'hybr')
+    """
+    if not isinstance(method, str):
+        return method
+    names = ROOT_METHODS if kind == "root" else MIN_METHODS
+    return {m.lower(): m for m in names}.get(method.lower(), method)
+
+
+def starting_point(x0: Any, kind: str) -> jax.Array:
+    """`x0` as a float array as SciPy takes it: a scalar is shape (1,) (so is `x`), and
+    minimize and least_squares refuse more than one dimension (SciPy's ValueError)."""
+    x0 = as_float_array(x0, f"optimize.{kind}", "x0")
+    if x0.ndim > 1 and kind != "root":
+        raise ValueError(f"jaxbridge.scipy.optimize.{kind}: x0 must have at most one "
+                         f"dimension, as in SciPy; got shape {x0.shape}")
+    return x0.reshape(1) if x0.ndim == 0 else x0
+
+
 def check_linear_solver(linear_solver: str, qualname: str) -> None:
     """A ValueError naming the function unless `linear_solver` is one of LINEAR_SOLVERS."""
     if linear_solver not in LINEAR_SOLVERS:
@@ -68,7 +99,7 @@ def bounds(given: Any, x0: jax.Array, name: str) -> tuple[jax.Array, jax.Array]:
     elif isinstance(given, (list, tuple)) and len(given) == 2:
         lo, hi = given
     else:
-        raise TypeError(f"jaxbridge.scipy.optimize.{name}: bounds must be a "
+        raise _bounds_error(name)(f"jaxbridge.scipy.optimize.{name}: bounds must be a "
                         f"scipy.optimize.Bounds, (lb, ub) or a sequence of (min, max) pairs, "
                         f"got {type(given).__name__}")
 
@@ -81,6 +112,12 @@ def bounds(given: Any, x0: jax.Array, name: str) -> tuple[jax.Array, jax.Array]:
                              f"scalar or have x0's {x0.size} entries, got shape {v.shape}")
         return jnp.broadcast_to(v.reshape(-1), (x0.size,)).reshape(x0.shape)
     return full(lo, "lower"), full(hi, "upper")
+
+
+def _bounds_error(name: str) -> type[Exception]:
+    """SciPy's exception type for bounds of the wrong form: least_squares says ValueError
+    ("`bounds` must contain 2 elements"), minimize a TypeError (not a sequence of pairs)."""
+    return ValueError if name == "least_squares" else TypeError
 
 
 def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
@@ -98,7 +135,7 @@ def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
                             f"static); got {type(request.callback).__name__}") from None
     call = "fun(x, *args)"
     args = check_args(args, qual, call, "unpack" if kind == "least_squares" else "wrap")
-    x0 = as_float_array(x0, qual, "x0")
+    x0 = starting_point(x0, kind)
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
     params, fixed = hf.split(ops)

@@ -50,7 +50,7 @@ def least_squares(fun: Callable[..., Any], x0: Any, jac: Any = "2-point",
       ftol: as in SciPy.
       xtol: as in SciPy.
       gtol: as in SciPy.
-      x_scale: as in SciPy (static).
+      x_scale: as in SciPy (static; a scalar applies to every variable).
       loss: one of SciPy's named losses ("linear", "soft_l1", "huber", "cauchy",
         "arctan"); the implicit function theorem uses its exact derivatives.
       f_scale: as in SciPy.
@@ -77,8 +77,8 @@ def least_squares(fun: Callable[..., Any], x0: Any, jac: Any = "2-point",
     Raises:
       SolverError: SciPy reported failure, or the implicit-function-theorem system is
         singular, with ``on_failure="raise"``.
-      NotImplementedError: `kwargs`, a callable or unknown `loss`, `jac_sparsity` or
-        `workers` given.
+      NotImplementedError: `kwargs`, a callable `loss`, `jac_sparsity` or `workers`.
+      ValueError: an unknown `loss`, a 2-D x0, or as SciPy's (same type as SciPy's).
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -155,9 +155,12 @@ def _check_supported(call: _Call) -> None:
     if call.kwargs:
         raise unsupported(name, "kwargs", "pass extra arguments through args, or close over "
                           "them")
-    if callable(call.loss) or call.loss not in LOSSES:
+    if callable(call.loss):
         raise unsupported(name, "loss", f"only SciPy's named losses {LOSSES} have a JAX form "
-                          f"here; got {call.loss!r}")
+                          f"here; write a callable loss into fun; got {call.loss!r}")
+    if call.loss not in LOSSES:  # SciPy's ValueError for a name it does not know
+        raise ValueError(f"jaxbridge.scipy.{name}: loss must be one of {LOSSES} (or a "
+                         f"callable in SciPy, not supported here); got {call.loss!r}")
     for arg, value in (("jac_sparsity", call.jac_sparsity), ("workers", call.workers)):
         if value is not None:
             raise unsupported(name, arg, "the Jacobian comes from JAX, dense")
@@ -168,9 +171,12 @@ def _scipy_options(call: _Call) -> dict:
     options = {"method": call.method, "ftol": call.ftol, "xtol": call.xtol, "gtol": call.gtol,
                "loss": call.loss, "f_scale": float(call.f_scale), "max_nfev": call.max_nfev,
                "verbose": int(call.verbose), "tr_solver": call.tr_solver, "diff_step": None}
-    if call.x_scale is not None:
-        options["x_scale"] = call.x_scale if isinstance(call.x_scale, str) else \
-            tuple(np.ravel(np.asarray(call.x_scale, np.float64)))
+    x_scale = call.x_scale  # hashable: "jac", a float (SciPy broadcasts it) or a tuple
+    if x_scale is not None and not isinstance(x_scale, str):
+        x_scale = float(x_scale) if np.ndim(x_scale) == 0 else \
+            tuple(np.ravel(np.asarray(x_scale, np.float64)))
+    if x_scale is not None:
+        options["x_scale"] = x_scale
     if call.tr_options:
         options["tr_options"] = tuple(sorted(call.tr_options.items()))
     return options

@@ -79,6 +79,7 @@ def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | Non
     _check_supported(constraints, hess, hessp)
     if method is None:
         method = "L-BFGS-B" if bounds is not None else "BFGS"
+    method = _frontend.canonical_method(method, "minimize")
     if bounds is not None and method not in MIN_BOUNDS:
         raise ValueError(f"jaxbridge.scipy.optimize.minimize: method {method!r} does not take "
                          f"bounds (SciPy's bounded methods: {MIN_BOUNDS})")

@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from .._common import as_float_array, check_policy, static_options
+from .._common import check_policy, static_options
 from .._trace import check_args, convert
 from . import _compiled_root, _frontend
 from ._result import OptimizeResult
@@ -79,6 +79,7 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
       >>> print(f"{float(g(2.0)):.5f}")  # -x / (3 x^2 + a)
       -0.17327
     """
+    method = _frontend.canonical_method(method, "root")
     request = _frontend.Request("root", method, jac=jac, tol=tol, options=options,
                                 callback=callback, linear_solver=linear_solver,
                                 on_failure=on_failure)
@@ -95,7 +96,7 @@ def _compiled(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> 
     check_policy(request.on_failure, "optimize.root")
     _frontend.check_linear_solver(request.linear_solver, "optimize.root")
     args = check_args(args, "optimize.root", "fun(x, *args)", "wrap")
-    x0 = as_float_array(x0, "optimize.root", "x0")
+    x0 = _frontend.starting_point(x0, "root")
     hf, ops = convert(fun, "optimize.root", "fun", (jax.ShapeDtypeStruct(x0.shape, x0.dtype),),
                       args, "fun(x, *args)", vary_like=(x0,))
     options = request.options

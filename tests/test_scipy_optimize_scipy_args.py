@@ -1,0 +1,205 @@
+"""jaxbridge.scipy.optimize takes SciPy's arguments as SciPy does: method names in any
+case, scalar x0 and x_scale, and SciPy's exception types for bad input -- each checked
+against the installed SciPy's own behaviour."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+
+from jaxbridge.scipy.optimize import least_squares, minimize, root
+
+
+def quartic(x, c):
+    return jnp.sum((x - c) ** 2) + 0.1 * jnp.sum(x ** 4)
+
+
+def quartic_np(x, c):
+    return np.sum((x - c) ** 2) + 0.1 * np.sum(x ** 4)
+
+
+C = np.array([1.0, -2.0])
+
+
+@pytest.mark.parametrize("given, canonical", [
+    ("l-bfgs-b", "L-BFGS-B"), ("nelder-mead", "Nelder-Mead"), ("NELDER-MEAD", "Nelder-Mead"),
+    ("tnc", "TNC"), ("newton-cg", "Newton-CG"), ("cg", "CG")])
+def test_minimize_method_names_in_any_case_run_as_the_canonical_method(given, canonical):
+    """SciPy lower-cases the method name; ours runs the same method, with its exact
+    Hessian for 'newton-cg' (same iterates and counts as 'Newton-CG'), and agrees with
+    SciPy's minimum."""
+    ours = minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),), method=given, tol=1e-10)
+    same = minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),), method=canonical, tol=1e-10)
+    assert (int(ours.nfev), int(ours.njev), int(ours.nit)) == \
+        (int(same.nfev), int(same.njev), int(same.nit))
+    np.testing.assert_array_equal(ours.x, same.x)
+    jac = None if canonical in ("Nelder-Mead",) else (lambda x, c: 2 * (x - c) + 0.4 * x ** 3)
+    hess = (lambda x, c: np.diag(2 + 1.2 * x ** 2)) if canonical == "Newton-CG" \
+        else None
+    ref = scipy.optimize.minimize(quartic_np, np.zeros(2), args=(C,), method=given, jac=jac,
+                                  hess=hess, tol=1e-10)
+    np.testing.assert_allclose(ours.x, ref.x, atol=1e-4)
+
+
+def test_newton_cg_lower_case_uses_the_exact_hessian():
+    """'newton-cg' once reached SciPy without a Hessian (SciPy then differences the
+    gradient): the counts equal those of SciPy given the exact Hessian-vector product."""
+    ours = minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),), method="newton-cg")
+    ref = scipy.optimize.minimize(quartic_np, np.zeros(2), args=(C,), method="newton-cg",
+                                  jac=lambda x, c: 2 * (x - c) + 0.4 * x ** 3,
+                                  hessp=lambda x, v, c: (2 + 1.2 * x ** 2) * v)
+    assert (int(ours.nfev), int(ours.njev), int(ours.nit)) == (ref.nfev, ref.njev, ref.nit)
+    np.testing.assert_allclose(ours.x, ref.x, rtol=1e-10)
+
+
+def test_lower_case_bounded_method_takes_bounds_and_errors_name_the_canonical_method():
+    """'powell' with bounds runs (SciPy's Powell takes bounds), with the gradient flowing
+    to the active bound; a method without bounds is named as SciPy spells it."""
+    bounds = [(0.0, 0.5), (-1.0, 3.0)]
+    ours = minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),), method="powell",
+                    bounds=bounds, options={"xtol": 1e-10, "ftol": 1e-14})
+    ref = scipy.optimize.minimize(quartic_np, np.zeros(2), args=(C,), method="powell",
+                                  bounds=bounds, options={"xtol": 1e-10, "ftol": 1e-14})
+    np.testing.assert_allclose(ours.x, ref.x, atol=1e-6)
+    hi = jax.grad(lambda b: minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),),
+                                     method="powell", bounds=[(0.0, b), (-1.0, 3.0)]).x[0])(0.5)
+    assert float(hi) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="method 'BFGS' does not take bounds"):
+        minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),), method="bfgs", bounds=bounds)
+
+
+@pytest.mark.parametrize("method", ["HYBR", "LM", "Df-Sane", "KRYLOV"])
+def test_root_method_names_in_any_case(method):
+    """root's 'HYBR' gets JAX's Jacobian as 'hybr' does (same counts), 'Df-Sane' runs
+    compiled as 'df-sane' does (SciPy itself takes these spellings); all find SciPy's root."""
+    def f(x):
+        return x ** 3 + 2.0 * x - jnp.array([1.0, 2.0])
+    ours = root(f, jnp.zeros(2), method=method, tol=1e-12)
+    same = root(f, jnp.zeros(2), method=method.lower(), tol=1e-12)
+    assert (int(ours.nfev), int(ours.njev)) == (int(same.nfev), int(same.njev))
+    assert scipy.optimize.root(np.cos, np.ones(1), method=method).success  # SciPy's case rule
+    ref = scipy.optimize.root(lambda x: x ** 3 + 2.0 * x - np.array([1.0, 2.0]), np.zeros(2),
+                              method="hybr", tol=1e-12)
+    np.testing.assert_allclose(ours.x, ref.x, atol=1e-6)
+
+
+def test_root_upper_case_hybr_uses_jax_jacobian():
+    """'HYBR' once reached SciPy without a Jacobian (finite differences, njev 0)."""
+    ours = root(lambda x: x ** 3 - 2.0, jnp.ones(1), method="HYBR")
+    assert int(ours.njev) > 0
+
+
+@pytest.mark.parametrize("solve", [
+    lambda x0, a: root(lambda x: x ** 3 + a * x - 1.0, x0, stepping="scipy"),
+    lambda x0, a: root(lambda x: x ** 3 + a * x - 1.0, x0, method="df-sane", tol=1e-12),
+    lambda x0, a: minimize(lambda x: jnp.sum((x - a) ** 2 + 0.1 * x ** 4), x0),
+    lambda x0, a: least_squares(lambda x: x ** 3 + a * x - 1.0, x0)],
+    ids=["root", "root-compiled", "minimize", "least_squares"])
+def test_scalar_x0_gives_shape_1_results_with_gradients(solve):
+    """SciPy returns x of shape (1,) for a scalar x0; so do we, and jax.grad flows
+    through res.x[0] (checked against central differences)."""
+    res = solve(0.5, 2.0)
+    assert res.x.shape == (1,)
+    g = jax.grad(lambda a: solve(0.5, a).x[0])(2.0)
+    h = 1e-5
+    fd = (solve(0.5, 2.0 + h).x[0] - solve(0.5, 2.0 - h).x[0]) / (2 * h)
+    assert float(g) == pytest.approx(float(fd), rel=1e-5)
+
+
+def test_scalar_x0_shape_matches_scipy():
+    ref = [scipy.optimize.root(lambda x: x ** 3 - 2.0, 1.0).x.shape,
+           scipy.optimize.minimize(lambda x: np.sum((x - 1.0) ** 2), 0.0).x.shape,
+           scipy.optimize.least_squares(lambda x: x - 1.0, 0.0).x.shape]
+    ours = [root(lambda x: x ** 3 - 2.0, 1.0).x.shape,
+            minimize(lambda x: jnp.sum((x - 1.0) ** 2), 0.0).x.shape,
+            least_squares(lambda x: x - 1.0, 0.0).x.shape]
+    assert ours == ref == [(1,)] * 3
+
+
+def test_scalar_x_scale_with_several_variables():
+    """SciPy broadcasts a scalar x_scale; the fit equals SciPy's (same counts)."""
+    t = np.linspace(0.0, 1.0, 6)
+
+    def residual(th):
+        return th[0] * jnp.exp(-th[1] * t) + th[2] - 2.0 * np.exp(-1.5 * t) - 0.5
+    ours = least_squares(residual, jnp.ones(3), x_scale=2.0)
+    ref = scipy.optimize.least_squares(lambda th: np.asarray(residual(th)), np.ones(3),
+                                       x_scale=2.0, jac=lambda th: np.asarray(
+                                           jax.jacfwd(residual)(jnp.asarray(th))))
+    np.testing.assert_allclose(ours.x, ref.x, rtol=1e-7)
+    assert int(ours.nfev) == ref.nfev
+
+
+def _f(x):
+    return np.sum((np.asarray(x) - 1.0) ** 2)
+
+
+def _r(x):
+    return np.asarray(x) ** 3 - 2.0
+
+
+BAD_INPUT = {  # name: (SciPy's call, ours) with the same bad input
+    "minimize unknown method": (
+        lambda: scipy.optimize.minimize(_f, np.zeros(2), method="foo"),
+        lambda: minimize(lambda x: jnp.sum((x - 1.0) ** 2), jnp.zeros(2), method="foo")),
+    "root unknown method": (
+        lambda: scipy.optimize.root(_r, np.ones(1), method="foo"),
+        lambda: root(lambda x: x ** 3 - 2.0, jnp.ones(1), method="foo")),
+    "least_squares unknown method": (
+        lambda: scipy.optimize.least_squares(_r, np.ones(1), method="foo"),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, jnp.ones(1), method="foo")),
+    "least_squares method case": (
+        lambda: scipy.optimize.least_squares(_r, np.ones(1), method="TRF"),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, jnp.ones(1), method="TRF")),
+    "least_squares unknown loss": (
+        lambda: scipy.optimize.least_squares(_r, np.ones(1), loss="foo"),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, jnp.ones(1), loss="foo")),
+    "least_squares bounds of 3": (
+        lambda: scipy.optimize.least_squares(_r, np.ones(2), bounds=(0, 1, 2)),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, jnp.ones(2), bounds=(0, 1, 2))),
+    "least_squares bounds shape": (
+        lambda: scipy.optimize.least_squares(_r, np.ones(2), bounds=([0, 0, 0], [3, 3, 3])),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, jnp.ones(2),
+                              bounds=([0, 0, 0], [3, 3, 3]))),
+    "least_squares x0 2-D": (
+        lambda: scipy.optimize.least_squares(lambda x: np.ravel(x) - 1, np.zeros((2, 2))),
+        lambda: least_squares(lambda x: jnp.ravel(x) - 1, jnp.zeros((2, 2)))),
+    "least_squares negative x_scale": (
+        lambda: scipy.optimize.least_squares(_r, np.ones(1), x_scale=-1.0),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, jnp.ones(1), x_scale=-1.0)),
+    "least_squares lm with bounds": (
+        lambda: scipy.optimize.least_squares(_r, np.ones(1), method="lm", bounds=(0, 2)),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, jnp.ones(1), method="lm",
+                              bounds=(0, 2))),
+    "least_squares x0 outside bounds": (
+        lambda: scipy.optimize.least_squares(_r, 5 * np.ones(1), bounds=(0, 2)),
+        lambda: least_squares(lambda x: x ** 3 - 2.0, 5 * jnp.ones(1), bounds=(0, 2))),
+    "minimize x0 2-D": (
+        lambda: scipy.optimize.minimize(_f, np.zeros((2, 2))),
+        lambda: minimize(lambda x: jnp.sum((x - 1.0) ** 2), jnp.zeros((2, 2)))),
+    "minimize bounds length": (
+        lambda: scipy.optimize.minimize(_f, np.ones(2), bounds=[(0, 1)] * 3),
+        lambda: minimize(lambda x: jnp.sum((x - 1.0) ** 2), jnp.ones(2),
+                         bounds=[(0, 1)] * 3)),
+    "minimize bounds not a sequence": (
+        lambda: scipy.optimize.minimize(_f, np.ones(2), bounds=5),
+        lambda: minimize(lambda x: jnp.sum((x - 1.0) ** 2), jnp.ones(2), bounds=5)),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUT))
+def test_bad_input_raises_scipys_exception_type(name):
+    """The same bad input: SciPy's exception type, ours with its own clear message."""
+    scipy_call, ours = BAD_INPUT[name]
+    with pytest.raises(Exception) as scipy_exc:
+        scipy_call()
+    with pytest.raises(type(scipy_exc.value)) as our_exc:
+        ours()
+    assert type(our_exc.value) is type(scipy_exc.value)
+
+
+def test_callable_loss_is_still_refused_as_unsupported():
+    """SciPy takes a callable loss; ours has no JAX form of it and says so."""
+    with pytest.raises(NotImplementedError, match="least_squares: `loss`"):
+        least_squares(lambda x: x - 1.0, jnp.ones(1), loss=lambda z: np.vstack([z] * 3))
