@@ -203,3 +203,75 @@ def test_callable_loss_is_still_refused_as_unsupported():
     """SciPy takes a callable loss; ours has no JAX form of it and says so."""
     with pytest.raises(NotImplementedError, match="least_squares: `loss`"):
         least_squares(lambda x: x - 1.0, jnp.ones(1), loss=lambda z: np.vstack([z] * 3))
+
+
+def test_result_is_scipys_optimize_result_a_dict():
+    """SciPy's OptimizeResult is a dict with attribute access; ours is one (SciPy's own
+    class), with SciPy's keys for the fields computed, and reads absent ones as None."""
+    ours = minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),))
+    ref = scipy.optimize.minimize(quartic_np, np.zeros(2), args=(C,))
+    assert isinstance(ours, dict) and isinstance(ours, scipy.optimize.OptimizeResult)
+    assert ours["x"] is ours.x and ours["fun"] is ours.fun
+    assert set(ref.keys()) - set(ours.keys()) == {"hess_inv", "message"}
+    assert ours.hess_inv is None and "hess_inv" not in ours
+    assert ours.message == "SciPy status 0"
+    with pytest.raises(AttributeError):
+        _ = ours.no_such_field
+
+
+def test_brute_finishes_with_our_minimize():
+    """scipy.optimize.brute(..., finish=minimize) reads SciPy's OptimizeResult."""
+    def f(x):
+        return (x[0] - 0.3) ** 2 + (x[1] + 0.7) ** 2 + 0.1 * jnp.sum(x ** 4)
+    ranges = ((-1.0, 1.0), (-1.0, 1.0))
+    ours = scipy.optimize.brute(f, ranges, Ns=5, finish=minimize)
+    ref = scipy.optimize.brute(lambda x: float(f(jnp.asarray(x))), ranges, Ns=5,
+                               finish=scipy.optimize.minimize)
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+def test_result_stays_a_pytree_under_jit_vmap_and_grad():
+    """The dict is a JAX pytree: returned from jit (same keys), batched by vmap, and
+    differentiated through res["x"] (against central differences)."""
+    def solve(c):
+        return minimize(quartic, jnp.zeros(2), args=(c,), method="Newton-CG", tol=1e-12)
+    c = jnp.asarray(C)
+    eager, jitted = solve(c), jax.jit(solve)(c)
+    assert type(jitted) is type(eager) and list(jitted) == list(eager)
+    np.testing.assert_allclose(jitted["x"], eager["x"], rtol=1e-10)
+    batched = jax.vmap(solve)(jnp.stack([c, 2 * c]))
+    np.testing.assert_allclose(batched.x[1], solve(2 * c).x, rtol=1e-8)
+    g = jax.grad(lambda c: solve(c)["x"][0])(c)
+    h = 1e-5
+    e = jnp.array([h, 0.0])
+    fd = (solve(c + e)["x"][0] - solve(c - e)["x"][0]) / (2 * h)
+    assert float(g[0]) == pytest.approx(float(fd), rel=1e-5)
+    root_res = jax.jit(lambda a: root(lambda x: x ** 3 + a * x - 1.0, jnp.zeros(1)))(2.0)
+    assert root_res.method == "hybr"
+
+
+@pytest.mark.parametrize("method", ["hybr", "HYBR", "lm", "df-sane", "krylov"])
+def test_root_result_names_its_method_as_scipy_does(method):
+    def f(x):
+        return x ** 3 - 2.0
+    ours = root(f, jnp.ones(1), method=method)
+    ref = scipy.optimize.root(lambda x: x ** 3 - 2.0, np.ones(1), method=method)
+    assert ours.method == ref.method
+    assert ours["method"] == ref["method"]
+
+
+def test_minimize_jac_is_the_gradient_at_the_minimum():
+    """minimize's `jac` as SciPy's: the gradient at x (here exact, from JAX), and
+    differentiable (its derivative in c against central differences)."""
+    ours = minimize(quartic, jnp.zeros(2), args=(jnp.asarray(C),), method="Newton-CG",
+                    tol=1e-12)
+    ref = scipy.optimize.minimize(quartic_np, np.zeros(2), args=(C,), method="Newton-CG",
+                                  tol=1e-12, jac=lambda x, c: 2 * (x - c) + 0.4 * x ** 3,
+                                  hessp=lambda x, v, c: (2 + 1.2 * x ** 2) * v)
+    np.testing.assert_allclose(ours.jac, ref.jac, atol=1e-8)
+    np.testing.assert_allclose(ours.jac, 2 * (ours.x - C) + 0.4 * ours.x ** 3, rtol=1e-12)
+
+    def jac_at_minimum(c):  # grad_x f(x*(c), c) = 0 for every c: H dx*/dc - 2 I = 0
+        return minimize(quartic, jnp.zeros(2), args=(c,), method="Newton-CG", tol=1e-12).jac
+    d = jax.jacobian(jac_at_minimum)(jnp.asarray(C))
+    np.testing.assert_allclose(d, np.zeros((2, 2)), atol=1e-8)

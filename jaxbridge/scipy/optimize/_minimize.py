@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from .._common import unsupported
 from . import _frontend
 from ._result import OptimizeResult
@@ -57,8 +60,9 @@ def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | Non
       on_failure: "raise" (`jaxbridge.scipy.SolverError`) or "nan".
 
     Returns:
-      :class:`OptimizeResult` with `x`, `fun`, `success`, `status`, `nfev`, `njev`,
-      `nit`; `x` and `fun` are differentiable.
+      :class:`OptimizeResult` (SciPy's, a dict) with `x`, `fun`, `jac` (the
+      gradient at `x`, from JAX), `success`, `status`, `nfev`, `njev`, `nit`; `x`,
+      `fun` and `jac` are differentiable.
 
     Raises:
       SolverError: SciPy reported failure, or the implicit-function-theorem system is
@@ -87,7 +91,8 @@ def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | Non
                                 bounds=bounds, tol=tol, options=options, callback=callback,
                                 linear_solver=linear_solver, on_failure=on_failure)
     sol = _frontend.solve(fun, x0, args, request)
-    return OptimizeResult(x=sol.x, fun=sol.user_fun(sol.x), success=sol.success,
+    grad = jax.grad(lambda x: jnp.sum(sol.user_fun(x)))(sol.x)  # fun may be shape (1,)
+    return OptimizeResult(x=sol.x, fun=sol.user_fun(sol.x), jac=grad, success=sol.success,
                           status=sol.stats[0], nfev=sol.stats[1], njev=sol.stats[2],
                           nit=sol.stats[3])
 

@@ -1,22 +1,77 @@
-"""OptimizeResult, what root, minimize and least_squares return."""
+"""OptimizeResult, what root, minimize and least_squares return: a dict, as SciPy's is."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import jax
+import scipy.optimize
 
 from .._common import Result
 
 
-class OptimizeResult(Result):
+class OptimizeResult(scipy.optimize.OptimizeResult):
     """What :func:`root`, :func:`minimize` and :func:`least_squares` return.
+
+    SciPy's `OptimizeResult` (a `dict` with attribute access: ``res["x"]``, ``res.x``,
+    ``res.keys()``; code that checks for SciPy's result, as
+    ``scipy.optimize.brute(..., finish=minimize)`` does, takes this one), and a
+    JAX pytree: its array fields are leaves, its strings (root's `method`) static, so
+    it can be returned from `jit` and `vmap`. The keys are the fields the call
+    computed, as in SciPy; a field SciPy has and this call does not compute
+    (`hess_inv`, ...) reads as None by attribute.
 
     SciPy's field names: `x` (differentiable), `fun` (F(x*) for root, f(x*) for
     minimize, the residuals for least_squares; differentiable), `success`,
     `status`, `nfev`, `njev`, `nit` (SciPy's counters, -1 where the method does not
-    report one), and for least_squares `cost`, `jac`, `grad`, `optimality`,
-    `active_mask`. Fields SciPy computes on the host only (`hess_inv`, ...) are None.
+    report one); `jac` (minimize: the gradient at x*; least_squares: the Jacobian),
+    root's `method`, and for least_squares `cost`, `grad`, `optimality`,
+    `active_mask`. `message` is derived from `status`.
+
+    >>> import scipy.optimize
+    >>> res = OptimizeResult(x=1.0, success=True)
+    >>> isinstance(res, dict), res["x"], res.x, sorted(res), res.hess_inv
+    (True, 1.0, 1.0, ['success', 'x'], None)
+    >>> isinstance(res, scipy.optimize.OptimizeResult)
+    True
     """
 
-    _fields = ("x", "fun", "jac", "cost", "grad", "optimality", "active_mask", "success",
-               "status", "nfev", "njev", "nit", "hess_inv")
+    _fields: ClassVar[tuple[str, ...]] = (
+        "x", "fun", "jac", "cost", "grad", "optimality", "active_mask", "success", "status",
+        "nfev", "njev", "nit", "hess_inv", "method")
     _messages: ClassVar[dict[int, str]] = {}
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__((k, v) for k, v in fields.items() if v is not None)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            if name in self._fields:
+                return None
+            raise AttributeError(name) from None
+
+    message = property(vars(Result)["message"].fget, doc="SciPy's message for `status`.")
+
+
+def _flatten(res: OptimizeResult) -> tuple[list[Any], tuple]:
+    leaves = [k for k, v in res.items() if not isinstance(v, str)]
+    static = tuple((k, v) for k, v in res.items() if isinstance(v, str))
+    return [res[k] for k in leaves], (tuple(leaves), static)
+
+
+def _flatten_with_keys(res: OptimizeResult) -> tuple[list[Any], tuple]:
+    children, aux = _flatten(res)
+    return [(jax.tree_util.DictKey(k), c) for k, c in zip(aux[0], children)], aux
+
+
+def _unflatten(aux: tuple, children: Any) -> OptimizeResult:
+    res = OptimizeResult()
+    dict.update(res, zip(aux[0], children))  # None children too: the structure is aux's
+    dict.update(res, aux[1])
+    return res
+
+
+jax.tree_util.register_pytree_with_keys(OptimizeResult, _flatten_with_keys, _unflatten,
+                                        _flatten)

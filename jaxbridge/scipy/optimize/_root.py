@@ -66,8 +66,8 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         (default): "compiled" where it applies, else "scipy".
 
     Returns:
-      :class:`OptimizeResult` with `x`, `fun`, `success`, `status`, `nfev`, `njev`,
-      `nit`.
+      :class:`OptimizeResult` (SciPy's, a dict) with `x`, `fun`, `success`, `status`,
+      `nfev`, `njev`, `nit` and `method` (SciPy's spelling, as SciPy's root reports it).
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -88,7 +88,7 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
     sol = _frontend.solve(fun, x0, args, request)
     return OptimizeResult(x=sol.x, fun=sol.user_fun(sol.x), success=sol.success,
                           status=sol.stats[0], nfev=sol.stats[1], njev=sol.stats[2],
-                          nit=sol.stats[3])
+                          nit=sol.stats[3], method=method)
 
 
 def _compiled(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> OptimizeResult:
@@ -109,7 +109,8 @@ def _compiled(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> 
         options=static_options(options, "optimize.root"), linear_solver=request.linear_solver,
         on_failure=request.on_failure)
     return OptimizeResult(x=x, fun=fun(x, *args), success=stats[4] == 1,
-                          status=stats[0], nfev=stats[1], njev=stats[2], nit=stats[3])
+                          status=stats[0], nfev=stats[1], njev=stats[2], nit=stats[3],
+                          method=request.method)
 
 
 def _stepping(stepping: str, method: str, options: dict | None, callback: Any) -> str:
