@@ -355,3 +355,12 @@ def test_eigsh_arpack_failure_policies():
                                                        maxiter=1, ncv=4)[0])(TH_E))
     w, v = eigsh(A, k=3, which="SA", maxiter=1, ncv=4, on_failure="nan")
     assert np.isnan(w).all() and np.isnan(v).all()
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 2, 2)])
+def test_eigsh_of_a_non_square_matrix_raises_scipys_value_error(shape):
+    """sparse.linalg.eigsh: SciPy's ValueError for a matrix that is not square."""
+    with pytest.raises(Exception) as scipy_exc:
+        scipy.sparse.linalg.eigsh(np.ones(shape), k=1)
+    with pytest.raises(type(scipy_exc.value), match="eigsh: A must be a square"):
+        eigsh(jnp.ones(shape), k=1)

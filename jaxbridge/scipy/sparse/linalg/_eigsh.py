@@ -273,9 +273,11 @@ def _order(A: Any, k: int) -> int:
     """A's order n, checked: A square and 0 < k < n."""
     shape = getattr(A, "shape", None)
     if shape is None or len(shape) != 2 or shape[0] != shape[1]:
-        raise TypeError(f"jaxbridge.scipy.sparse.linalg.eigsh: A must be a square BCOO/BCSR, "
-                        f"dense array or SciPy sparse matrix; got {type(A).__name__} of shape "
-                        f"{shape}")
+        # SciPy's types: a matrix of the wrong shape is a ValueError, no matrix a TypeError
+        kind = TypeError if shape is None else ValueError
+        raise kind(f"jaxbridge.scipy.sparse.linalg.eigsh: A must be a square BCOO/BCSR, "
+                   f"dense array or SciPy sparse matrix; got {type(A).__name__} of shape "
+                   f"{shape}")
     n = int(shape[0])
     if not 0 < k < n:
         raise ValueError(f"jaxbridge.scipy.sparse.linalg.eigsh: k must satisfy 0 < k < n = "
