@@ -48,8 +48,8 @@ class IvpRequest:
     dense_output: bool
     events: Any
     args: Any
-    rtol: float
-    atol: float
+    rtol: Any
+    atol: Any
     jac: Any
     adjoint_rtol: float | None
     adjoint_atol: float | None
@@ -124,6 +124,26 @@ def check_returns(hf: HostFun, want: tuple, name: str, what: str) -> None:
         kind = "a scalar (shape ())" if want == () else f"one array of shape {tuple(want)}"
         raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must return {kind}; it returned "
                          f"shapes {got}")
+
+
+def tolerance(value: Any, n: int, what: str, name: str) -> float | tuple:
+    """SciPy's `rtol` or `atol`: a float, or an array with one per state component (a
+    tuple: the configuration is hashable); negative values raise as in SciPy."""
+    try:
+        arr = np.asarray(jax.device_get(value), np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be a float or an array of "
+                         f"one per state component, got {value!r}") from e
+    except jax.errors.ConcretizationTypeError as e:
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` is a static tolerance (it sets "
+                         f"SciPy's step control); got a traced value") from e
+    if arr.ndim > 0 and arr.size != n:
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` has wrong shape: SciPy takes a "
+                         f"float or one value per state component ({n}), got shape "
+                         f"{arr.shape}")
+    if np.any(arr < 0) or np.any(np.isnan(arr)):
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be positive, got {value!r}")
+    return float(arr) if arr.ndim == 0 else tuple(float(v) for v in arr.ravel())
 
 
 def _check_sizes(req: IvpRequest, options: dict) -> tuple[int, int]:
@@ -216,10 +236,12 @@ def prepare(req: IvpRequest) -> PreparedIvp:
         sensitivity = sensitivity_choice(
             req.sensitivity, y0.size, sum(p.size for p in params),
             stepping == "compiled" and req.method in IMPLICIT_METHODS)
+    rtol, atol = (tolerance(v, y0.size, w, NAME) for v, w in ((req.rtol, "rtol"),
+                                                              (req.atol, "atol")))
     cfg = IvpConfig(
-        fun=rhs, jac=jac_hf, method=req.method, rtol=float(req.rtol), atol=float(req.atol),
-        adjoint_rtol=float(req.rtol if req.adjoint_rtol is None else req.adjoint_rtol),
-        adjoint_atol=float(req.atol if req.adjoint_atol is None else req.adjoint_atol),
+        fun=rhs, jac=jac_hf, method=req.method, rtol=rtol, atol=atol,
+        adjoint_rtol=float(np.min(rtol) if req.adjoint_rtol is None else req.adjoint_rtol),
+        adjoint_atol=float(np.min(atol) if req.adjoint_atol is None else req.adjoint_atol),
         sensitivity=sensitivity, on_failure=req.on_failure, options=static, stepping=stepping,
         checkpoints=budget, events=ev_hfs, terminal=terminal, direction=direction,
         max_events=sizes[0], max_steps=sizes[1], steps=req.t_eval is None,

