@@ -73,3 +73,32 @@ def test_bad_array_atol_raises_valueerror_as_scipy(bad, what):
         scipy.integrate.solve_ivp(rotor_np, (0.0, 1.0), np.asarray(Y0), atol=bad, args=(K,))
     with pytest.raises(ValueError, match=f"solve_ivp.*atol.*{what}"):
         solve_ivp(rotor, (0.0, 1.0), Y0, t_eval=TE[:2], atol=bad, args=(K,))
+
+
+@pytest.mark.parametrize("cls", [scipy.integrate.RK45, scipy.integrate.RK23,
+                                 scipy.integrate.Radau, scipy.integrate.BDF,
+                                 scipy.integrate.LSODA])
+def test_scipy_solver_class_as_method(cls):
+    ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 2.0), np.asarray(Y0), method=cls,
+                                    t_eval=TE, rtol=1e-8, atol=1e-10, args=(K,))
+    sol = solve_ivp(rotor, (0.0, 2.0), Y0, method=cls, t_eval=TE, rtol=1e-8, atol=1e-10,
+                    args=(K,), stepping="scipy")
+    np.testing.assert_allclose(sol.y, ref.y, rtol=1e-10, atol=1e-15)
+    assert int(sol.nfev) == ref.nfev
+    if cls is not scipy.integrate.RK45:  # (one gradient: the same path as the name's)
+        return
+
+    def loss(k):
+        return solve_ivp(rotor, (0.0, 2.0), Y0, method=cls, t_eval=TE, rtol=1e-10,
+                         atol=1e-12, args=(k,), stepping="scipy").y[0, -1]
+    np.testing.assert_allclose(jax.grad(loss)(K), fd(loss, K, 1e-6), rtol=1e-5, atol=1e-9)
+
+
+def test_user_solver_subclass_as_method_raises_valueerror():
+    class MyRK(scipy.integrate.RK45):
+        pass
+    ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 1.0), np.asarray(Y0), method=MyRK,
+                                    args=(K,))
+    assert ref.success  # SciPy runs a subclass; its steps are not SciPy's own: refused
+    with pytest.raises(ValueError, match=r"solve_ivp: method=.*MyRK: only SciPy's own"):
+        solve_ivp(rotor, (0.0, 1.0), Y0, method=MyRK, t_eval=TE[:2], args=(K,))

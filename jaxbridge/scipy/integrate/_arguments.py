@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.integrate
 
 from .._common import as_float_array, check_policy, static_options, unsupported
 from .._trace import HostFun, array_aval, check_args, convert
@@ -43,7 +44,7 @@ class IvpRequest:
     fun: Callable[..., Any]
     t_span: Any
     y0: Any
-    method: str
+    method: Any
     t_eval: Any
     dense_output: bool
     events: Any
@@ -78,18 +79,27 @@ class PreparedIvp:
     args: tuple                # SciPy's `args`, checked
 
 
-def check_method(method: Any, name: str) -> None:
-    """`method` is one of SciPy's names (an array here is a misplaced `t_eval`)."""
+def check_method(method: Any, name: str) -> str:
+    """`method`'s name: one of SciPy's names or SciPy's own solver classes
+    (`scipy.integrate.RK45`, ...); an array here is a misplaced `t_eval`."""
     if isinstance(method, str) and method in METHODS:
-        return
+        return method
+    if isinstance(method, type) and issubclass(method, scipy.integrate.OdeSolver):
+        cls_name: str = method.__name__
+        if cls_name in METHODS and getattr(scipy.integrate, cls_name) is method:
+            return cls_name
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: method={method.__module__}.{method.__qualname__}: only "
+            f"SciPy's own methods are supported ({METHODS}, or SciPy's classes of those "
+            f"names), since their steps are differentiated as SciPy takes them")
     if not isinstance(method, str) and (hasattr(method, "shape") or
                                         isinstance(method, (list, tuple))):
         raise TypeError(
             f"jaxbridge.scipy.{name}: the 4th positional argument is `method`, as in SciPy's "
             f"solve_ivp(fun, t_span, y0, method='RK45', t_eval=None, ...); got an array. "
             f"Pass the evaluation times as t_eval=...")
-    raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS}, "
-                     f"got {method!r}")
+    raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS} or SciPy's "
+                     f"solver class of that name, got {method!r}")
 
 
 def check_checkpoints(checkpoints: Any, name: str) -> int | None:
@@ -208,7 +218,7 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     """Check `req`, convert its functions, resolve its choices: the one preparation of
     every `solve_ivp` path."""
     check_policy(req.on_failure, NAME)
-    check_method(req.method, NAME)
+    method = check_method(req.method, NAME)
     budget = check_checkpoints(req.checkpoints, NAME)
     events_path = req.events is not None or req.dense_output or req.t_eval is None
     options = dict(req.options)
@@ -232,14 +242,14 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     if events_path:  # SciPy's loop locates the events; gradients by forward sensitivities
         stepping, sensitivity = "scipy", "forward"
     else:
-        stepping = stepping_choice(req.stepping, req.method, static, NAME)
+        stepping = stepping_choice(req.stepping, method, static, NAME)
         sensitivity = sensitivity_choice(
             req.sensitivity, y0.size, sum(p.size for p in params),
-            stepping == "compiled" and req.method in IMPLICIT_METHODS)
+            stepping == "compiled" and method in IMPLICIT_METHODS)
     rtol, atol = (tolerance(v, y0.size, w, NAME) for v, w in ((req.rtol, "rtol"),
                                                               (req.atol, "atol")))
     cfg = IvpConfig(
-        fun=rhs, jac=jac_hf, method=req.method, rtol=rtol, atol=atol,
+        fun=rhs, jac=jac_hf, method=method, rtol=rtol, atol=atol,
         adjoint_rtol=float(np.min(rtol) if req.adjoint_rtol is None else req.adjoint_rtol),
         adjoint_atol=float(np.min(atol) if req.adjoint_atol is None else req.adjoint_atol),
         sensitivity=sensitivity, on_failure=req.on_failure, options=static, stepping=stepping,

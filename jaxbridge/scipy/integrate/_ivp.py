@@ -26,7 +26,7 @@ __all__ = ["solve_ivp"]
 sg = jax.lax.stop_gradient
 
 
-def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
+def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45",
               t_eval: Any = None, dense_output: bool = False, events: Any = None,
               vectorized: bool = False, args: Any = None, *, rtol: Any = 1e-3,
               atol: Any = 1e-6, jac: Callable[..., Any] | bool | None = None,
@@ -46,7 +46,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         a function differentiated w.r.t. `k`): they are differentiated like `args`.
       t_span: `(t0, tf)`: SciPy integrates from `t0` (differentiable) to `tf`.
       y0: initial state, any shape (float).
-      method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA".
+      method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA", or
+        SciPy's class of that name (`scipy.integrate.Radau`); not a user subclass.
       t_eval: the times at which the solution is returned, within `t_span`, monotone.
         None (SciPy's default): SciPy's own step times, padded to a static
         `max_steps + 1` with `inf` (`n_points` of them are valid).
