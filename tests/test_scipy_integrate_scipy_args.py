@@ -102,3 +102,40 @@ def test_user_solver_subclass_as_method_raises_valueerror():
     assert ref.success  # SciPy runs a subclass; its steps are not SciPy's own: refused
     with pytest.raises(ValueError, match=r"solve_ivp: method=.*MyRK: only SciPy's own"):
         solve_ivp(rotor, (0.0, 1.0), Y0, method=MyRK, t_eval=TE[:2], args=(K,))
+
+
+def decay_columns(t, y, k):
+    """Written for SciPy's vectorized=True: y is (n, k), one state per column (called
+    with y of shape (n,), `k[:, None] * y` would be an (n, n) outer product)."""
+    return -k[:, None] * y + 0.1 * jnp.roll(y, 1, axis=0)
+
+
+@pytest.mark.parametrize("method,with_events", [("RK45", False), ("Radau", False),
+                                                ("RK45", True)])
+def test_vectorized_fun_called_as_scipy_does(method, with_events):
+    kw = dict(method=method, t_eval=TE, rtol=1e-8, atol=1e-10, args=(K,), vectorized=True)
+    ref = scipy.integrate.solve_ivp(
+        lambda t, y, k: np.asarray(decay_columns(t, jnp.asarray(y), jnp.asarray(k))),
+        (0.0, 2.0), np.asarray(Y0), **kw)
+    assert ref.success
+    events = {"events": _never} if with_events else {}
+    sol = solve_ivp(decay_columns, (0.0, 2.0), Y0, stepping="scipy", **kw, **events)
+    np.testing.assert_allclose(sol.y, ref.y, rtol=1e-7, atol=1e-12)
+
+    def loss(k):
+        return solve_ivp(decay_columns, (0.0, 2.0), Y0, stepping="scipy",
+                         **{**kw, "args": (k,)}, **events).y[1, -1]
+    np.testing.assert_allclose(jax.grad(loss)(K), fd(loss, K, 1e-6), rtol=1e-5, atol=1e-9)
+
+
+def test_vectorized_fun_that_also_takes_one_state_gives_the_same_result():
+    A = jnp.array([[-1.0, 0.5], [0.0, -2.0]])
+
+    def linear(t, y):  # right for y of shape (n,) and (n, k) alike
+        return A @ y
+    ref = scipy.integrate.solve_ivp(lambda t, y: np.asarray(A) @ y, (0.0, 1.0), np.asarray(Y0),
+                                    t_eval=TE[:3], vectorized=True, rtol=1e-8, atol=1e-10)
+    for vec in (True, False):
+        sol = solve_ivp(linear, (0.0, 1.0), Y0, t_eval=TE[:3], vectorized=vec, rtol=1e-8,
+                        atol=1e-10, stepping="scipy")
+        np.testing.assert_allclose(sol.y, ref.y, rtol=1e-10, atol=1e-15)

@@ -48,6 +48,7 @@ class IvpRequest:
     t_eval: Any
     dense_output: bool
     events: Any
+    vectorized: bool
     args: Any
     rtol: Any
     atol: Any
@@ -100,6 +101,22 @@ def check_method(method: Any, name: str) -> str:
             f"Pass the evaluation times as t_eval=...")
     raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS} or SciPy's "
                      f"solver class of that name, got {method!r}")
+
+
+def single_call(fun: Callable[..., Any], vectorized: bool, y0: jax.Array) -> Callable:
+    """`fun` as called for one state: SciPy's `vectorized=True` means `fun(t, y)` takes
+    `y` of shape (n, k), and SciPy calls it with (n, 1) for one state, ravelled."""
+    if not vectorized:
+        return fun
+    if y0.ndim != 1:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: vectorized=True calls fun(t, y) with y of "
+                         f"shape (n, k), as SciPy does, so y0 must be 1-D; got shape "
+                         f"{y0.shape}")
+
+    def one_state(t: Any, y: Any, *args: Any) -> Any:
+        out = fun(t, y[:, None], *args)
+        return jnp.ravel(out) if jnp.size(out) == y.shape[0] else out
+    return one_state
 
 
 def check_checkpoints(checkpoints: Any, name: str) -> int | None:
@@ -225,9 +242,10 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     sizes = _check_sizes(req, options) if events_path else (MAX_EVENTS, MAX_STEPS)
     args = check_args(req.args, NAME, CALL, "unpack_checked")
     y0 = as_float_array(req.y0, NAME, "y0")
+    fun = single_call(req.fun, bool(req.vectorized), y0)
     t0, t1, t_eval = _times(req)
     example = (jax.ShapeDtypeStruct((), t_eval.dtype), jax.ShapeDtypeStruct(y0.shape, y0.dtype))
-    rhs, ops = convert(req.fun, NAME, "fun", example, args, CALL,
+    rhs, ops = convert(fun, NAME, "fun", example, args, CALL,
                        vary_like=(t0, t1, y0, t_eval))
     check_returns(rhs, y0.shape, NAME, "fun")
     params, fixed = rhs.split(ops)
@@ -256,5 +274,5 @@ def prepare(req: IvpRequest) -> PreparedIvp:
         checkpoints=budget, events=ev_hfs, terminal=terminal, direction=direction,
         max_events=sizes[0], max_steps=sizes[1], steps=req.t_eval is None,
         dense=bool(req.dense_output), events_path=events_path)
-    return PreparedIvp(cfg, req.fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
+    return PreparedIvp(cfg, fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
                        None if req.events is None else evs, args)

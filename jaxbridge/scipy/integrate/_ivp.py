@@ -61,8 +61,9 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
         implicit function theorem. After a terminal event `y` is NaN at later
         `t_eval` times and `status` is 1. These three run SciPy's own loop
         (forward sensitivities for gradients); see docs/guides/ode-events.md.
-      vectorized: accepted and ignored (Jacobians come from JAX, not from finite
-        differences, so SciPy's vectorized evaluation has nothing to speed up).
+      vectorized: as in SciPy, True means `fun(t, y)` takes `y` of shape (n, k) and
+        returns (n, k); it is called with y of shape (n, 1) for one state, as SciPy
+        does (Jacobians come from JAX, so never with k > 1). `y0` must be 1-D.
       args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
         float leaves (pytrees are fine) are traced and differentiable; Python ints,
         bools and other objects are passed unchanged (static). As in SciPy, any other
@@ -126,10 +127,10 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
       >>> round(float(grad(1.0)), 4)  # d/dk exp(-k) at k = 1
       -0.3679
     """
-    del vectorized  # Jacobians come from JAX
     prepared = prepare(IvpRequest(
         fun=fun, t_span=t_span, y0=y0, method=method, t_eval=t_eval,
-        dense_output=dense_output, events=events, args=args, rtol=rtol, atol=atol, jac=jac,
+        dense_output=dense_output, events=events, vectorized=vectorized, args=args,
+        rtol=rtol, atol=atol, jac=jac,
         adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol, sensitivity=sensitivity,
         stepping=stepping, checkpoints=checkpoints, on_failure=on_failure, options=options))
     if prepared.cfg.events_path:
