@@ -139,3 +139,32 @@ def test_vectorized_fun_that_also_takes_one_state_gives_the_same_result():
         sol = solve_ivp(linear, (0.0, 1.0), Y0, t_eval=TE[:3], vectorized=vec, rtol=1e-8,
                         atol=1e-10, stepping="scipy")
         np.testing.assert_allclose(sol.y, ref.y, rtol=1e-10, atol=1e-15)
+
+
+J_CONST = np.array([[-1.5, 1e-4], [1e-4, -0.3]])  # rotor's Jacobian near y = 0, k = K
+
+
+@pytest.mark.parametrize("method,stepping", [("Radau", "auto"), ("BDF", "scipy"),
+                                             ("BDF", "auto")])
+def test_constant_jac_matrix_as_scipy(method, stepping):
+    kw = dict(method=method, t_eval=TE, rtol=1e-8, atol=1e-11, jac=J_CONST, args=(K,))
+    ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 2.0), np.asarray(Y0), **kw)
+    sol = solve_ivp(rotor, (0.0, 2.0), Y0, stepping=stepping, **kw)
+    np.testing.assert_allclose(sol.y, ref.y, rtol=1e-10, atol=1e-15)
+    assert (int(sol.nfev), int(sol.njev)) == (ref.nfev, ref.njev)
+
+    def loss(k):
+        return solve_ivp(rotor, (0.0, 2.0), Y0, stepping=stepping,
+                         **{**kw, "args": (k,)}).y[0, -1]
+    np.testing.assert_allclose(jax.grad(loss)(K), fd(loss, K, 1e-6), rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("method,jac", [("Radau", np.eye(3)), ("LSODA", J_CONST)])
+def test_constant_jac_refused_raises_valueerror_as_scipy(method, jac):
+    # a wrong shape; LSODA takes a function only (SciPy raises ValueError for a matrix)
+    with pytest.raises(ValueError):
+        scipy.integrate.solve_ivp(rotor_np, (0.0, 1.0), np.asarray(Y0), method=method,
+                                  jac=jac, args=(K,))
+    with pytest.raises(ValueError, match=r"solve_ivp: .*jac"):
+        solve_ivp(rotor, (0.0, 1.0), Y0, t_eval=TE[:2], method=method, jac=jac, args=(K,),
+                  stepping="scipy")

@@ -119,6 +119,29 @@ def single_call(fun: Callable[..., Any], vectorized: bool, y0: jax.Array) -> Cal
     return one_state
 
 
+def constant_jacobian(jac: Any, n: int, method: str) -> tuple[Any, tuple | None]:
+    """SciPy's constant `jac` (a dense (n, n) array): (a function of (t, y, *args)
+    returning it, its rows as a hashable tuple); other `jac` values: (`jac`, None)."""
+    if jac is None or isinstance(jac, bool) or callable(jac):
+        return jac, None
+    try:
+        J = np.asarray(jax.device_get(jac), np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: `jac` must be a function jac(t, y, *args), "
+                         f"a constant (n, n) array, None or False; got {jac!r}") from e
+    except jax.errors.ConcretizationTypeError as e:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: a constant `jac` is static (SciPy's "
+                         f"Newton iteration only); got a traced array") from e
+    if method == "LSODA":
+        raise ValueError(f"jaxbridge.scipy.{NAME}: method='LSODA' takes `jac` as a function "
+                         f"jac(t, y, *args) only (as SciPy's LSODA); got a constant array")
+    if J.shape != (n, n):
+        raise ValueError(f"jaxbridge.scipy.{NAME}: `jac` is expected to have shape {(n, n)} "
+                         f"(as in SciPy), but actually has {J.shape}")
+    const = jnp.asarray(J)
+    return (lambda t, y, *args: const), tuple(map(tuple, J.tolist()))
+
+
 def check_checkpoints(checkpoints: Any, name: str) -> int | None:
     """`checkpoints` as None or an int >= 2."""
     if checkpoints is None:
@@ -249,10 +272,10 @@ def prepare(req: IvpRequest) -> PreparedIvp:
                        vary_like=(t0, t1, y0, t_eval))
     check_returns(rhs, y0.shape, NAME, "fun")
     params, fixed = rhs.split(ops)
-    jac_hf: Any = req.jac
+    jac_hf, jac_matrix = constant_jacobian(req.jac, y0.size, method)
     jac_ops: Sequence[Any] = ()
-    if callable(req.jac):
-        jac_hf, jac_ops = convert(req.jac, NAME, "jac", example, args, "jac(t, y, *args)")
+    if callable(jac_hf):
+        jac_hf, jac_ops = convert(jac_hf, NAME, "jac", example, args, "jac(t, y, *args)")
         jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
     evs, ev_hfs, ev_ops, terminal, direction = _convert_events(req.events, example, args,
                                                                sizes[0])
@@ -273,6 +296,6 @@ def prepare(req: IvpRequest) -> PreparedIvp:
         sensitivity=sensitivity, on_failure=req.on_failure, options=static, stepping=stepping,
         checkpoints=budget, events=ev_hfs, terminal=terminal, direction=direction,
         max_events=sizes[0], max_steps=sizes[1], steps=req.t_eval is None,
-        dense=bool(req.dense_output), events_path=events_path)
+        dense=bool(req.dense_output), events_path=events_path, jac_matrix=jac_matrix)
     return PreparedIvp(cfg, fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
                        None if req.events is None else evs, args)

@@ -29,7 +29,7 @@ sg = jax.lax.stop_gradient
 def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45",
               t_eval: Any = None, dense_output: bool = False, events: Any = None,
               vectorized: bool = False, args: Any = None, *, rtol: Any = 1e-3,
-              atol: Any = 1e-6, jac: Callable[..., Any] | bool | None = None,
+              atol: Any = 1e-6, jac: Any = None,
               adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
               sensitivity: str = "auto", stepping: str = "auto",
               checkpoints: int | None = None, on_failure: str = "raise",
@@ -72,7 +72,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
         inherit the solution's error, so pass tighter ones for training): floats, or
         as in SciPy arrays with one value per state component (static, not traced).
       jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
-        JAX); None (default): the exact Jacobian from JAX; False: SciPy's finite
+        JAX) or a constant dense (n, n) array (not a sparse matrix; not for LSODA);
+        None (default): the exact Jacobian from JAX; False: SciPy's finite
         differences, in the forward solve and, with `stepping="scipy"`, in the
         continuous adjoint's solves, so that a `fun` JAX can differentiate in reverse
         mode only (a `jax.custom_vjp` inside) gets gradients there.

@@ -53,6 +53,12 @@ class IvpConfig:
     steps: bool = False    # t_eval=None: the outputs are SciPy's step times
     dense: bool = False    # dense_output=True
     events_path: bool = False  # events, dense output or step times: SciPy's loop keeps them
+    jac_matrix: tuple | None = None  # a constant `jac` (rows), passed to SciPy as a matrix
+
+    def scipy_jac(self, jac_function: Any) -> Any:
+        """What SciPy's `jac=` gets: the constant matrix (SciPy then never re-evaluates
+        it, as for the user's own call) or the host function of the Jacobian."""
+        return jac_function if self.jac_matrix is None else np.array(self.jac_matrix)
 
     @property
     def scipy_tols(self) -> dict:

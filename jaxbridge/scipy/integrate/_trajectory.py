@@ -162,7 +162,7 @@ def trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, 
                enumerate(zip(cfg.terminal, cfg.direction))]
         kw = {}
         if cfg.method in IMPLICIT_METHODS and cfg.jac is not False:
-            kw["jac"] = host.jac
+            kw["jac"] = cfg.scipy_jac(host.jac)
         sol = scipy.integrate.solve_ivp(
             host.f, (float(t0), float(t1)), np.ravel(f64(y0)), method=cfg.method,
             t_eval=None if cfg.steps else f64(t_eval), dense_output=cfg.dense,
