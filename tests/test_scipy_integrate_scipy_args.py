@@ -168,3 +168,83 @@ def test_constant_jac_refused_raises_valueerror_as_scipy(method, jac):
     with pytest.raises(ValueError, match=r"solve_ivp: .*jac"):
         solve_ivp(rotor, (0.0, 1.0), Y0, t_eval=TE[:2], method=method, jac=jac, args=(K,),
                   stepping="scipy")
+
+
+def _decay(t, y):
+    return -y
+
+
+def _bvp_f(x, y):
+    return jnp.vstack([y[1], -y[0]])
+
+
+def _bvp_bc(ya, yb):
+    return jnp.array([ya[0], yb[0] - 1.0])
+
+
+def _bvp_f_np(x, y):
+    return np.vstack([y[1], -y[0]])
+
+
+def _bvp_bc_np(ya, yb):
+    return np.array([ya[0], yb[0] - 1.0])
+
+
+X5 = np.linspace(0.0, 1.0, 5)
+# name -> call(module, which: "scipy" or "ours"); each raises in SciPy
+BAD_INPUT = {
+    "ivp t_span of 3": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0, 2.0), [1.0], t_eval=[0.5]),
+    "ivp unknown method": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), [1.0], method="Euler",
+                                                   t_eval=[0.5]),
+    "ivp t_eval outside": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), [1.0], t_eval=[2.0]),
+    "ivp t_eval 2-D": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), [1.0], t_eval=[[0.5]]),
+    "ivp t_eval unsorted": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), [1.0],
+                                                    t_eval=[0.5, 0.2]),
+    "ivp args not a tuple": lambda m, w: m.solve_ivp(lambda t, y, k: -k * y, (0.0, 1.0), [1.0],
+                                                     t_eval=[0.5], args=2.0),
+    "ivp negative atol": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), [1.0], t_eval=[0.5],
+                                                  atol=-1.0),
+    "ivp negative first_step": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), [1.0],
+                                                        t_eval=[0.5], first_step=-1.0),
+    "ivp zero max_step": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), [1.0], t_eval=[0.5],
+                                                  max_step=0.0),
+    "ivp fun of wrong shape": lambda m, w: m.solve_ivp(
+        lambda t, y: (jnp if w == "ours" else np).ones(3), (0.0, 1.0), [1.0], t_eval=[0.5]),
+    "quad limit 0": lambda m, w: m.quad(lambda x: x, 0.0, 1.0, limit=0),
+    "quad unknown weight": lambda m, w: m.quad(lambda x: x, 0.0, 1.0, weight="foo"),
+    "bvp x decreasing": lambda m, w: m.solve_bvp(
+        *((_bvp_f, _bvp_bc) if w == "ours" else (_bvp_f_np, _bvp_bc_np)), X5[::-1],
+        np.zeros((2, 5))),
+    "bvp y of wrong shape": lambda m, w: m.solve_bvp(
+        *((_bvp_f, _bvp_bc) if w == "ours" else (_bvp_f_np, _bvp_bc_np)), X5,
+        np.zeros((2, 4))),
+    "bvp x 2-D": lambda m, w: m.solve_bvp(
+        *((_bvp_f, _bvp_bc) if w == "ours" else (_bvp_f_np, _bvp_bc_np)), X5[None],
+        np.zeros((2, 5))),
+    "lfilter a[0] = 0": lambda m, w: m.lfilter([1.0], [0.0, 1.0], np.ones(4)),
+    "lfilter zi of wrong shape": lambda m, w: m.lfilter([1.0, 1.0], [1.0], np.ones(4),
+                                                        zi=np.ones(3)),
+    "lfilter b 2-D": lambda m, w: m.lfilter([[1.0]], [1.0], np.ones(4)),
+    "lfilter b empty": lambda m, w: m.lfilter([], [1.0], np.ones(4)),
+    "lfilter x scalar": lambda m, w: m.lfilter([1.0], [1.0], 1.0),
+    "lfilter axis out of range": lambda m, w: m.lfilter([1.0], [1.0], np.ones(4), axis=3),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_raises_scipys_exception_type(case):
+    import scipy.signal
+
+    import jaxbridge.scipy.integrate as ours_integrate
+    import jaxbridge.scipy.signal as ours_signal
+    signal = case.startswith("lfilter")
+    call = BAD_INPUT[case]
+    with pytest.raises(Exception) as theirs:
+        call(scipy.signal if signal else scipy.integrate, "scipy")
+    with pytest.raises(Exception) as ours:
+        call(ours_signal if signal else ours_integrate, "ours")
+    for kind in (ValueError, TypeError, IndexError, NotImplementedError):
+        assert isinstance(ours.value, kind) == isinstance(theirs.value, kind), \
+            (case, kind, theirs.value, ours.value)
+    assert "jaxbridge" in str(ours.value) or "`x` must be strictly" in str(ours.value) \
+        or "limit" in str(ours.value) or "axis" in str(ours.value)

@@ -158,6 +158,9 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
                              f"coefficients, got shape {v.shape}")
     if x.ndim == 0:
         raise ValueError(f"{name}: `x` must have at least one dimension, got a scalar")
+    if not -x.ndim <= axis < x.ndim:  # SciPy's AxisError (a ValueError and an IndexError)
+        raise np.exceptions.AxisError(f"{name}: axis {axis} is out of bounds for `x` of "
+                                      f"dimension {x.ndim}")
     try:
         a0 = float(a[0])
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):

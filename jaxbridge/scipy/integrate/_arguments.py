@@ -142,6 +142,22 @@ def constant_jacobian(jac: Any, n: int, method: str) -> tuple[Any, tuple | None]
     return (lambda t, y, *args: const), tuple(map(tuple, J.tolist()))
 
 
+def check_step_options(options: dict, name: str) -> None:
+    """SciPy's checks of `first_step` and `max_step` (positive; the compiled loop would
+    otherwise never end)."""
+    for what in ("first_step", "max_step"):
+        v = options.get(what)
+        if v is None:
+            continue
+        try:
+            ok = float(v) > 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be positive (as in "
+                             f"SciPy), got {v!r}")
+
+
 def check_checkpoints(checkpoints: Any, name: str) -> int | None:
     """`checkpoints` as None or an int >= 2."""
     if checkpoints is None:
@@ -164,6 +180,10 @@ def check_t_eval(t0: jax.Array, t1: jax.Array, t_eval: jax.Array, name: str) -> 
     if te.size and (te.min() < lo or te.max() > hi):
         raise ValueError(f"jaxbridge.scipy.{name}: values in t_eval are not within t_span "
                          f"({a}, {b})")
+    steps = np.diff(te) * (1.0 if b >= a else -1.0)
+    if np.any(steps < 0):
+        raise ValueError(f"jaxbridge.scipy.{name}: values in t_eval are not properly sorted "
+                         f"(in the direction of t_span ({a}, {b})), as SciPy requires")
 
 
 def check_returns(hf: HostFun, want: tuple, name: str, what: str) -> None:
@@ -262,6 +282,7 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     budget = check_checkpoints(req.checkpoints, NAME)
     events_path = req.events is not None or req.dense_output or req.t_eval is None
     options = dict(req.options)
+    check_step_options(options, NAME)
     sizes = _check_sizes(req, options) if events_path else (MAX_EVENTS, MAX_STEPS)
     args = check_args(req.args, NAME, CALL, "unpack_checked")
     y0 = as_float_array(req.y0, NAME, "y0")
