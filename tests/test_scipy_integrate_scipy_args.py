@@ -248,3 +248,17 @@ def test_bad_input_raises_scipys_exception_type(case):
             (case, kind, theirs.value, ours.value)
     assert "jaxbridge" in str(ours.value) or "`x` must be strictly" in str(ours.value) \
         or "limit" in str(ours.value) or "axis" in str(ours.value)
+
+
+@pytest.mark.parametrize("kw,reason", [
+    ({"t_eval": None}, r"t_eval=None returns SciPy's own step times"),
+    ({"t_eval": TE[:2], "dense_output": True}, r"dense_output=True: SciPy's own step loop"),
+    ({"t_eval": TE[:2], "events": _never}, r"events: SciPy's own step loop")])
+def test_compiled_stepping_refusal_names_the_real_reason(kw, reason):
+    ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 1.0), np.asarray(Y0), args=(K,),
+                                    **{k: v for k, v in kw.items() if k != "events"})
+    assert ref.success  # SciPy solves it; only the compiled loop cannot
+    with pytest.raises(NotImplementedError, match=reason) as info:
+        solve_ivp(rotor, (0.0, 1.0), Y0, args=(K,), stepping="compiled", **kw)
+    if "events" not in kw:
+        assert "events" not in str(info.value)

@@ -219,13 +219,22 @@ def tolerance(value: Any, n: int, what: str, name: str) -> float | tuple:
 def _check_sizes(req: IvpRequest, options: dict) -> tuple[int, int]:
     """The events path's static sizes (`max_events`, `max_steps`, taken out of the
     options) and the choices it cannot honour."""
+    given = [what for what, on in (("events", req.events is not None),
+                                   ("dense_output=True", bool(req.dense_output)),
+                                   ("t_eval=None", req.t_eval is None)) if on]
+    why = " and ".join(given)
     if req.sensitivity == "adjoint":
-        raise unsupported(NAME, "sensitivity='adjoint'", "with events, dense output or "
-                          "t_eval=None the gradient uses forward sensitivities; pass "
-                          "sensitivity='auto' or 'forward'")
+        raise unsupported(NAME, "sensitivity='adjoint'", f"with {why} the gradient uses "
+                          "forward sensitivities; pass sensitivity='auto' or 'forward'")
     if req.stepping == "compiled":
-        raise unsupported(NAME, "stepping='compiled'", "events and dense output are located "
-                          "by SciPy's own step loop; pass stepping='auto' or 'scipy'")
+        reason = ("t_eval=None returns SciPy's own step times, which come from SciPy's "
+                  "step loop" if given == ["t_eval=None"] else
+                  f"{why}: SciPy's own step loop " + " and ".join(
+                      {"events": "locates the events", "dense_output=True": "keeps the "
+                       "dense output", "t_eval=None": "gives the step times"}[g]
+                      for g in given))
+        raise unsupported(NAME, "stepping='compiled'", f"{reason}; pass stepping='auto' or "
+                          f"'scipy' (or t_eval=... for the compiled loop)")
     for what, choices, v in (("sensitivity", SENSITIVITIES, req.sensitivity),
                              ("stepping", STEPPINGS, req.stepping)):
         if v not in choices:
