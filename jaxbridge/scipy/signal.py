@@ -109,6 +109,29 @@ def _lf_vjp(primals: tuple, y: jax.Array, ct: jax.Array) -> tuple:
     return b_bar, a_bar, x_bar, zi_bar
 
 
+def _checked_operands(b: Any, a: Any, x: Any, axis: int, name: str) -> tuple:
+    """`b`, `a` (1-D, SciPy's scalars too) and `x` as float arrays, checked as SciPy does."""
+    b, a, x = (as_float_array(v, "signal.lfilter", arg) for v, arg in ((b, "b"), (a, "a"),
+                                                                      (x, "x")))
+    b, a = jnp.atleast_1d(b), jnp.atleast_1d(a)  # SciPy's scalar coefficients
+    for arg, v in (("b", b), ("a", a)):
+        if v.ndim != 1 or v.shape[0] == 0:
+            raise ValueError(f"{name}: `{arg}` must be a non-empty 1-D array of filter "
+                             f"coefficients, got shape {v.shape}")
+    if x.ndim == 0:
+        raise ValueError(f"{name}: `x` must have at least one dimension, got a scalar")
+    if not -x.ndim <= axis < x.ndim:  # SciPy's AxisError (a ValueError and an IndexError)
+        raise np.exceptions.AxisError(f"{name}: axis {axis} is out of bounds for `x` of "
+                                      f"dimension {x.ndim}")
+    try:
+        a0 = float(a[0])
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        a0 = None
+    if a0 == 0.0:
+        raise ValueError(f"{name}: a[0] must be nonzero (the filter is normalized by it)")
+    return b, a, x
+
+
 def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
     """`scipy.signal.lfilter`: an IIR/FIR filter; differentiable in b, a, x and zi.
 
@@ -149,24 +172,7 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
         [-2.924, -1.735]
     """
     name = "jaxbridge.scipy.signal.lfilter"
-    b, a, x = (as_float_array(v, "signal.lfilter", arg) for v, arg in ((b, "b"), (a, "a"),
-                                                                      (x, "x")))
-    b, a = jnp.atleast_1d(b), jnp.atleast_1d(a)  # SciPy's scalar coefficients
-    for arg, v in (("b", b), ("a", a)):
-        if v.ndim != 1 or v.shape[0] == 0:
-            raise ValueError(f"{name}: `{arg}` must be a non-empty 1-D array of filter "
-                             f"coefficients, got shape {v.shape}")
-    if x.ndim == 0:
-        raise ValueError(f"{name}: `x` must have at least one dimension, got a scalar")
-    if not -x.ndim <= axis < x.ndim:  # SciPy's AxisError (a ValueError and an IndexError)
-        raise np.exceptions.AxisError(f"{name}: axis {axis} is out of bounds for `x` of "
-                                      f"dimension {x.ndim}")
-    try:
-        a0 = float(a[0])
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
-        a0 = None
-    if a0 == 0.0:
-        raise ValueError(f"{name}: a[0] must be nonzero (the filter is normalized by it)")
+    b, a, x = _checked_operands(b, a, x, axis, name)
     dtype = jnp.result_type(b.dtype, a.dtype, x.dtype)
     b, a, xm = b.astype(dtype), a.astype(dtype), jnp.moveaxis(x.astype(dtype), axis, -1)
     K = max(a.shape[0], b.shape[0]) - 1
