@@ -150,3 +150,31 @@ def test_second_order_matches_pure_jax_twin():
     args = (B, A, X, ZI)
     np.testing.assert_allclose(jax.hessian(L, 1)(*args), jax.hessian(L_twin, 1)(*args),
                                rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("b,a", [(0.5, [1.0, -0.3]), ([0.5, 0.25], 2.0), (3.0, 2.0)])
+def test_lfilter_scalar_coefficients_as_scipy(b, a):
+    x = np.array([1.0, 0.0, -2.0, 0.5, 3.0])
+    np.testing.assert_allclose(lfilter(b, a, x), scipy.signal.lfilter(b, a, x), rtol=1e-12)
+    g = jax.grad(lambda x: jnp.sum(lfilter(b, a, x) ** 2))(jnp.asarray(x))
+    np.testing.assert_allclose(g, fd(lambda x: jnp.sum(lfilter(b, a, x) ** 2), x), rtol=1e-6)
+
+
+def test_lfilter_broadcast_zi_as_scipy():
+    rng = np.random.default_rng(3)
+    b, a = np.array([0.5, 0.3, 0.1]), np.array([1.0, -0.4, 0.2])
+    x = rng.normal(size=(3, 6))
+    zi = np.array([[0.2, -0.1]])  # (1, 2): one state for all three rows
+    y, zf = lfilter(b, a, x, axis=-1, zi=zi)
+    y_ref, zf_ref = scipy.signal.lfilter(b, a, x, axis=-1, zi=zi)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-12)
+    np.testing.assert_allclose(zf, zf_ref, rtol=1e-12)
+    assert zf.shape == zf_ref.shape == (3, 2)
+
+    def loss(z):
+        y, zf = lfilter(b, a, x, axis=-1, zi=z)
+        return jnp.sum(y ** 2) + jnp.sum(zf)
+    np.testing.assert_allclose(jax.grad(loss)(jnp.asarray(zi)), fd(loss, zi), rtol=1e-6)
+    y0, _ = lfilter(b, a, x.T, axis=0, zi=zi.T)  # along axis 0: zi (2, 1)
+    np.testing.assert_allclose(y0, scipy.signal.lfilter(b, a, x.T, axis=0, zi=zi.T)[0],
+                               rtol=1e-12)

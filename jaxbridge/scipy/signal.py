@@ -109,6 +109,29 @@ def _lf_vjp(primals: tuple, y: jax.Array, ct: jax.Array) -> tuple:
     return b_bar, a_bar, x_bar, zi_bar
 
 
+def _checked_operands(b: Any, a: Any, x: Any, axis: int, name: str) -> tuple:
+    """`b`, `a` (1-D, SciPy's scalars too) and `x` as float arrays, checked as SciPy does."""
+    b, a, x = (as_float_array(v, "signal.lfilter", arg) for v, arg in ((b, "b"), (a, "a"),
+                                                                      (x, "x")))
+    b, a = jnp.atleast_1d(b), jnp.atleast_1d(a)  # SciPy's scalar coefficients
+    for arg, v in (("b", b), ("a", a)):
+        if v.ndim != 1 or v.shape[0] == 0:
+            raise ValueError(f"{name}: `{arg}` must be a non-empty 1-D array of filter "
+                             f"coefficients, got shape {v.shape}")
+    if x.ndim == 0:
+        raise ValueError(f"{name}: `x` must have at least one dimension, got a scalar")
+    if not -x.ndim <= axis < x.ndim:  # SciPy's AxisError (a ValueError and an IndexError)
+        raise np.exceptions.AxisError(f"{name}: axis {axis} is out of bounds for `x` of "
+                                      f"dimension {x.ndim}")
+    try:
+        a0 = float(a[0])
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        a0 = None
+    if a0 == 0.0:
+        raise ValueError(f"{name}: a[0] must be nonzero (the filter is normalized by it)")
+    return b, a, x
+
+
 def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
     """`scipy.signal.lfilter`: an IIR/FIR filter; differentiable in b, a, x and zi.
 
@@ -120,13 +143,15 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
     order.
 
     Args:
-      b: the numerator coefficients, a non-empty 1-D array.
-      a: the denominator coefficients, a non-empty 1-D array with ``a[0] != 0``.
+      b: the numerator coefficients, a non-empty 1-D array (or, as in SciPy, a scalar).
+      a: the denominator coefficients, a non-empty 1-D array (or a scalar) with
+        ``a[0] != 0``.
       x: the signal, at least 1-D; filtered along `axis` (other dimensions are
         filtered independently, in one host call).
       axis: the axis of `x` to filter along (static).
       zi: the initial state (optional), shaped like `x` with `axis` replaced by
-        ``max(len(a), len(b)) - 1``.
+        ``max(len(a), len(b)) - 1`` (its other axes may have length 1: broadcast, as
+        in SciPy).
 
     Returns:
       ``y`` shaped like `x`; with `zi`, the tuple ``(y, zf)`` with the final state
@@ -147,20 +172,7 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
         [-2.924, -1.735]
     """
     name = "jaxbridge.scipy.signal.lfilter"
-    b, a, x = (as_float_array(v, "signal.lfilter", arg) for v, arg in ((b, "b"), (a, "a"),
-                                                                      (x, "x")))
-    for arg, v in (("b", b), ("a", a)):
-        if v.ndim != 1 or v.shape[0] == 0:
-            raise ValueError(f"{name}: `{arg}` must be a non-empty 1-D array of filter "
-                             f"coefficients, got shape {v.shape}")
-    if x.ndim == 0:
-        raise ValueError(f"{name}: `x` must have at least one dimension, got a scalar")
-    try:
-        a0 = float(a[0])
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
-        a0 = None
-    if a0 == 0.0:
-        raise ValueError(f"{name}: a[0] must be nonzero (the filter is normalized by it)")
+    b, a, x = _checked_operands(b, a, x, axis, name)
     dtype = jnp.result_type(b.dtype, a.dtype, x.dtype)
     b, a, xm = b.astype(dtype), a.astype(dtype), jnp.moveaxis(x.astype(dtype), axis, -1)
     K = max(a.shape[0], b.shape[0]) - 1
@@ -169,11 +181,15 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
         return jnp.moveaxis(_lf(b, a, xm, jnp.zeros(state_shape, dtype)), -1, axis)
     zi = as_float_array(zi, "signal.lfilter", "zi").astype(dtype)
     zi = jnp.moveaxis(zi, axis, -1) if zi.ndim else zi
+    if zi.ndim == len(state_shape) and zi.shape[-1] == K and all(
+            z in (1, s) for z, s in zip(zi.shape[:-1], state_shape[:-1])):
+        zi = jnp.broadcast_to(zi, state_shape)  # SciPy broadcasts zi's length-1 axes
     if zi.shape != state_shape:
         want = list(x.shape)
         want[axis] = K
         raise ValueError(f"{name}: `zi` must have shape {tuple(want)} (x.shape with axis "
-                         f"{axis} replaced by max(len(a), len(b)) - 1 = {K}), got "
+                         f"{axis} replaced by max(len(a), len(b)) - 1 = {K}; other axes "
+                         f"of length 1 broadcast), got "
                          f"{jnp.shape(zi)}")
     N = xm.shape[-1]
     padded = jnp.concatenate([xm, jnp.zeros(state_shape, dtype)], axis=-1)

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.integrate
 
 from .._common import as_float_array, check_policy, static_options, unsupported
 from .._trace import HostFun, array_aval, check_args, convert
@@ -43,13 +44,14 @@ class IvpRequest:
     fun: Callable[..., Any]
     t_span: Any
     y0: Any
-    method: str
+    method: Any
     t_eval: Any
     dense_output: bool
     events: Any
+    vectorized: bool
     args: Any
-    rtol: float
-    atol: float
+    rtol: Any
+    atol: Any
     jac: Any
     adjoint_rtol: float | None
     adjoint_atol: float | None
@@ -78,18 +80,82 @@ class PreparedIvp:
     args: tuple                # SciPy's `args`, checked
 
 
-def check_method(method: Any, name: str) -> None:
-    """`method` is one of SciPy's names (an array here is a misplaced `t_eval`)."""
+def check_method(method: Any, name: str) -> str:
+    """`method`'s name: one of SciPy's names or SciPy's own solver classes
+    (`scipy.integrate.RK45`, ...); an array here is a misplaced `t_eval`."""
     if isinstance(method, str) and method in METHODS:
-        return
+        return method
+    if isinstance(method, type) and issubclass(method, scipy.integrate.OdeSolver):
+        cls_name: str = method.__name__
+        if cls_name in METHODS and getattr(scipy.integrate, cls_name) is method:
+            return cls_name
+        raise ValueError(
+            f"jaxbridge.scipy.{name}: method={method.__module__}.{method.__qualname__}: only "
+            f"SciPy's own methods are supported ({METHODS}, or SciPy's classes of those "
+            f"names), since their steps are differentiated as SciPy takes them")
     if not isinstance(method, str) and (hasattr(method, "shape") or
                                         isinstance(method, (list, tuple))):
         raise TypeError(
             f"jaxbridge.scipy.{name}: the 4th positional argument is `method`, as in SciPy's "
             f"solve_ivp(fun, t_span, y0, method='RK45', t_eval=None, ...); got an array. "
             f"Pass the evaluation times as t_eval=...")
-    raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS}, "
-                     f"got {method!r}")
+    raise ValueError(f"jaxbridge.scipy.{name}: method must be one of {METHODS} or SciPy's "
+                     f"solver class of that name, got {method!r}")
+
+
+def single_call(fun: Callable[..., Any], vectorized: bool, y0: jax.Array) -> Callable:
+    """`fun` as called for one state: SciPy's `vectorized=True` means `fun(t, y)` takes
+    `y` of shape (n, k), and SciPy calls it with (n, 1) for one state, ravelled."""
+    if not vectorized:
+        return fun
+    if y0.ndim != 1:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: vectorized=True calls fun(t, y) with y of "
+                         f"shape (n, k), as SciPy does, so y0 must be 1-D; got shape "
+                         f"{y0.shape}")
+
+    def one_state(t: Any, y: Any, *args: Any) -> Any:
+        out = fun(t, y[:, None], *args)
+        return jnp.ravel(out) if jnp.size(out) == y.shape[0] else out
+    return one_state
+
+
+def constant_jacobian(jac: Any, n: int, method: str) -> tuple[Any, tuple | None]:
+    """SciPy's constant `jac` (a dense (n, n) array): (a function of (t, y, *args)
+    returning it, its rows as a hashable tuple); other `jac` values: (`jac`, None)."""
+    if jac is None or isinstance(jac, bool) or callable(jac):
+        return jac, None
+    try:
+        J = np.asarray(jax.device_get(jac), np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: `jac` must be a function jac(t, y, *args), "
+                         f"a constant (n, n) array, None or False; got {jac!r}") from e
+    except jax.errors.ConcretizationTypeError as e:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: a constant `jac` is static (SciPy's "
+                         f"Newton iteration only); got a traced array") from e
+    if method == "LSODA":
+        raise ValueError(f"jaxbridge.scipy.{NAME}: method='LSODA' takes `jac` as a function "
+                         f"jac(t, y, *args) only (as SciPy's LSODA); got a constant array")
+    if J.shape != (n, n):
+        raise ValueError(f"jaxbridge.scipy.{NAME}: `jac` is expected to have shape {(n, n)} "
+                         f"(as in SciPy), but actually has {J.shape}")
+    const = jnp.asarray(J)
+    return (lambda t, y, *args: const), tuple(map(tuple, J.tolist()))
+
+
+def check_step_options(options: dict, name: str) -> None:
+    """SciPy's checks of `first_step` and `max_step` (positive; the compiled loop would
+    otherwise never end)."""
+    for what in ("first_step", "max_step"):
+        v = options.get(what)
+        if v is None:
+            continue
+        try:
+            ok = float(v) > 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be positive (as in "
+                             f"SciPy), got {v!r}")
 
 
 def check_checkpoints(checkpoints: Any, name: str) -> int | None:
@@ -114,6 +180,10 @@ def check_t_eval(t0: jax.Array, t1: jax.Array, t_eval: jax.Array, name: str) -> 
     if te.size and (te.min() < lo or te.max() > hi):
         raise ValueError(f"jaxbridge.scipy.{name}: values in t_eval are not within t_span "
                          f"({a}, {b})")
+    steps = np.diff(te) * (1.0 if b >= a else -1.0)
+    if np.any(steps < 0):
+        raise ValueError(f"jaxbridge.scipy.{name}: values in t_eval are not properly sorted "
+                         f"(in the direction of t_span ({a}, {b})), as SciPy requires")
 
 
 def check_returns(hf: HostFun, want: tuple, name: str, what: str) -> None:
@@ -126,16 +196,45 @@ def check_returns(hf: HostFun, want: tuple, name: str, what: str) -> None:
                          f"shapes {got}")
 
 
+def tolerance(value: Any, n: int, what: str, name: str) -> float | tuple:
+    """SciPy's `rtol` or `atol`: a float, or an array with one per state component (a
+    tuple: the configuration is hashable); negative values raise as in SciPy."""
+    try:
+        arr = np.asarray(jax.device_get(value), np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be a float or an array of "
+                         f"one per state component, got {value!r}") from e
+    except jax.errors.ConcretizationTypeError as e:
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` is a static tolerance (it sets "
+                         f"SciPy's step control); got a traced value") from e
+    if arr.ndim > 0 and arr.size != n:
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` has wrong shape: SciPy takes a "
+                         f"float or one value per state component ({n}), got shape "
+                         f"{arr.shape}")
+    if np.any(arr < 0) or np.any(np.isnan(arr)):
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be positive, got {value!r}")
+    return float(arr) if arr.ndim == 0 else tuple(float(v) for v in arr.ravel())
+
+
 def _check_sizes(req: IvpRequest, options: dict) -> tuple[int, int]:
     """The events path's static sizes (`max_events`, `max_steps`, taken out of the
     options) and the choices it cannot honour."""
+    given = [what for what, on in (("events", req.events is not None),
+                                   ("dense_output=True", bool(req.dense_output)),
+                                   ("t_eval=None", req.t_eval is None)) if on]
+    why = " and ".join(given)
     if req.sensitivity == "adjoint":
-        raise unsupported(NAME, "sensitivity='adjoint'", "with events, dense output or "
-                          "t_eval=None the gradient uses forward sensitivities; pass "
-                          "sensitivity='auto' or 'forward'")
+        raise unsupported(NAME, "sensitivity='adjoint'", f"with {why} the gradient uses "
+                          "forward sensitivities; pass sensitivity='auto' or 'forward'")
     if req.stepping == "compiled":
-        raise unsupported(NAME, "stepping='compiled'", "events and dense output are located "
-                          "by SciPy's own step loop; pass stepping='auto' or 'scipy'")
+        reason = ("t_eval=None returns SciPy's own step times, which come from SciPy's "
+                  "step loop" if given == ["t_eval=None"] else
+                  f"{why}: SciPy's own step loop " + " and ".join(
+                      {"events": "locates the events", "dense_output=True": "keeps the "
+                       "dense output", "t_eval=None": "gives the step times"}[g]
+                      for g in given))
+        raise unsupported(NAME, "stepping='compiled'", f"{reason}; pass stepping='auto' or "
+                          f"'scipy' (or t_eval=... for the compiled loop)")
     for what, choices, v in (("sensitivity", SENSITIVITIES, req.sensitivity),
                              ("stepping", STEPPINGS, req.stepping)):
         if v not in choices:
@@ -188,23 +287,25 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     """Check `req`, convert its functions, resolve its choices: the one preparation of
     every `solve_ivp` path."""
     check_policy(req.on_failure, NAME)
-    check_method(req.method, NAME)
+    method = check_method(req.method, NAME)
     budget = check_checkpoints(req.checkpoints, NAME)
     events_path = req.events is not None or req.dense_output or req.t_eval is None
     options = dict(req.options)
+    check_step_options(options, NAME)
     sizes = _check_sizes(req, options) if events_path else (MAX_EVENTS, MAX_STEPS)
     args = check_args(req.args, NAME, CALL, "unpack_checked")
     y0 = as_float_array(req.y0, NAME, "y0")
+    fun = single_call(req.fun, bool(req.vectorized), y0)
     t0, t1, t_eval = _times(req)
     example = (jax.ShapeDtypeStruct((), t_eval.dtype), jax.ShapeDtypeStruct(y0.shape, y0.dtype))
-    rhs, ops = convert(req.fun, NAME, "fun", example, args, CALL,
+    rhs, ops = convert(fun, NAME, "fun", example, args, CALL,
                        vary_like=(t0, t1, y0, t_eval))
     check_returns(rhs, y0.shape, NAME, "fun")
     params, fixed = rhs.split(ops)
-    jac_hf: Any = req.jac
+    jac_hf, jac_matrix = constant_jacobian(req.jac, y0.size, method)
     jac_ops: Sequence[Any] = ()
-    if callable(req.jac):
-        jac_hf, jac_ops = convert(req.jac, NAME, "jac", example, args, "jac(t, y, *args)")
+    if callable(jac_hf):
+        jac_hf, jac_ops = convert(jac_hf, NAME, "jac", example, args, "jac(t, y, *args)")
         jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
     evs, ev_hfs, ev_ops, terminal, direction = _convert_events(req.events, example, args,
                                                                sizes[0])
@@ -212,17 +313,19 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     if events_path:  # SciPy's loop locates the events; gradients by forward sensitivities
         stepping, sensitivity = "scipy", "forward"
     else:
-        stepping = stepping_choice(req.stepping, req.method, static, NAME)
+        stepping = stepping_choice(req.stepping, method, static, NAME)
         sensitivity = sensitivity_choice(
             req.sensitivity, y0.size, sum(p.size for p in params),
-            stepping == "compiled" and req.method in IMPLICIT_METHODS)
+            stepping == "compiled" and method in IMPLICIT_METHODS)
+    rtol, atol = (tolerance(v, y0.size, w, NAME) for v, w in ((req.rtol, "rtol"),
+                                                              (req.atol, "atol")))
     cfg = IvpConfig(
-        fun=rhs, jac=jac_hf, method=req.method, rtol=float(req.rtol), atol=float(req.atol),
-        adjoint_rtol=float(req.rtol if req.adjoint_rtol is None else req.adjoint_rtol),
-        adjoint_atol=float(req.atol if req.adjoint_atol is None else req.adjoint_atol),
+        fun=rhs, jac=jac_hf, method=method, rtol=rtol, atol=atol,
+        adjoint_rtol=float(np.min(rtol) if req.adjoint_rtol is None else req.adjoint_rtol),
+        adjoint_atol=float(np.min(atol) if req.adjoint_atol is None else req.adjoint_atol),
         sensitivity=sensitivity, on_failure=req.on_failure, options=static, stepping=stepping,
         checkpoints=budget, events=ev_hfs, terminal=terminal, direction=direction,
         max_events=sizes[0], max_steps=sizes[1], steps=req.t_eval is None,
-        dense=bool(req.dense_output), events_path=events_path)
-    return PreparedIvp(cfg, req.fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
+        dense=bool(req.dense_output), events_path=events_path, jac_matrix=jac_matrix)
+    return PreparedIvp(cfg, fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
                        None if req.events is None else evs, args)

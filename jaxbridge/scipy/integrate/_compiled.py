@@ -51,7 +51,7 @@ def _compiled_ivp(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params
     f64_ = jnp.result_type(float)
     ys, status, nfev, steps = _rk.differentiable_solve(
         spec, t0.astype(f64_), jnp.ravel(y0).astype(f64_), t1.astype(f64_),
-        t_eval.astype(f64_), jnp.full(n, cfg.atol, f64_), params, fixed)
+        t_eval.astype(f64_), jnp.asarray(cfg.state_atol(n), f64_), params, fixed)
     finite = jnp.all(jnp.isfinite(ys))
     if cfg.on_failure == "raise":
         status = _check_status(status, finite, steps, method=cfg.method, budget=L * S)
@@ -90,7 +90,7 @@ class _StiffProblem:
 
     @property
     def atol(self) -> float:
-        return self.cfg.atol
+        return self.cfg.min_atol
 
     def fun(self, t: Any, y: Any, p: Any, fx: Any) -> Any:
         rhs = self.cfg.fun

@@ -26,10 +26,10 @@ __all__ = ["solve_ivp"]
 sg = jax.lax.stop_gradient
 
 
-def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45",
+def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45",
               t_eval: Any = None, dense_output: bool = False, events: Any = None,
-              vectorized: bool = False, args: Any = None, *, rtol: float = 1e-3,
-              atol: float = 1e-6, jac: Callable[..., Any] | bool | None = None,
+              vectorized: bool = False, args: Any = None, *, rtol: Any = 1e-3,
+              atol: Any = 1e-6, jac: Any = None,
               adjoint_rtol: float | None = None, adjoint_atol: float | None = None,
               sensitivity: str = "auto", stepping: str = "auto",
               checkpoints: int | None = None, on_failure: str = "raise",
@@ -46,7 +46,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         a function differentiated w.r.t. `k`): they are differentiated like `args`.
       t_span: `(t0, tf)`: SciPy integrates from `t0` (differentiable) to `tf`.
       y0: initial state, any shape (float).
-      method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA".
+      method: any of SciPy's: "RK23", "RK45", "DOP853", "Radau", "BDF", "LSODA", or
+        SciPy's class of that name (`scipy.integrate.Radau`); not a user subclass.
       t_eval: the times at which the solution is returned, within `t_span`, monotone.
         None (SciPy's default): SciPy's own step times, padded to a static
         `max_steps + 1` with `inf` (`n_points` of them are valid).
@@ -60,16 +61,19 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
         implicit function theorem. After a terminal event `y` is NaN at later
         `t_eval` times and `status` is 1. These three run SciPy's own loop
         (forward sensitivities for gradients); see docs/guides/ode-events.md.
-      vectorized: accepted and ignored (Jacobians come from JAX, not from finite
-        differences, so SciPy's vectorized evaluation has nothing to speed up).
+      vectorized: as in SciPy, True means `fun(t, y)` takes `y` of shape (n, k) and
+        returns (n, k); it is called with y of shape (n, 1) for one state, as SciPy
+        does (Jacobians come from JAX, so never with k > 1). `y0` must be 1-D.
       args: a tuple passed as `fun(t, y, *args)` (and `jac(t, y, *args)`). Array and
         float leaves (pytrees are fine) are traced and differentiable; Python ints,
         bools and other objects are passed unchanged (static). As in SciPy, any other
         iterable is unpacked the same way, and a non-iterable raises SciPy's TypeError.
       rtol, atol: SciPy's tolerances and defaults (1e-3, 1e-6: loose; gradients
-        inherit the solution's error, so pass tighter ones for training).
+        inherit the solution's error, so pass tighter ones for training): floats, or
+        as in SciPy arrays with one value per state component (static, not traced).
       jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
-        JAX); None (default): the exact Jacobian from JAX; False: SciPy's finite
+        JAX) or a constant dense (n, n) array (not a sparse matrix; not for LSODA);
+        None (default): the exact Jacobian from JAX; False: SciPy's finite
         differences, in the forward solve and, with `stepping="scipy"`, in the
         continuous adjoint's solves, so that a `fun` JAX can differentiate in reverse
         mode only (a `jax.custom_vjp` inside) gets gradients there.
@@ -124,10 +128,10 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: str = "RK45
       >>> round(float(grad(1.0)), 4)  # d/dk exp(-k) at k = 1
       -0.3679
     """
-    del vectorized  # Jacobians come from JAX
     prepared = prepare(IvpRequest(
         fun=fun, t_span=t_span, y0=y0, method=method, t_eval=t_eval,
-        dense_output=dense_output, events=events, args=args, rtol=rtol, atol=atol, jac=jac,
+        dense_output=dense_output, events=events, vectorized=vectorized, args=args,
+        rtol=rtol, atol=atol, jac=jac,
         adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol, sensitivity=sensitivity,
         stepping=stepping, checkpoints=checkpoints, on_failure=on_failure, options=options))
     if prepared.cfg.events_path:

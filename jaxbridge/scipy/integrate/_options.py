@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from . import _rk
 from ._ode import IMPLICIT_METHODS
@@ -34,8 +35,8 @@ class IvpConfig:
     fun: Any               # the right-hand side, a HostFun
     jac: Any               # a HostFun, None (JAX's Jacobian) or False (SciPy's)
     method: str
-    rtol: float
-    atol: float
+    rtol: float | tuple    # SciPy's tolerances: a float, or one per state component
+    atol: float | tuple
     adjoint_rtol: float    # tolerances of the gradient solve (adjoint or sensitivities)
     adjoint_atol: float
     sensitivity: str       # "forward" or "adjoint" (resolved from "auto")
@@ -52,6 +53,32 @@ class IvpConfig:
     steps: bool = False    # t_eval=None: the outputs are SciPy's step times
     dense: bool = False    # dense_output=True
     events_path: bool = False  # events, dense output or step times: SciPy's loop keeps them
+    jac_matrix: tuple | None = None  # a constant `jac` (rows), passed to SciPy as a matrix
+
+    def scipy_jac(self, jac_function: Any) -> Any:
+        """What SciPy's `jac=` gets: the constant matrix (SciPy then never re-evaluates
+        it, as for the user's own call) or the host function of the Jacobian."""
+        return jac_function if self.jac_matrix is None else np.array(self.jac_matrix)
+
+    @property
+    def scipy_tols(self) -> dict:
+        """`rtol` and `atol` as `scipy.integrate.solve_ivp` takes them (arrays of one per
+        state component where the user gave arrays)."""
+        return {"rtol": np.asarray(self.rtol), "atol": np.asarray(self.atol)}
+
+    @property
+    def min_rtol(self) -> float:
+        """The smallest `rtol` (one tolerance for a system larger than the state's)."""
+        return float(np.min(self.rtol))
+
+    @property
+    def min_atol(self) -> float:
+        """The smallest `atol` (a floor for Newton's corrections, the sensitivities')."""
+        return float(np.min(self.atol))
+
+    def state_atol(self, n: int) -> np.ndarray:
+        """`atol` for each of the `n` state components."""
+        return np.broadcast_to(np.asarray(self.atol, np.float64), (n,))
 
     @property
     def nodes(self) -> bool:

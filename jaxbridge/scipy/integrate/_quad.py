@@ -148,6 +148,9 @@ def _quad_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, options: tup
     return np.asarray(total, out[0].dtype), nan
 
 
+WEIGHTS = ("cos", "sin", "alg", "alg-loga", "alg-logb", "alg-log", "cauchy")
+
+
 def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: int = 0,
          epsabs: float = 1.49e-8, epsrel: float = 1.49e-8, limit: int = 50,
          points: Any = None, weight: Any = None, wvar: Any = None, wopts: Any = None,
@@ -185,6 +188,9 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: 
     if full_output:
         raise unsupported(name, "full_output", "SciPy's infodict is a host-side dict of "
                           "variable size; the error estimate is returned as abserr")
+    if weight is not None and weight not in WEIGHTS:  # SciPy's ValueError
+        raise ValueError(f"jaxbridge.scipy.{name}: `weight` {weight!r} is not a recognized "
+                         f"weighting function (SciPy's are {WEIGHTS})")
     for arg, value in (("weight", weight), ("wvar", wvar), ("wopts", wopts)):
         if value is not None:
             raise unsupported(name, arg, "weighted integrals (QAWO/QAWF/QAWS/QAWC) have no "

@@ -107,9 +107,11 @@ class LoopState(NamedTuple):
 class _Rk:
     """One explicit RK method's arithmetic, as SciPy's classes do it."""
 
-    def __init__(self, method: str, fun: Callable[[Any, Any], Any], rtol: float, atol: Any,
+    def __init__(self, method: str, fun: Callable[[Any, Any], Any], rtol: float | tuple,
+                 atol: Any,
                  max_step: float, t_bound: Any, t_eval: Any, direction: Any) -> None:
-        self.method, self.f, self.rtol, self.atol = method, fun, rtol, atol
+        self.method, self.f, self.atol = method, fun, atol
+        self.rtol = rtol if isinstance(rtol, float) else jnp.asarray(rtol, atol.dtype)
         self.max_step, self.t_bound, self.t_eval, self.direction = (max_step, t_bound, t_eval,
                                                                       direction)
         self.tab = tab = _tableau(method)
@@ -248,7 +250,7 @@ class _Controls(NamedTuple):
     """The step control's static settings: SciPy's method, rtol and max_step."""
 
     method: str
-    rtol: float
+    rtol: float | tuple
     max_step: float
 
 
@@ -261,7 +263,7 @@ def _setup(controls: _Controls, fun: Callable, t0: Any, y0: Any, t_bound: Any, t
 
 
 def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax.Array,
-          y0: jax.Array, t_bound: jax.Array, t_eval: jax.Array, rtol: float,
+          y0: jax.Array, t_bound: jax.Array, t_eval: jax.Array, rtol: float | tuple,
           atol: jax.Array, max_step: float = np.inf, first_step: float | None = None
           ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """`scipy.integrate.solve_ivp(fun, (t0, t_bound), y0, method, t_eval)`, traceable.
@@ -280,7 +282,7 @@ class Spec(NamedTuple):
 
     method: str
     fun: Callable[[Any, Any, Any, Any], Any]  # fun(t, y (n,), params, fixed) -> (n,)
-    rtol: float
+    rtol: float | tuple
     max_step: float
     first_step: float | None
     seg_len: int      # L: accepted steps per checkpointed segment

@@ -87,9 +87,9 @@ class _Ode:
     def jac(self, t: float, y: np.ndarray) -> np.ndarray:
         return f64(self("jac", self.jac_ops, t, y, self.params))
 
-    def jac_kw(self, method: str, jac: Any) -> dict:
-        if method in IMPLICIT_METHODS and jac is not False:
-            return {"jac": self.jac}
+    def jac_kw(self, cfg: IvpConfig) -> dict:
+        if cfg.method in IMPLICIT_METHODS and cfg.jac is not False:
+            return {"jac": cfg.scipy_jac(self.jac)}
         return {}
 
     def solve(self, role: str, span: tuple[float, float], z0: np.ndarray, t_eval: np.ndarray,
@@ -123,8 +123,8 @@ class _Ode:
         sens_jac = None
         if cfg.method in IMPLICIT_METHODS and cfg.jac is not False:
             sens_jac = lambda t, z: f64(self("sens_jac", t, z, params, dp))  # noqa: E731
-        tol = (min(cfg.rtol, sens_rtol),
-               np.concatenate([np.full(n, cfg.atol), np.full(n * K, sens_atol)]))
+        tol = (min(cfg.min_rtol, sens_rtol),
+               np.concatenate([cfg.state_atol(n), np.full(n * K, sens_atol)]))
         sol = self.solve("sens", span, np.concatenate([y0, np.ravel(S0)]), t_eval, cfg, tol,
                          extra=(dp,), jac=sens_jac)
         if sol.status != 0:
@@ -185,8 +185,9 @@ def scipy_solve(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
         return still, np.zeros(5, np.int32)
     with on_cpu():
         ode = _ode((t0, t1, y0, t_eval_in, params, fixed, jac_ops), fun, jac)
-        sol = ode.solve("f", (t0, t1), np.ravel(f64(y0)), t_eval, cfg, (cfg.rtol, cfg.atol),
-                        jac=ode.jac if jac is not False else None)
+        sol = ode.solve("f", (t0, t1), np.ravel(f64(y0)), t_eval, cfg,
+                        (cfg.scipy_tols["rtol"], cfg.scipy_tols["atol"]),
+                        jac=cfg.scipy_jac(ode.jac) if jac is not False else None)
     stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, getattr(sol, "steps", -1)],
                      np.int32)
     if _solve_failed(sol, sol.y, stats, method, on_failure):
@@ -218,9 +219,9 @@ def recorded_solve(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: A
         return still, np.zeros(5, np.int32), grid_t, grid_y
     with on_cpu():
         ode = _ode((t0, t1, y0, t_eval, params, fixed, jac_ops), cfg.fun, cfg.jac)
-        kw = {"jac": ode.jac} if cfg.jac is not False else {}
+        kw = {"jac": cfg.scipy_jac(ode.jac)} if cfg.jac is not False else {}
         sol = scipy.integrate.solve_ivp(ode.f, (t0, t1), np.ravel(f64(y0)), method=method,
-                                        dense_output=True, rtol=cfg.rtol, atol=cfg.atol, **kw,
+                                        dense_output=True, **cfg.scipy_tols, **kw,
                                         **dict(cfg.options))
     steps = len(sol.t) - 1
     stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, steps], np.int32)
@@ -298,8 +299,8 @@ def _continuous_adjoint(ode: _Ode, cfg: IvpConfig, starts: list, t_eval: np.ndar
         if t_prev == t_i:
             continue
         fwd = scipy.integrate.solve_ivp(
-            ode.f, (t_prev, t_i), y_prev, method=method, dense_output=True, rtol=cfg.rtol,
-            atol=cfg.atol, **ode.jac_kw(method, cfg.jac), **options)
+            ode.f, (t_prev, t_i), y_prev, method=method, dense_output=True,
+            **cfg.scipy_tols, **ode.jac_kw(cfg), **options)
         if fwd.status != 0:
             fail("integrate.solve_ivp", method,
                  f"re-solving the forward problem for the adjoint: {fwd.message}",
@@ -381,7 +382,7 @@ def _ivp_jvp(primals: tuple, out: Any, tangents: Any, *, cfg: IvpConfig) -> Any:
         Y = f64(ys).reshape(T, n)
         S, message = ode.sensitivities(
             cfg, (t0, t1), y0f, t_eval, s0[:, None],
-            np_ravel(fill_zeros(dparams, params))[:, None], (cfg.rtol, cfg.atol))
+            np_ravel(fill_zeros(dparams, params))[:, None], (cfg.min_rtol, cfg.min_atol))
         if S is None:
             fail("integrate.solve_ivp", method, f"sensitivity solve: {message}", on_failure)
             return np.full(np.shape(ys), np.nan, ys.dtype), None

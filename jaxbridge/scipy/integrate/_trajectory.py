@@ -101,11 +101,11 @@ class _Host:
         kw = {}
         if cfg.method in IMPLICIT_METHODS:
             kw["jac"] = lambda t, z: f64(j["sens_jac"](fx, t, z, params, dpj))
-        atol = np.concatenate([np.full(n, cfg.atol), np.full(n * K, cfg.adjoint_atol)])
+        atol = np.concatenate([cfg.state_atol(n), np.full(n * K, cfg.adjoint_atol)])
         sol = scipy.integrate.solve_ivp(
             lambda t, z: f64(j["sens"](fx, t, z, params, dpj)), (t0, times[-1]),
             np.concatenate([y0, np.ravel(S0)]), method=cfg.method, t_eval=times,
-            rtol=min(cfg.rtol, cfg.adjoint_rtol), atol=atol, **kw, **dict(cfg.options))
+            rtol=min(cfg.min_rtol, cfg.adjoint_rtol), atol=atol, **kw, **dict(cfg.options))
         if sol.status != 0:
             raise failure(NAME, f"solve_ivp(method={cfg.method!r}) sensitivity solve: "
                                 f"{sol.message}")
@@ -162,11 +162,11 @@ def trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, 
                enumerate(zip(cfg.terminal, cfg.direction))]
         kw = {}
         if cfg.method in IMPLICIT_METHODS and cfg.jac is not False:
-            kw["jac"] = host.jac
+            kw["jac"] = cfg.scipy_jac(host.jac)
         sol = scipy.integrate.solve_ivp(
             host.f, (float(t0), float(t1)), np.ravel(f64(y0)), method=cfg.method,
             t_eval=None if cfg.steps else f64(t_eval), dense_output=cfg.dense,
-            events=evs or None, rtol=cfg.rtol, atol=cfg.atol, **kw, **dict(cfg.options))
+            events=evs or None, **cfg.scipy_tols, **kw, **dict(cfg.options))
     stats = out["stats"]
     stats[:4] = sol.status, sol.nfev, sol.njev, sol.nlu
     stats[6] = -1
