@@ -538,3 +538,27 @@ def test_events_path_rejects_bad_choices_as_the_plain_path_does():
             call = {"t_eval": [1.0], **path, **kw}
             with pytest.raises(ValueError, match=rf"solve_ivp: {what} must be one of"):
                 solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(1), **call)
+
+
+def test_gradient_of_a_jitted_solve_with_events_equals_the_eager_one():
+    # jax.grad(jax.jit(loss)) raised "mul: arrays must have the same number of
+    # dimensions" in the event slots' time shift; eagerly it worked.
+    def decay(t, y, k):
+        return -k * y
+
+    def half_way(t, y, k):
+        return y[0] - 0.5
+
+    def loss(k):
+        sol = solve_ivp(decay, (0.0, 2.0), jnp.ones(2), t_eval=jnp.array([2.0]), args=(k,),
+                        events=half_way, rtol=1e-10, atol=1e-12)
+        return jnp.sum(sol.y) + sol.t_events[0][0]
+
+    k = jnp.array([1.0, 2.0])
+    eager = jax.grad(loss)(k)
+    jitted = jax.jit(jax.grad(jax.jit(loss)))(k)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-12)
+    # exact: y_i(2) = exp(-2 k_i); the event y_0 = 0.5 at t* = ln 2 / k_0
+    t_star = np.log(2.0) / 1.0
+    exact = [-2 * np.exp(-2.0) - t_star / 1.0, -2 * np.exp(-4.0)]
+    np.testing.assert_allclose(jitted, exact, rtol=1e-6)

@@ -50,19 +50,30 @@ def event_spec(events: Any, name: str) -> tuple[list, tuple, tuple]:
 
 def event_slot(event: Callable, fun: Callable, args: tuple, t_c: Any, y_c: Any, valid: Any,
                t_safe: Any, y_safe: Any) -> tuple[Any, Any]:
-    """One event slot: (t*, y(t*)) with the implicit-function derivative (value unchanged)."""
-    t = jnp.where(valid, sg(t_c), t_safe)
-    y = jnp.where(valid, y_c, y_safe)
-    g = event(t, y, *args)
-    f = sg(fun(sg(t), sg(y)))
-    _, g_dot = jax.jvp(lambda t, y: event(t, y, *args), (sg(t), sg(y)),
-                       (jnp.ones_like(t), f))
-    g_dot = jnp.where(valid, sg(g_dot), 1.0)
+    """The slots of one event function, (t*, y(t*)) per slot with the implicit-function
+    derivative (values unchanged); `t_c`, `y_c`, `valid` have one row per slot.
+
+    The event function and `fun` are mapped over the slots with `jax.vmap`; the time
+    shift is elementwise and runs on all slots at once, outside the map (its linear map
+    with a transpose, batched inside `vmap` and then linearized under `jit`, gave its
+    tangent the wrong rank: `jax.grad(jax.jit(loss))` failed).
+    """
+    def parts(t_c: Any, y_c: Any, valid: Any) -> tuple[Any, ...]:
+        t = jnp.where(valid, sg(t_c), t_safe)
+        y = jnp.where(valid, y_c, y_safe)
+        g = event(t, y, *args)
+        f = sg(fun(sg(t), sg(y)))
+        _, g_dot = jax.jvp(lambda t, y: event(t, y, *args), (sg(t), sg(y)),
+                           (jnp.ones_like(t), f))
+        return y, g, f, jnp.where(valid, sg(g_dot), 1.0)
+
+    y, g, f, g_dot = jax.vmap(parts)(t_c, y_c, valid)
     dt = _time_shift(g - sg(g), g_dot)
-    nan = jnp.asarray(jnp.nan, t.dtype)
+    nan = jnp.asarray(jnp.nan, t_c.dtype)
+    per_slot = (slice(None),) + (None,) * (jnp.ndim(y) - 1)  # dt, valid against y's rows
     # (components that do not move at t* follow y(t*) alone, even where dt* has none)
     return (jnp.where(valid, sg(t_c) + dt, nan),
-            jnp.where(valid, y + jnp.where(f == 0, 0.0, f * dt), nan))
+            jnp.where(valid[per_slot], y + jnp.where(f == 0, 0.0, f * dt[per_slot]), nan))
 
 
 @jax.custom_jvp
@@ -84,16 +95,17 @@ def _time_shift(delta: Any, g_dot: Any) -> Any:
 @_time_shift.defjvp
 def _time_shift_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
     delta, g_dot = primals
+    g_dot = jnp.reshape(g_dot, (-1,))  # one entry per slot: a diagonal map
     flat = g_dot == 0
     scale = jnp.where(flat, jnp.nan, -1.0 / jnp.where(flat, 1.0, g_dot))
 
     def tangent(v: Any) -> Any:
         return v * scale
 
-    def cotangent(c: Any) -> Any:  # (a scalar map is its own transpose)
+    def cotangent(c: Any) -> Any:  # (a diagonal map is its own transpose)
         return jnp.where(flat & (c == 0), 0.0, c * scale)
 
-    d = jnp.reshape(tangents[0], (1,))
+    d = jnp.reshape(tangents[0], (-1,))
     return jnp.zeros_like(delta), linear_with_transpose(tangent, cotangent, d, d).reshape(
         jnp.shape(delta))
 

@@ -185,9 +185,8 @@ def _event_times(p: PreparedIvp, out: dict, f_jax: Callable) -> tuple[list, list
     t_events, y_events = [], []
     for i, ev in enumerate(p.events or ()):
         valid = jnp.arange(p.cfg.max_events) < out["n_ev"][i]
-        slot = jax.vmap(lambda t, y, v, ev=ev: event_slot(ev, f_jax, p.args, t, y, v,
-                                                          sg(p.t0), sg(p.y0)))
-        t_i, y_i = slot(out["t_ev"][i], out["y_ev"][i], valid)
+        t_i, y_i = event_slot(ev, f_jax, p.args, out["t_ev"][i], out["y_ev"][i], valid,
+                              sg(p.t0), sg(p.y0))
         t_events.append(t_i)
         y_events.append(y_i)
     return t_events, y_events
