@@ -124,14 +124,11 @@ def constant_jacobian(jac: Any, n: int, method: str) -> tuple[Any, tuple | None]
     returning it, its rows as a hashable tuple); other `jac` values: (`jac`, None)."""
     if jac is None or isinstance(jac, bool) or callable(jac):
         return jac, None
-    try:
-        J = np.asarray(jax.device_get(jac), np.float64)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"jaxbridge.scipy.{NAME}: `jac` must be a function jac(t, y, *args), "
-                         f"a constant (n, n) array, None or False; got {jac!r}") from e
-    except jax.errors.ConcretizationTypeError as e:
-        raise ValueError(f"jaxbridge.scipy.{NAME}: a constant `jac` is static (SciPy's "
-                         f"Newton iteration only); got a traced array") from e
+    J = _static_float64(
+        jac, f"jaxbridge.scipy.{NAME}: `jac` must be a function jac(t, y, *args), a constant "
+             f"(n, n) array, None or False; got {jac!r}",
+        f"jaxbridge.scipy.{NAME}: a constant `jac` is static (SciPy's Newton iteration "
+        f"only); got a traced array")
     if method == "LSODA":
         raise ValueError(f"jaxbridge.scipy.{NAME}: method='LSODA' takes `jac` as a function "
                          f"jac(t, y, *args) only (as SciPy's LSODA); got a constant array")
@@ -199,14 +196,11 @@ def check_returns(hf: HostFun, want: tuple, name: str, what: str) -> None:
 def tolerance(value: Any, n: int, what: str, name: str) -> float | tuple:
     """SciPy's `rtol` or `atol`: a float, or an array with one per state component (a
     tuple: the configuration is hashable); negative values raise as in SciPy."""
-    try:
-        arr = np.asarray(jax.device_get(value), np.float64)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be a float or an array of "
-                         f"one per state component, got {value!r}") from e
-    except jax.errors.ConcretizationTypeError as e:
-        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` is a static tolerance (it sets "
-                         f"SciPy's step control); got a traced value") from e
+    arr = _static_float64(
+        value, f"jaxbridge.scipy.{name}: `{what}` must be a float or an array of one per "
+               f"state component, got {value!r}",
+        f"jaxbridge.scipy.{name}: `{what}` is a static tolerance (it sets SciPy's step "
+        f"control); got a traced value")
     if arr.ndim > 0 and arr.size != n:
         raise ValueError(f"jaxbridge.scipy.{name}: `{what}` has wrong shape: SciPy takes a "
                          f"float or one value per state component ({n}), got shape "
@@ -329,3 +323,14 @@ def prepare(req: IvpRequest) -> PreparedIvp:
         dense=bool(req.dense_output), events_path=events_path, jac_matrix=jac_matrix)
     return PreparedIvp(cfg, fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
                        None if req.events is None else evs, args)
+
+
+def _static_float64(value: Any, not_numeric: str, traced: str) -> np.ndarray:
+    """`value` as a concrete float64 NumPy array (a static option SciPy reads), or a
+    ValueError with `not_numeric` or `traced` as its message."""
+    try:
+        return np.asarray(jax.device_get(value), np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(not_numeric) from e
+    except jax.errors.ConcretizationTypeError as e:
+        raise ValueError(traced) from e
