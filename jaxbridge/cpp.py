@@ -315,8 +315,6 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
          ) -> Library:
     """Compile (or fetch from the cache) and load a library of XLA FFI handlers.
 
-    Over 80 lines: the docstring documents every option of this public front end.
-
     Args:
       name: library name (letters, digits, underscores); also the target namespace.
       sources: source file paths (``.cc``/``.cpp``; ``.cu`` with ``cuda=True``), or
@@ -352,6 +350,7 @@ def load(name: str, sources: Any = None, *, source: str | None = None, cuda: boo
         >>> cube = lib.kernel(forward="CubeForward", vjp="CubeVjp",
         ...                   result=lambda x, **_: x)  # doctest: +SKIP
     """
+    # Over 80 lines: the docstring documents every option of this public front end.
     if os.name != "posix":
         raise CompileError("jaxbridge.cpp.load: run-time compilation needs a POSIX system "
                            f"(Linux, macOS); this is {sys.platform!r}")

@@ -394,8 +394,6 @@ def foreign(result: Any, *, residuals: Any = None,
             ) -> Callable[[Callable[..., Any]], ForeignFunction]:
     """Make a NumPy/SciPy function callable (and differentiable) from JAX.
 
-    Over 80 lines: the docstring documents every option of this public front end.
-
     Args:
       result: the output's shapes and dtypes: a pytree of `jax.ShapeDtypeStruct`, or a
         callable that takes the positional arguments as ShapeDtypeStructs (plus the
@@ -473,6 +471,7 @@ def foreign(result: Any, *, residuals: Any = None,
         >>> jax.grad(lambda b: solve(a, b).sum())(b)
         Array([0.5, 0.5], dtype=float32)
     """
+    # Over 80 lines: the docstring documents every option of this public front end.
     def wrap(fun: Callable[..., Any]) -> ForeignFunction:
         return ForeignFunction(fun, result, residuals=residuals, vmap=vmap, backend=backend,
                                batch_dims=batch_dims, on_mesh=on_mesh, out=out, linear=linear,

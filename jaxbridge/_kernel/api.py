@@ -420,9 +420,6 @@ def kernel(forward: Any, vjp: Any = None, jvp: Any = None, *, result: Any,
            adjoint: Any = None, tangent: Any = None) -> Kernel:
     """Turn XLA FFI targets into one differentiable JAX function.
 
-    Over 80 lines: the docstring documents every option of the one public front end;
-    the body only normalizes them.
-
     Calling conventions (``...`` = the static keyword arguments, passed as FFI
     attributes of every call; (co)tangents exist only for floating outputs/inputs not
     in ``nondiff_argnums``)::
@@ -542,6 +539,7 @@ def kernel(forward: Any, vjp: Any = None, jvp: Any = None, *, result: Any,
             result=lambda x, **_: x, vmap="vectorized", attrs={"beta": 1.0},
             pass_outputs=False, aliases={"vjp": {1: 0}})
     """
+    # Over 80 lines: the docstring documents every option of this public front end.
     where = "jaxbridge.kernel"
     vjp = renamed_keyword(where, "vjp", vjp, "adjoint", adjoint, 1)
     jvp = renamed_keyword(where, "jvp", jvp, "tangent", tangent, 1)

@@ -36,9 +36,7 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
               **options: Any) -> OdeResult:
     """`scipy.integrate.solve_ivp`, differentiable in y0, args, closed-over arrays, t0, t_eval.
 
-    Same signature, defaults and `args` convention as SciPy: `fun(t, y, *args)`. (Over
-    80 lines for SciPy's long signature and its documentation; the body hands the
-    arguments to one preparation, `_arguments.prepare`, at once.)
+    Same signature, defaults and `args` convention as SciPy: `fun(t, y, *args)`.
 
     Args:
       fun: the right-hand side, written in JAX, returning an array shaped like `y0`.
@@ -128,6 +126,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
       >>> round(float(grad(1.0)), 4)  # d/dk exp(-k) at k = 1
       -0.3679
     """
+    # Over 80 lines: SciPy's long signature and its documentation; the body hands the
+    # arguments to one preparation, `_arguments.prepare`, at once.
     prepared = prepare(IvpRequest(
         fun=fun, t_span=t_span, y0=y0, method=method, t_eval=t_eval,
         dense_output=dense_output, events=events, vectorized=vectorized, args=args,
