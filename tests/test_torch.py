@@ -612,6 +612,41 @@ def test_import_jaxbridge_does_not_import_torch_and_says_how_to_install_it():
     assert 'pip install -e ".[torch]"' in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_a_module_called_once_per_shard_at_once_is_left_as_it_was():
+    """shard_map over 4 CPU devices runs one call per device at once, on XLA's threads.
+    Each call swaps the module's parameters for its own and back: unguarded, one call
+    put another's (XLA's buffers, freed after the call) back into the module for good
+    (before the calls took turns)."""
+    script = textwrap.dedent("""
+        import sys
+        import jax, jax.numpy as jnp, numpy as np, torch
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import jaxbridge.torch as jt
+        sys.setswitchinterval(1e-6)  # threads take turns often: races show at once
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                  torch.nn.Linear(256, 4))
+        before = {k: v.detach().clone() for k, v in net.named_parameters()}
+        apply, params = jt.wrap_module(net)
+        mesh = jax.make_mesh((4,), ("d",))
+        x = jax.device_put(np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32),
+                           NamedSharding(mesh, P("d")))
+        f = jax.jit(jax.shard_map(lambda p, x: apply(p, x), mesh=mesh,
+                                  in_specs=(P(), P("d")), out_specs=P("d")))
+        want = net(torch.from_numpy(np.asarray(x))).detach().numpy()
+        for _ in range(100):
+            np.testing.assert_allclose(np.asarray(f(params, x)), want, rtol=1e-5, atol=1e-6)
+        for k, v in net.named_parameters():
+            assert type(v) is torch.nn.Parameter and torch.equal(v.detach(), before[k]), k
+        print("module intact")
+    """)
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert "module intact" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_users_never_see_torchs_warning_about_read_only_inputs():
     """XLA lends its input buffers read-only on purpose, and `torch.from_numpy` warns
     (once per process) about every read-only array: jaxbridge spends that warning when

@@ -26,6 +26,7 @@ __all__ = [
     "ShapedArray",
     "Jaxpr",
     "is_tracer",
+    "is_linearize_tracer",
     "jaxlib_version",
     "is_jaxpr",
     "is_closed_jaxpr",
@@ -62,6 +63,21 @@ __all__ = [
 def is_tracer(x: Any) -> bool:
     """True for a traced value (inside jit, grad, vmap or a loop), not a concrete array."""
     return isinstance(x, Tracer)
+
+
+# Reverse mode (grad, vjp, linearize) traces with LinearizeTracer, forward mode (jvp)
+# with JVPTracer (JAX 0.10-0.12). Without the class nothing is reverse mode here, and
+# callers take their general path.
+try:
+    from jax._src.interpreters.ad import LinearizeTracer as _LINEARIZE_TRACER
+except ImportError:  # pragma: no cover - a JAX without it
+    _LINEARIZE_TRACER = None  # type: ignore[assignment,misc]
+
+
+def is_linearize_tracer(x: Any) -> bool:
+    """True for a value JAX is linearizing: the input of a function being differentiated
+    in reverse mode (`grad`, `vjp`, `jacrev`, `linearize`), not forward mode (`jvp`)."""
+    return _LINEARIZE_TRACER is not None and isinstance(x, _LINEARIZE_TRACER)
 
 
 def jaxlib_version() -> str:

@@ -29,11 +29,12 @@ import torch
 
 from .._foreign import threads
 from ..errors import ForeignCallError, KeptViewError, ResultMismatchError
-from . import _redirect, _rng
+from . import _graphs, _redirect, _rng
 from ._convert import SAME_MEMORY_DTYPES, numpy_dtype, to_torch
 from ._torchapi import memory_of, memory_users, move_to_private_memory
 
-__all__ = ["BatchingState", "run_host", "run_one", "run_into_out", "write_results"]
+__all__ = ["BatchingState", "run_host", "run_keeping_graph", "run_one", "run_into_out",
+           "write_results"]
 
 
 def is_torch_op(fn: Any) -> bool:
@@ -282,6 +283,31 @@ def run_host(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
         else:
             _run_batched(name, call, tensors, out, batch_depth, batching)
         _check_after_call(name, tensors, batching)
+    finally:
+        _restore_threads(before)
+
+
+def run_keeping_graph(name: str, call: Callable[[list[Any]], Any], leaves: Sequence[Any],
+                      out: Any, token: Any, rng_state: Any = None) -> None:
+    """`run_host` for an unbatched forward call that JAX differentiates in reverse mode:
+    `call` runs with autograd on, on private copies of the leaves (nothing the graph
+    saves may point into XLA's buffers, which are reused after the call), its results
+    are copied into `out`, and the graph is kept for the VJP call (`_graphs`), whose
+    token goes into XLA's buffer `token`."""
+    copies = _tensors(leaves, copy=True)
+    inputs = [t.requires_grad_() if isinstance(t, torch.Tensor)
+              and (t.is_floating_point() or t.is_complex()) else None for t in copies]
+    before = _cap_threads()
+    try:
+        if rng_state is not None:
+            _rng.capture_into(rng_state)
+        with torch.enable_grad():
+            value = call(copies)
+        outputs = jax.tree_util.tree_leaves(value)
+        write_results(name, jax.tree_util.tree_map(
+            lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value), out)
+        kept = any(isinstance(o, torch.Tensor) and o.requires_grad for o in outputs)
+        token[...] = _graphs.keep(inputs, outputs) if kept else _graphs.NONE
     finally:
         _restore_threads(before)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -39,6 +40,10 @@ class ModuleApply:
         self.param_names = tuple(n for n, _ in module.named_parameters())
         self.buffers = {n: _to_jax(b, where) for n, b in module.named_buffers()}
         self.__name__ = type(module).__name__
+        # functional_call swaps the module's tensors for the call's and back: calls that
+        # run at once (one per shard, on XLA's threads) would see each other's tensors,
+        # and one would put the other's back for good. They take turns.
+        self._turns = threading.RLock()
         self._stateless = TorchFunction(self._call_stateless, vmap=vmap, name=self.__name__,
                                         redirect=redirect)
         self._stateful = TorchFunction(self._call_with_buffers, vmap=vmap, name=self.__name__,
@@ -51,14 +56,15 @@ class ModuleApply:
     # ---- torch side
     def _functional(self, params: dict, buffers: dict, args: tuple) -> Any:
         module = self.module
-        switched = module.training != self.training
-        if switched:  # the mode the module had when wrapped (compiled programs keep it)
-            module.train(self.training)
-        try:
-            return torch.func.functional_call(module, {**params, **buffers}, args)
-        finally:
-            if switched:
-                module.train(not self.training)
+        with self._turns:
+            switched = module.training != self.training
+            if switched:  # the mode it had when wrapped (compiled programs keep it)
+                module.train(self.training)
+            try:
+                return torch.func.functional_call(module, {**params, **buffers}, args)
+            finally:
+                if switched:
+                    module.train(not self.training)
 
     def _call_stateless(self, params: dict, buffers: dict, *args: Any) -> Any:
         # Buffers updated in training mode (running statistics) are private copies:

@@ -14,13 +14,17 @@ itself differentiable: `hessian` (forward over reverse) runs `torch.func.jvp` of
 transforms compose, and JAX's `jit`, `vmap` and sharding apply at every level.
 
 A function that draws random numbers (found when it is first traced, `_shapes`) is
-called through a second `jb.foreign` function whose forward call also returns torch's
+called through a `jb.foreign` function whose forward call also returns torch's
 generator state from before the call, as a residual: its derived functions take that
 state as a first argument and replay it (`_rng`), so they see the forward's draws.
+A call that JAX differentiates in reverse mode goes through one whose forward keeps its
+autograd graph for the VJP call (`_graphs`): a training step runs the forward once, as
+eager torch does, not twice.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -31,12 +35,14 @@ import torch
 
 from .._core.arrays import is_array_leaf
 from .._core.capabilities import Derivatives
+from .._core.jaxapi import is_linearize_tracer
 from .._core.pair import VMAP_CHOICES  # the words of jb.foreign and jb.kernel too
 from .._foreign.api import ForeignFunction, callable_name
-from . import _rng, _shapes
+from . import _graphs, _rng, _shapes
 from ._convert import numpy_dtype, torch_dtype
 from ._device import device_filler
-from ._host import BatchingState, run_host, run_into_out, run_one
+from ._host import BatchingState, run_host, run_into_out, run_keeping_graph, run_one
+from ._torchapi import is_batched
 
 __all__ = ["TorchFunction", "wrap"]
 
@@ -112,17 +118,27 @@ class TorchFunction:
         # False for derived functions (they replay a state they are given).
         self._stochastic = stochastic
         self._inferred: dict[Any, _shapes.Inferred] = {}
-        self._foreign = self._make_foreign(stochastic=False)
-        self._stochastic_foreign: ForeignFunction | None = None
+        # Whether calls differentiated in reverse mode keep their graph (`_graphs`): not
+        # where results are written into XLA's memory (out=, redirect) or per shard.
+        self._may_keep_graph = not out and not redirect and not batch_dims
+        self._foreigns: dict[tuple[bool, bool], ForeignFunction] = {}
+        self._foreign = self._foreign_of(stochastic=False, keep_graph=False)
 
-    def _make_foreign(self, stochastic: bool) -> ForeignFunction:
-        """The `jb.foreign` function that runs the calls: for a function that draws
-        random numbers, one whose forward also returns the generators' state."""
-        foreign = ForeignFunction(self._host_forward(stochastic), self._declare, out=True,
-                                  residuals=self._rng_residual if stochastic else None,
-                                  **self._options)
-        foreign.defvjp(self._vjp_rule, kind="jax")
-        foreign.defjvp(self._jvp_rule, kind="jax")
+    def _foreign_of(self, stochastic: bool, keep_graph: bool) -> ForeignFunction:
+        """The `jb.foreign` function that runs the calls, made once: its forward also
+        returns the generators' state for a function that draws random numbers
+        (residual "rng"), and a kept graph's token where it keeps one ("graph")."""
+        foreign = self._foreigns.get((stochastic, keep_graph))
+        if foreign is None:
+            residuals = None
+            if stochastic or keep_graph:
+                residuals = functools.partial(self._residuals, stochastic, keep_graph)
+            foreign = ForeignFunction(self._host_forward(stochastic, keep_graph),
+                                      self._declare, out=True, residuals=residuals,
+                                      **self._options)
+            foreign.defvjp(self._vjp_rule, kind="jax")
+            foreign.defjvp(self._jvp_rule, kind="jax")
+            self._foreigns[stochastic, keep_graph] = foreign
         return foreign
 
     def __repr__(self) -> str:
@@ -136,23 +152,24 @@ class TorchFunction:
                            reverse="torch autograd (a wrapped torch call)", second_order=True)
 
     def __call__(self, *args: Any, **static: Any) -> Any:
-        ranks = tuple(np.ndim(x) for x in jax.tree_util.tree_leaves(args) if is_array_leaf(x))
-        foreign = self._foreign if self._stochastic is False else self._foreign_for(args, static)
+        leaves = jax.tree_util.tree_leaves(args)
+        ranks = tuple(np.ndim(x) for x in leaves if is_array_leaf(x))
+        keep_graph = self._may_keep_graph and any(is_linearize_tracer(x) for x in leaves)
+        if self._stochastic is False and not keep_graph:
+            foreign = self._foreign
+        else:
+            foreign = self._foreign_of(self._draws_random_numbers(args, static), keep_graph)
         return foreign(*args, **{RANKS: ranks}, **static)
 
-    def _foreign_for(self, args: tuple, static: dict) -> ForeignFunction:
-        """The `jb.foreign` function for a function that may draw random numbers: the
-        first trace finds out whether it does (its runs on meta tensors or fillings)."""
+    def _draws_random_numbers(self, args: tuple, static: dict) -> bool:
+        """Whether the function draws random numbers: its first trace finds out (its
+        runs on meta tensors or fillings)."""
         if self._stochastic is None:
             leaves, tree = jax.tree_util.tree_flatten(args)
             structs = [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
                        if is_array_leaf(x) else x for x in leaves]
             self._stochastic = self._infer(structs, tree, static).random
-        if not self._stochastic:
-            return self._foreign
-        if self._stochastic_foreign is None:
-            self._stochastic_foreign = self._make_foreign(stochastic=True)
-        return self._stochastic_foreign
+        return self._stochastic
 
     # ---- shapes: meta tensors, else fillings (_shapes), else result=
     def _declare(self, *args: Any, **static: Any) -> Any:
@@ -180,36 +197,48 @@ class TorchFunction:
             self._inferred[key] = found
         return found
 
-    def _rng_residual(self, *args: Any, **static: Any) -> jax.ShapeDtypeStruct:
-        """The residual carrying the generators' state: one per call, or per row of the
-        leading `batch_dims` (one call per shard: each shard's rows share its state)."""
-        state = _rng.state_struct()
-        batch = self._options["batch_dims"]
-        if not batch:
-            return state
-        first = next(x for x in jax.tree_util.tree_leaves(args)
-                     if isinstance(x, jax.ShapeDtypeStruct))
-        return jax.ShapeDtypeStruct((*first.shape[:batch], *state.shape), state.dtype)
+    def _residuals(self, stochastic: bool, keep_graph: bool, *args: Any, **static: Any
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+        """The residual outputs: "rng", the generators' state (one per call, or per row
+        of the leading `batch_dims`: one call per shard, each shard's rows share its
+        state); "graph", a kept graph's token (`_graphs`)."""
+        res = {}
+        if keep_graph:
+            res["graph"] = _graphs.token_struct()
+        if stochastic:
+            res["rng"] = state = _rng.state_struct()
+            batch = self._options["batch_dims"]
+            if batch:
+                first = next(x for x in jax.tree_util.tree_leaves(args)
+                             if isinstance(x, jax.ShapeDtypeStruct))
+                res["rng"] = jax.ShapeDtypeStruct((*first.shape[:batch], *state.shape),
+                                                  state.dtype)
+        return res
 
     # ---- the host side of one call
-    def _host_forward(self, stochastic: bool) -> Callable[..., None]:
+    def _host_forward(self, stochastic: bool, keep_graph: bool) -> Callable[..., None]:
         """The forward host call: `fn` on zero-copy tensors, results into `out` (and,
-        `stochastic`, the generators' state before the call into the residual)."""
+        `stochastic`, the generators' state before the call into residual "rng";
+        `keep_graph`, the token of its kept graph into residual "graph")."""
         fn, name, state = self.fn, self.__name__, self._batching
         vectorized = self._options["vmap"] == "vectorized"
         fills_out, functional = self.out, self._composable
 
         def forward(*args: Any, out: Any, _jaxbridge_ranks: tuple, **static: Any) -> None:
+            if not (stochastic or keep_graph):
+                run(args, out, _jaxbridge_ranks, static, None, None)
+                return
+            outputs, res = out
             if stochastic:  # the generators' state travels in the residual (`_rng`)
-                outputs, rng_state = out
                 with _rng.holding():
-                    run(args, outputs, _jaxbridge_ranks, static, rng_state)
+                    run(args, outputs, _jaxbridge_ranks, static, res["rng"], res.get("graph"))
             else:
-                run(args, out, _jaxbridge_ranks, static, None)
+                run(args, outputs, _jaxbridge_ranks, static, None, res["graph"])
 
         def run(args: tuple, out: Any, _jaxbridge_ranks: tuple, static: dict,
-                rng_state: Any) -> None:
-            if rng_state is None and not fills_out and not static and len(args) == 1 \
+                rng_state: Any, token: Any) -> None:
+            if rng_state is None and token is None and not fills_out and not static \
+                    and len(args) == 1 \
                     and type(args[0]) is np.ndarray \
                     and (not vectorized or args[0].ndim == _jaxbridge_ranks[0]):
                 run_one(name, fn, args[0], out, state)  # the hot path: one array, unbatched
@@ -224,6 +253,11 @@ class TorchFunction:
             if vectorized and _jaxbridge_ranks:  # under jax.vmap: leading axes on every leaf
                 first = next(x for x in leaves if isinstance(x, (np.ndarray, torch.Tensor)))
                 depth = first.ndim - _jaxbridge_ranks[0]
+            if token is not None:
+                if depth == 0:
+                    run_keeping_graph(name, call, leaves, out, token, rng_state)
+                    return
+                token[...] = _graphs.NONE  # batched calls keep no graph
             if fills_out and depth == 0:
                 if rng_state is not None:
                     _rng.capture_into(rng_state)
@@ -262,42 +296,48 @@ class TorchFunction:
         derived = self._derived.get(key)
         if derived is None:
             derived = self._derived[key] = make()
+            derived._may_keep_graph = False  # its own derivatives use torch.func
         return derived
 
-    def _with_state(self, primals: tuple, res: tuple) -> tuple[Callable[..., Any], tuple]:
+    def _with_state(self, primals: tuple, res: dict | None
+                    ) -> tuple[Callable[..., Any], tuple]:
         """What the derived functions differentiate, and its primals. A call that
-        carries the generators' state (`res`, see `_rng`) differentiates `fn` replaying
-        it, the state a first primal (an integer array: no derivative)."""
-        if not res:
+        carries the generators' state (residual "rng", see `_rng`) differentiates `fn`
+        replaying it, the state a first primal (an integer array: no derivative)."""
+        if not res or "rng" not in res:
             return self._composable, primals
-        return _rng.replayed(self._composable), (res[0], *primals)
+        return _rng.replayed(self._composable), (res["rng"], *primals)
 
-    def _vjp_rule(self, primals: tuple, y: Any, ct: Any, *res: Any, **static: Any) -> tuple:
+    def _vjp_rule(self, primals: tuple, y: Any, ct: Any, res: dict | None = None,
+                  **static: Any) -> tuple:
         static.pop(RANKS)
-        fn, primals = self._with_state(primals, res)
-        p_leaves, in_tree = jax.tree_util.tree_flatten(primals)
+        fn, with_state = self._with_state(primals, res)
+        skip = len(with_state) - len(primals)  # the generators' state, if it is there
+        p_leaves, in_tree = jax.tree_util.tree_flatten(with_state)
         y_leaves, out_tree = jax.tree_util.tree_flatten(y)
         diff_in = tuple(i for i, x in enumerate(p_leaves) if _inexact(x))
         diff_out = tuple(j for j, v in enumerate(y_leaves) if _inexact(v))
         ct_leaves = jax.tree_util.tree_leaves(ct)  # None (integer outputs) drops out
         if not diff_in or not diff_out:
-            return tuple(None for _ in primals[len(res):])
+            return tuple(None for _ in primals)
+        token = () if res is None or "graph" not in res else (res["graph"],)
         key = ("vjp", in_tree, _avals_key(p_leaves), out_tree, diff_out,
-               tuple(sorted(static.items())))
+               tuple(sorted(static.items())), bool(token))
         vjp = self._derive(key, lambda: TorchFunction(
             _autograd_vjp(fn, in_tree, diff_in, diff_out, static),
-            lambda p, cts: [p[i] for i in diff_in], name=f"VJP of {self.__name__}",
+            lambda p, cts, *token: [p[i] for i in diff_in], name=f"VJP of {self.__name__}",
             composable=_torch_vjp(fn, in_tree, diff_in, diff_out, static), stochastic=False,
             **self._options))
-        cts = iter(vjp(p_leaves, ct_leaves))
+        cts = iter(vjp(p_leaves, ct_leaves, *token))
         leaves = [next(cts) if i in diff_in else None for i in range(len(p_leaves))]
-        return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))[len(res):]
+        return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))[skip:]
 
-    def _jvp_rule(self, primals: tuple, y: Any, tangents: tuple, *res: Any,
+    def _jvp_rule(self, primals: tuple, y: Any, tangents: tuple, res: dict | None = None,
                   **static: Any) -> Any:
         static.pop(RANKS)
-        fn, primals = self._with_state(primals, res)
-        tangents = (None,) * len(res) + tuple(tangents)
+        fn, with_state = self._with_state(primals, res)
+        tangents = (None,) * (len(with_state) - len(primals)) + tuple(tangents)
+        primals = with_state
         p_leaves, in_tree = jax.tree_util.tree_flatten(primals)
         t_leaves: list[Any] = []
         for arg, t in zip(primals, tangents):
@@ -374,11 +414,16 @@ def _conj(ts: Any) -> list:
 
 
 def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
-                  static: dict) -> Callable[[list, list], list]:
+                  static: dict) -> Callable[..., list]:
     """The VJP by plain autograd: what eager torch's `loss.backward()` costs, less
     than `torch.func.vjp`'s per-op dispatch (used for the call itself; its own
-    derivatives differentiate the `torch.func.vjp` twin)."""
-    def vjp(p_leaves: list, cts: list) -> list:
+    derivatives differentiate the `torch.func.vjp` twin). With a `token`, on the graph
+    the forward call kept (`_graphs`) when it is still there, without running `fn`."""
+    def vjp(p_leaves: list, cts: list, token: Any = None) -> list:
+        if token is not None and not is_batched(token):
+            kept = _kept_graph_vjp(int(token), len(p_leaves), diff_in, diff_out, cts)
+            if kept is not None:
+                return kept
         with torch.enable_grad():
             xs = [p_leaves[i].detach().requires_grad_() for i in diff_in]
             outs = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)(*xs)
@@ -390,9 +435,35 @@ def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out
     return vjp
 
 
+def _kept_graph_vjp(token: int, n_leaves: int, diff_in: tuple, diff_out: tuple,
+                    cts: list) -> list | None:
+    """`_autograd_vjp` on the graph kept under `token`, or None where it is gone or does
+    not fit this call (then the function runs again)."""
+    kept = _graphs.take(token)
+    if kept is None:
+        return None
+    inputs, outputs = kept
+    skip = n_leaves - len(inputs)  # the generators' state leads the primals, if there
+    xs: list[torch.Tensor] = [inputs[i - skip] for i in diff_in if i >= skip
+                              and isinstance(inputs[i - skip], torch.Tensor)]
+    if len(xs) < len(diff_in) or len(outputs) <= max(diff_out):
+        return None
+    live = [(o, c) for o, c in zip((outputs[j] for j in diff_out), cts)
+            if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not live:
+        return _conj([torch.zeros_like(x) for x in xs])
+    try:
+        with torch.enable_grad():
+            grads = torch.autograd.grad([o for o, _ in live], xs, _conj([c for _, c in live]),
+                                        allow_unused=True)
+    except RuntimeError:  # e.g. a tensor it saved was modified in place since
+        return None
+    return _conj([torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)])
+
+
 def _torch_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
-               static: dict) -> Callable[[list, list], list]:
-    def vjp(p_leaves: list, cts: list) -> list:
+               static: dict) -> Callable[..., list]:
+    def vjp(p_leaves: list, cts: list, *token: Any) -> list:
         f = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)
         pull = torch.func.vjp(f, *[p_leaves[i] for i in diff_in])[1]
         return _conj(pull(tuple(_conj(cts))))
