@@ -476,6 +476,55 @@ def test_module_gradients_equal_torch_autograd(rng):
         close(grads[name], p.grad, tol=1e-6)
 
 
+def test_module_with_tied_weights_and_a_parametrization_equals_torch(rng):
+    """An encoder and decoder sharing one weight (given once, under its first name, and
+    swapped in at both places, as functional_call does), and a weight-normed layer
+    (its parameters live in a parametrization's own module). The module's own tensors are
+    back in place after every call."""
+    torch.manual_seed(0)
+    enc, dec = torch.nn.Linear(3, 5, bias=False), torch.nn.Linear(5, 3, bias=False)
+    dec.weight = torch.nn.Parameter(enc.weight.detach().T.contiguous())  # not tied yet
+
+    class AutoEncoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = enc
+            self.mid = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(5, 5))
+            self.out = torch.nn.Linear(5, 5, bias=False)
+            self.out.weight = self.mid.parametrizations.weight.original1  # tied
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.mid(torch.tanh(self.enc(x)))))
+
+    net = AutoEncoder()
+    before = {n: p for n, p in net.named_parameters(remove_duplicate=False)}
+    apply, params = jt.wrap_module(net)
+    assert "out.weight" not in params  # tied: named once
+    x = rng.normal(size=(4, 3)).astype(np.float32)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(apply(p, x) ** 2)))(params)
+    net.zero_grad()
+    (net(t(x)) ** 2).sum().backward()
+    for name, p in net.named_parameters():
+        close(grads[name], p.grad, tol=1e-5)
+    close(apply(params, x), net(t(x)).detach(), tol=1e-6)
+    after = dict(net.named_parameters(remove_duplicate=False))
+    assert all(after[n] is p for n, p in before.items())
+
+
+def test_module_changed_after_wrapping_runs_the_params_it_is_given(rng):
+    """A layer replaced after wrapping (same names): the call uses the params passed,
+    at the new layer's places, not the new layer's own values or the old layer."""
+    torch.manual_seed(0)
+    net = make_mlp()
+    apply, params = jt.wrap_module(net)
+    x, _ = data(rng)
+    first = np.asarray(apply(params, x))
+    net[0] = torch.nn.Linear(net[0].in_features, net[0].out_features)  # fresh values
+    close(apply(params, x), first, tol=1e-6)
+    net[2].weight = torch.nn.Parameter(torch.zeros_like(net[2].weight))
+    close(apply(params, x), first, tol=1e-6)
+
+
 def test_optax_adam_tracks_torch_adam(rng):
     optax = pytest.importorskip("optax", reason="needs optax (pip install -e '.[examples]')")
     net = make_mlp()

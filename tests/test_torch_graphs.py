@@ -19,6 +19,12 @@ from jaxbridge.torch import _graphs  # noqa: E402
 pytestmark = pytest.mark.cpu
 
 
+@pytest.fixture(autouse=True)
+def no_graphs_kept():
+    """Each test starts with no graph kept (earlier tests may leave some behind)."""
+    _graphs.clear()
+
+
 def counted_mlp():
     """A float64 MLP whose forward calls are counted (a forward hook, as users add)."""
     torch.manual_seed(0)

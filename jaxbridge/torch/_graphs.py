@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["KEPT", "NONE", "token_struct", "keep", "take", "discard", "kept_count"]
+__all__ = ["KEPT", "NONE", "token_struct", "keep", "take", "kept_count", "clear"]
 
 #: How many graphs are kept at most; the oldest is dropped first.
 KEPT = 8
@@ -78,12 +78,13 @@ def take(token: int) -> tuple[list, list] | None:
         return _graphs.pop(token, None)
 
 
-def discard(token: int) -> None:
-    """Drop the graph kept under `token`, if any."""
-    take(token)
-
-
 def kept_count() -> int:
     """How many graphs are kept now (for tests)."""
     with _lock:
         return len(_graphs)
+
+
+def clear() -> None:
+    """Drop every kept graph (for tests)."""
+    with _lock:
+        _graphs.clear()
