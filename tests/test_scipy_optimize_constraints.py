@@ -45,7 +45,8 @@ def simplex_projection_jacobian(x):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("form", ["dicts", "bounds", "objects", "linear"])
+@pytest.mark.parametrize("form", [pytest.param("dicts", marks=pytest.mark.slow), "bounds",
+                                  "objects", pytest.param("linear", marks=pytest.mark.slow)])
 def test_simplex_projection_equals_scipy_and_its_closed_form_derivative(method, form):
     kw = simplex_forms(method)[form]
 
@@ -203,6 +204,21 @@ def test_jit_grad_in_a_training_loop_and_closed_over_parameters():
         p = new_p
 
 
+def test_vmap_over_parameters_with_different_active_sets():
+    """One projection per row, each with its own active set (one bound, none, two)."""
+    con = {"type": "eq", "fun": lambda x: jnp.sum(x) - 1.0}
+
+    def project(p):
+        return minimize(lambda x: jnp.sum((x - p) ** 2), jnp.zeros(3), constraints=con,
+                        bounds=[(0, None)] * 3, tol=1e-12).x
+
+    P = jnp.array([[0.5, 0.3, -0.4], [0.2, 0.2, 0.2], [2.0, 0.0, 0.0]])
+    X = jax.vmap(project)(P)
+    np.testing.assert_allclose(X, [[0.6, 0.4, 0], [1 / 3] * 3, [1, 0, 0]], atol=1e-8)
+    for x, J in zip(X, jax.vmap(jax.jacrev(project))(P)):
+        np.testing.assert_allclose(J, simplex_projection_jacobian(x), atol=1e-8)
+
+
 def test_method_none_with_constraints_is_slsqp_as_in_scipy():
     con = {"type": "eq", "fun": lambda x: jnp.sum(x) - 1.0}
     p = jnp.array([0.5, 0.3, -0.4])
@@ -328,9 +344,11 @@ def _hess_jax(x, c):
 
 
 @pytest.mark.parametrize("method, kind", [
-    ("Newton-CG", "hess"), ("Newton-CG", "hessp"), ("trust-ncg", "hessp"),
-    ("trust-exact", "hess"), ("dogleg", "hess"), ("trust-krylov", "hessp"),
-    ("trust-constr", "hess"), ("trust-constr", "hessp")])
+    ("Newton-CG", "hess"), ("Newton-CG", "hessp"),
+    pytest.param("trust-ncg", "hessp", marks=pytest.mark.slow),
+    ("trust-exact", "hess"), pytest.param("dogleg", "hess", marks=pytest.mark.slow),
+    pytest.param("trust-krylov", "hessp", marks=pytest.mark.slow),
+    ("trust-constr", "hess"), pytest.param("trust-constr", "hessp", marks=pytest.mark.slow)])
 def test_user_hessian_reaches_scipy(method, kind):
     """A user's inexact Hessian (or its products), written in JAX: SciPy calls it as often
     as it calls the same Hessian in NumPy in its own run (counted on the host), with the

@@ -28,12 +28,12 @@ import scipy.linalg
 from .._common import const, f64, failure, host_copies, host_jit, jnp_ravel, tangent_like
 from ._options import SolveOptions
 
-#: A limit within this distance of g(x*) (relative to 1 + |limit|) is tested as active:
-#: SLSQP lands on its active constraints; trust-constr, an interior method, stops
-#: 1e-9 to 1e-6 inside them at its default tolerances.
+#: A limit within this distance of g(x*) (relative to 1 + |limit|) is a candidate for
+#: the active set (kept if its multiplier holds x* there): SLSQP lands on its active
+#: constraints; trust-constr, an interior method, stops up to 1e-5 inside them.
 _NEAR = 1e-3
 #: A multiplier under this (relative to 1 + |grad f|) is zero; a zero multiplier on a
-#: limit that holds to this (relative) distance violates strict complementarity.
+#: limit that holds to `_TIGHT` (relative) violates strict complementarity.
 _ZERO_MULTIPLIER = 1e-7
 _TIGHT = 1e-9
 #: Stationarity must hold at x* to this (relative) precision for the KKT solve to mean
