@@ -219,6 +219,42 @@ def test_vmap_over_parameters_with_different_active_sets():
         np.testing.assert_allclose(J, simplex_projection_jacobian(x), atol=1e-8)
 
 
+def test_objective_jac_forms_float32_and_a_constraint_jac_that_is_not_called():
+    """jac=True (fun returns (f, g)), a jac function closing over p, float32 x0: the same
+    projection and derivative; a constraint dict's own 'jac' is not called (JAX's
+    Jacobian is exact)."""
+    def unused_jac(x):
+        raise AssertionError("the constraint's jac was called")
+
+    cons = [{"type": "eq", "fun": lambda x: jnp.sum(x) - 1.0, "jac": unused_jac}]
+    bounds = [(0, None)] * 3
+    p = jnp.array([0.5, 0.3, -0.4])
+    want = simplex_projection_jacobian([0.6, 0.4, 0.0])
+    forms = {
+        "jac=True": lambda p: minimize(lambda x: (jnp.sum((x - p) ** 2), 2 * (x - p)),
+                                       jnp.zeros(3), jac=True, constraints=cons,
+                                       bounds=bounds, tol=1e-12).x,
+        "jac function": lambda p: minimize(lambda x: jnp.sum((x - p) ** 2), jnp.zeros(3),
+                                           jac=lambda x: 2 * (x - p), constraints=cons,
+                                           bounds=bounds, tol=1e-12).x,
+        "float32": lambda p: minimize(distance, jnp.zeros(3, jnp.float32), args=(p,),
+                                      constraints=cons, bounds=bounds, tol=1e-7).x}
+    for name, project in forms.items():
+        p_in = p.astype(jnp.float32) if name == "float32" else p
+        atol = 1e-5 if name == "float32" else 1e-8
+        assert project(p_in).dtype == p_in.dtype, name
+        np.testing.assert_allclose(project(p_in), [0.6, 0.4, 0.0], atol=atol, err_msg=name)
+        np.testing.assert_allclose(jax.jacrev(project)(p_in), want, atol=atol, err_msg=name)
+
+
+def test_krylov_linear_solver_with_constraints_raises():
+    con = {"type": "eq", "fun": lambda x: jnp.sum(x) - 1.0}
+    for solver in ("cg", "gmres"):
+        with pytest.raises(NotImplementedError, match="minimize.*linear_solver.*constraints"):
+            minimize(distance, jnp.zeros(2), args=(jnp.ones(2),), constraints=con,
+                     linear_solver=solver)
+
+
 def test_method_none_with_constraints_is_slsqp_as_in_scipy():
     con = {"type": "eq", "fun": lambda x: jnp.sum(x) - 1.0}
     p = jnp.array([0.5, 0.3, -0.4])
