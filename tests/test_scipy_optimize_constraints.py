@@ -119,6 +119,10 @@ def test_inequality_active_and_inactive_with_dict_args(method):
                         method=method, tol=TOL[method]).x
 
     inside = jnp.array([0.2, 0.3])
+    listed = {"type": "ineq", "fun": lambda x, b: b - x[0] - x[1], "args": [1.0]}
+    np.testing.assert_allclose(minimize(distance, jnp.zeros(2), args=(jnp.array([1.0, 0.6]),),
+                                        constraints=listed, method=method).x, [0.7, 0.3],
+                               atol=1e-5)  # a list of args is unpacked, as SciPy does
     np.testing.assert_allclose(solve(inside, 1.0), inside, atol=1e-6)
     np.testing.assert_allclose(jax.jacrev(solve)(inside, 1.0), np.eye(2), atol=1e-6)
     np.testing.assert_allclose(jax.grad(lambda b: solve(inside, b).sum())(1.0), 0.0,

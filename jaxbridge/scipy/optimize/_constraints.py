@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
+from .._trace import check_args
+
 _NAME = "jaxbridge.scipy.optimize.minimize"
 
 
@@ -131,8 +133,9 @@ def _dict_part(i: int, con: dict) -> tuple[Callable[..., Any], tuple, Any]:
     if not callable(fun):
         raise TypeError(f"{_NAME}: constraints[{i}]['fun'] must be callable, got "
                         f"{type(fun).__name__}")
-    args = con.get("args", ())
-    args = args if isinstance(args, tuple) else (args,)
+    # SciPy calls fun(x, *args): any iterable is unpacked (a list too), as here
+    args = check_args(con.get("args", ()), "optimize.minimize",
+                      f"constraints[{i}]['fun'](x, *args)", "unpack")
     eq = kind.lower() == "eq"
 
     def old_style(x: Any, *a: Any) -> tuple[Any, Any, Any]:
