@@ -259,6 +259,49 @@ def test_krylov_linear_solver_with_constraints_raises():
                      linear_solver=solver)
 
 
+def test_multipliers_are_those_trust_constr_returns(monkeypatch):
+    """The least-squares multipliers at x* (an equality and an upper inequality active,
+    bounds not) equal minus trust-constr's own `v` (SciPy's Lagrangian is f + v.c); the
+    derivative of x* matches central differences of SciPy's own solution."""
+    from jaxbridge.scipy.optimize import _kkt, _run_scipy
+    seen = {}
+    active_set, scipy_minimize = _kkt.KKT.active_set, scipy.optimize.minimize
+
+    def spy_active_set(self, x, on_failure):
+        seen["side"], seen["lam"] = out = active_set(self, x, on_failure)
+        return out
+
+    def spy_minimize(*args, **kw):
+        res = scipy_minimize(*args, **kw)
+        seen["v"] = res.v
+        return res
+    monkeypatch.setattr(_kkt.KKT, "active_set", spy_active_set)
+    monkeypatch.setattr(_run_scipy.scipy.optimize, "minimize", spy_minimize)
+
+    def solve(p, numpy=False):
+        mod = np if numpy else jnp
+        con = NonlinearConstraint(lambda x: mod.array([x @ x, x[0] + x[1]]), [0.25, -np.inf],
+                                  [0.25, 0.4],
+                                  jac=lambda x: np.array([2 * x, [1.0, 1.0, 0.0]]))
+        kw = dict(constraints=con, method="trust-constr", bounds=[(-1, 0.4)] * 3, tol=1e-10)
+        if numpy:
+            res = scipy_minimize(lambda x: np.sum((x - p) ** 2), np.zeros(3),
+                                 jac=lambda x: 2 * (x - p), **kw)
+            assert res.success
+            return res.x
+        return minimize(distance, jnp.zeros(3), args=(p,), **kw).x
+
+    p = np.array([1.0, 2.0, 2.0])
+    grad = jax.grad(lambda p: solve(p)[2])(jnp.asarray(p))
+    np.testing.assert_array_equal(seen["side"], [0, 0, 0, -1, 1])  # the bounds are rows 0-2
+    np.testing.assert_allclose(seen["lam"][3:], -seen["v"][0], rtol=1e-5)
+    np.testing.assert_allclose(solve(jnp.asarray(p)), solve(p, numpy=True), atol=1e-6)
+    h = 1e-4
+    fd = [(solve(p + h * e, numpy=True)[2] - solve(p - h * e, numpy=True)[2]) / (2 * h)
+          for e in np.eye(3)]
+    np.testing.assert_allclose(grad, fd, atol=1e-4)
+
+
 def test_method_none_with_constraints_is_slsqp_as_in_scipy():
     con = {"type": "eq", "fun": lambda x: jnp.sum(x) - 1.0}
     p = jnp.array([0.5, 0.3, -0.4])
