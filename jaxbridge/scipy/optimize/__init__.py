@@ -25,6 +25,12 @@ needs a symmetric positive definite matrix, which a strict minimum's Hessian is)
 The starting point `x0` gets a zero gradient: the
 solution does not depend on it (it is correct, not a silent zero).
 
+With `constraints` (SLSQP, trust-constr), the condition is the KKT system of the
+active set at x* instead (`_kkt`): bounds and constraints are rows of
+``lo <= g(x) <= hi``, the multipliers come from least squares on stationarity, and
+one dense solve with ``[[H, -J_A^T], [J_A, 0]]`` (H JAX's exact Hessian of the
+Lagrangian) gives the tangent or the adjoint.
+
 The result's other fields (`fun`, `jac`, `cost`, `grad`) are recomputed in JAX at
 `x*`, so they are differentiable by the chain rule.
 
@@ -40,7 +46,9 @@ The package keeps SciPy's layout, one job a module: `_root`, `_minimize` and
 lifted out, bounds); `_implicit` the solve with its tangent and adjoint rules, all
 taking one frozen `SolveOptions` (`_options`); `_problem` the optimality condition
 and its linear solves; `_run_scipy` SciPy's calls; `_active` the bounds that hold;
-`_loss` least_squares' robust losses; `_result` OptimizeResult; `_compiled_root`,
+`_constraints` minimize's constraints in SciPy's forms, `_constrained` and `_kkt`
+their solve and derivative; `_loss` least_squares' robust losses; `_result`
+OptimizeResult; `_compiled_root`,
 `_dfsane` and `_newton_krylov` the compiled root loops.
 """
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -13,7 +13,7 @@ import scipy.optimize
 
 from .._common import as_float_array, check_policy, static_options
 from .._trace import check_args, convert
-from . import _implicit
+from . import _constrained, _implicit
 from ._options import LINEAR_SOLVERS, SolveOptions
 
 
@@ -22,7 +22,8 @@ class Request:
     """One call of root, minimize or least_squares as its front end received it.
 
     `kind` is the function's name; the rest are SciPy's arguments of that name, not
-    yet checked (`bounds` may hold traced arrays, `options` is SciPy's dict).
+    yet checked (`bounds` may hold traced arrays, `options` is SciPy's dict), except
+    minimize's `constraints`: None or a `_constraints.ConstraintSet`.
     """
 
     kind: str
@@ -34,6 +35,9 @@ class Request:
     callback: Any = None
     linear_solver: str = "auto"
     on_failure: str = "raise"
+    hess: Any = None
+    hessp: Any = None
+    constraints: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +124,27 @@ def _bounds_error(name: str) -> type[Exception]:
     return ValueError if name == "least_squares" else TypeError
 
 
+def _host_functions(request: Request, x_aval: Any, args: tuple, qual: str
+                    ) -> tuple[tuple, tuple]:
+    """(jac, hess, hessp) as SolveOptions holds them (a user's JAX function converted to a
+    `HostFun`; None, True, False or a string as given) and their operands, in that order,
+    without gradients (they only steer SciPy's forward solve)."""
+    calls = {"jac": ((x_aval,), "jac(x, *args)"), "hess": ((x_aval,), "hess(x, *args)"),
+             "hessp": ((x_aval, x_aval), "hessp(x, p, *args)")}
+    funs: list[Any] = []
+    ops: list[Any] = []
+    for what, given in (("jac", request.jac), ("hess", request.hess),
+                        ("hessp", request.hessp)):
+        if callable(given) and not isinstance(given, scipy.optimize.HessianUpdateStrategy):
+            example, call = calls[what]
+            given, lifted = convert(given, qual, what, example, args, call)
+            ops += [jax.lax.stop_gradient(o) for o in lifted]
+        elif what == "jac" and given not in (None, True, False):
+            given = None  # a finite-difference string: JAX's exact gradient
+        funs.append(given)
+    return tuple(funs), tuple(ops)
+
+
 def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
     """Check `request`, lift `fun`'s (and a `jac` function's) closures and `args` out as
     inputs, and run the implicit solve: x* differentiable in them and in the bounds."""
@@ -140,19 +165,24 @@ def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
     params, fixed = hf.split(ops)
     jac = request.jac
-    jac_hf = jac if jac in (None, True, False) else None
-    jac_ops: Sequence[Any] = ()
-    if callable(jac):
-        jac_hf, jac_ops = convert(jac, qual, "jac", (x_aval,), args, "jac(x, *args)")
-        jac_ops = tuple(jax.lax.stop_gradient(o) for o in jac_ops)
+    host_funs, host_ops = _host_functions(request, x_aval, args, qual)
+    constraints = None
+    if request.constraints is not None:
+        cset = request.constraints
+        cons_hf, cons_ops = convert(cset.values, qual, "constraints", (x_aval,), cset.args,
+                                    "fun(x, *args) of each constraint")
+        cons_params, cons_fixed = cons_hf.split(cons_ops)
+        params, fixed = (*params, *cons_params), (*fixed, *cons_fixed)
+        constraints = (cons_hf, cset.keep_feasible)
     lb, ub = bounds(request.bounds, x0, kind)
-    opts = SolveOptions(kind=kind, fun=hf, method=request.method, jac=jac_hf,
+    opts = SolveOptions(kind=kind, fun=hf, method=request.method, jac=host_funs[0],
                         tol=None if request.tol is None else float(request.tol),
                         options=static_options(request.options, qual),
                         callback=request.callback, linear_solver=request.linear_solver,
-                        on_failure=request.on_failure)
-    x, active, stats, success = _implicit.solve(x0, lb, ub, params, fixed, tuple(jac_ops),
-                                                opts=opts)
+                        on_failure=request.on_failure, hess=host_funs[1],
+                        hessp=host_funs[2], constraints=constraints)
+    run = _implicit.solve if constraints is None else _constrained.solve
+    x, active, stats, success = run(x0, lb, ub, params, fixed, host_ops, opts=opts)
 
     def user_fun(x: jax.Array) -> Any:
         y = fun(x, *args)

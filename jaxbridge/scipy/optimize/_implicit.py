@@ -26,20 +26,22 @@ def _count(sol: Any, field: str) -> int:
     return -1 if value is None else int(value)
 
 
-def _stats(sol: Any) -> np.ndarray:
+def scipy_stats(sol: Any) -> np.ndarray:
+    """SciPy's (status, nfev, njev, nit), -1 where the method does not report one."""
     return np.array([int(getattr(sol, "status", 0) or 0), _count(sol, "nfev"),
                      _count(sol, "njev"), _count(sol, "nit")], np.int32)
 
 
-def _result(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any,
+def result_shapes(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any,
             **_: Any) -> Any:
+    """The shapes of a solve's outputs (x*, active bounds, SciPy's counters, success)."""
     return (jax.ShapeDtypeStruct(x0.shape, x0.dtype),
             jax.ShapeDtypeStruct(x0.shape, jnp.int8),    # active bound: -1, 0, 1
             jax.ShapeDtypeStruct((4,), jnp.int32),       # status, nfev, njev, nit
             jax.ShapeDtypeStruct((), jnp.bool_))         # success
 
 
-@_foreign.foreign(_result)
+@_foreign.foreign(result_shapes)
 def solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *,
           opts: SolveOptions) -> Any:
     """x* (shaped like x0), the active bounds (-1/0/+1), SciPy's (status, nfev, njev,
@@ -53,7 +55,7 @@ def solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *,
         ok = bool(sol.success) and bool(np.all(np.isfinite(x)))
         active = (_active.active(sol, x, lbf, ubf, pr, x0.dtype) if ok
                   else np.zeros(x.size, np.int8))
-    stats = _stats(sol)
+    stats = scipy_stats(sol)
     if not ok:
         if opts.on_failure == "raise":
             raise failure(opts.qualname, f"{opts.kind}(method={opts.method!r}): {sol.message}")

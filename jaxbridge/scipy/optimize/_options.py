@@ -16,7 +16,11 @@ class SolveOptions:
     `kind` is the public function's name ("root", "minimize", "least_squares"), so
     messages name it as it is; `fun` (a `HostFun`) and `jac` (None, True, False or a
     `HostFun`) are the user's functions with their closures lifted out; `options` is a
-    sorted tuple of SciPy's keyword arguments (`static_options`).
+    sorted tuple of SciPy's keyword arguments (`static_options`). minimize's `hess` and
+    `hessp` are None, a `HostFun` (the user's JAX function, for SciPy's forward solve
+    only) or what SciPy takes as is (a finite-difference string, a
+    `HessianUpdateStrategy`); its `constraints` are None or `(values, keep_feasible)`:
+    the `HostFun` of `_constraints.ConstraintSet.values` and SciPy's flags.
     """
 
     kind: str
@@ -28,6 +32,9 @@ class SolveOptions:
     callback: Any = None
     linear_solver: str = "auto"
     on_failure: str = "raise"
+    hess: Any = None
+    hessp: Any = None
+    constraints: Any = None
 
     @property
     def qualname(self) -> str:

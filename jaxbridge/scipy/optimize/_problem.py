@@ -43,13 +43,13 @@ class Problem:
         self.kind = opts.kind
         self.shape = tuple(x0.shape)
         self.params, self.fixed, self.jac_ops = host_copies((params, fixed, jac_ops))
-        key = (opts.kind, opts.fun, opts.jac, self.shape, np.dtype(x0.dtype), opts.loss,
-               opts.f_scale)
+        key = (opts.kind, opts.fun, opts.jac, opts.hess, opts.hessp, self.shape,
+               np.dtype(x0.dtype), opts.loss, opts.f_scale)
         roles = _roles(opts, self.shape, x0.dtype)
         self._j = {r: host_jit(key + (r,), const(g)) for r, g in roles.items()}
 
     def __call__(self, role: str, *xs: Any) -> Any:
-        if role in ("G_jac", "value_and_grad", "lsq_jac"):
+        if role in ("G_jac", "value_and_grad", "lsq_jac", "user_hess", "user_hessp"):
             out = self._j[role](self.fixed, self.jac_ops, xs[0], self.params, *xs[1:])
         else:
             out = self._j[role](self.fixed, xs[0], self.params, *xs[1:])
@@ -95,6 +95,7 @@ class Problem:
 def _roles(opts: SolveOptions, shape: tuple, xdtype: Any) -> dict[str, Callable]:
     """The JAX functions of `(fixed[, jac_ops], x, params, ...)` a Problem jits, by role."""
     kind, fun, jac, loss, f_scale = opts.kind, opts.fun, opts.jac, opts.loss, opts.f_scale
+    jac_ops, hess_ops, hessp_ops = _host_fun_ops(opts)
 
     # root: the residual; minimize: the objective; least_squares: the residuals
     def F(fx: Any, x: Any, p: Any) -> Any:
@@ -117,7 +118,7 @@ def _roles(opts: SolveOptions, shape: tuple, xdtype: Any) -> dict[str, Callable]
 
     def G_jac(fx: Any, jo: Any, x: Any, p: Any) -> Any:
         if kind == "root" and isinstance(jac, HostFun):
-            out = jac(jo, x.reshape(shape).astype(xdtype))
+            out = jac(jac_ops(jo), x.reshape(shape).astype(xdtype))
             return jnp.reshape(out, (x.size, x.size)).astype(x.dtype)
         return jax.jacfwd(G, argnums=1)(fx, x, p)
 
@@ -126,7 +127,7 @@ def _roles(opts: SolveOptions, shape: tuple, xdtype: Any) -> dict[str, Callable]
         if jac is True:
             return jnp.ravel(fun(fun.merge(p, fx), x.reshape(shape).astype(xdtype))[1])
         if isinstance(jac, HostFun):
-            return jnp.ravel(jac(jo, x.reshape(shape).astype(xdtype))).astype(x.dtype)
+            return jnp.ravel(jac(jac_ops(jo), x.reshape(shape).astype(xdtype))).astype(x.dtype)
         return G(fx, x, p)
 
     def value_and_grad(fx: Any, jo: Any, x: Any, p: Any) -> Any:
@@ -134,12 +135,23 @@ def _roles(opts: SolveOptions, shape: tuple, xdtype: Any) -> dict[str, Callable]
 
     def lsq_jac(fx: Any, jo: Any, x: Any, p: Any) -> Any:
         if isinstance(jac, HostFun):
-            out = jac(jo, x.reshape(shape).astype(xdtype))
+            out = jac(jac_ops(jo), x.reshape(shape).astype(xdtype))
             return jnp.reshape(out, (-1, x.size)).astype(x.dtype)
         return jax.jacfwd(F, argnums=1)(fx, x, p)
 
+    # minimize's `hess`/`hessp` functions, for SciPy's forward solve only
+    def user_hess(fx: Any, jo: Any, x: Any, p: Any) -> Any:
+        out = opts.hess(hess_ops(jo), x.reshape(shape).astype(xdtype))
+        return jnp.reshape(out, (x.size, x.size)).astype(x.dtype)
+
+    def user_hessp(fx: Any, jo: Any, x: Any, p: Any, v: Any) -> Any:
+        out = opts.hessp(hessp_ops(jo), x.reshape(shape).astype(xdtype),
+                         v.reshape(shape).astype(xdtype))
+        return jnp.ravel(out).astype(x.dtype)
+
     return dict(
         F=F, G=G, G_jac=G_jac, value_and_grad=value_and_grad, lsq_jac=lsq_jac,
+        user_hess=user_hess, user_hessp=user_hessp,
         G_vjp_x=lambda fx, x, p, v: jax.vjp(lambda x: G(fx, x, p), x)[1](v)[0],
         G_jvp_x=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1],
         G_vjp_p=lambda fx, x, p, v: jnp_ravel(jax.vjp(lambda p: G(fx, x, p), p)[1](v)[0]),
@@ -149,6 +161,16 @@ def _roles(opts: SolveOptions, shape: tuple, xdtype: Any) -> dict[str, Callable]
         hessp=lambda fx, x, p, v: jax.jvp(lambda x: G(fx, x, p), (x,), (v,))[1],
         krylov_T=functools.partial(_krylov, G, True),
         krylov=functools.partial(_krylov, G, False))
+
+
+def _host_fun_ops(opts: SolveOptions) -> tuple[Callable, Callable, Callable]:
+    """Slicers of the `jac_ops` operand tuple: the operands of the `jac`, `hess` and
+    `hessp` functions, in that order (each `HostFun` knows how many it has)."""
+    sizes = [len(f.diff) if isinstance(f, HostFun) else 0
+             for f in (opts.jac, opts.hess, opts.hessp)]
+    starts = np.cumsum([0] + sizes)
+    return tuple(functools.partial(lambda jo, a, b: tuple(jo[a:b]), a=int(a), b=int(b))
+                 for a, b in zip(starts[:-1], starts[1:]))  # type: ignore[return-value]
 
 
 def _krylov(G: Callable, transpose: bool, fx: Any, x: Any, p: Any, rhs: Any, free: Any,
