@@ -9,13 +9,16 @@ import jax
 import jax.numpy as jnp
 
 from .._common import unsupported
+from .._numpy_functions import runs_as_scipy
 from . import _frontend
+from ._numpy_fallback import MINIMIZE
 from ._result import OptimizeResult
 
 MIN_BOUNDS = ("Nelder-Mead", "L-BFGS-B", "TNC", "SLSQP", "Powell", "trust-constr", "COBYLA",
               "COBYQA")
 
 
+@runs_as_scipy(MINIMIZE)
 def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | None = None,
              jac: Callable[..., Any] | bool | str | None = None, hess: Any = None,
              hessp: Any = None, bounds: Any = None, constraints: Any = (),
