@@ -280,3 +280,26 @@ def test_numpy_jac_with_jax_fun_still_runs_scipy():
 def test_jax_functions_keep_the_traceable_path():
     g = jax.grad(lambda p: root(lambda x: jnp.sin(x) - p, jnp.array([0.1])).x[0])(0.5)
     np.testing.assert_allclose(g, 1.0 / np.cos(np.arcsin(0.5)), rtol=1e-6)
+
+
+def test_compiled_root_methods_run_scipys_loop():
+    for method in ("df-sane", "krylov"):
+        ours = root(residual, np.array([0.1, 0.2]), args=(0.5,), method=method)
+        ref = scipy.optimize.root(residual, np.array([0.1, 0.2]), args=(0.5,), method=method)
+        _same(ours, ref, ("x", "nfev", "success"))
+        assert ours.message == ref.message
+
+
+def test_a_drop_in_inside_a_numpy_function():
+    def shoot(v):  # NumPy code calling a drop-in on NumPy code (no t_eval: no jit run)
+        sol = solve_ivp(lambda t, y: [y[1], -float(y[0])], (0.0, 1.0), [0.0, float(v[0])])
+        return np.asarray(sol.y)[0, -1:] - 1.0
+
+    def shoot_ref(v):
+        sol = scipy.integrate.solve_ivp(lambda t, y: [y[1], -float(y[0])], (0.0, 1.0),
+                                        [0.0, float(v[0])])
+        return sol.y[0, -1:] - 1.0
+    ours = root(shoot, np.array([1.0]))
+    ref = scipy.optimize.root(shoot_ref, np.array([1.0]))
+    _same(ours, ref, ("x", "nfev"))
+    np.testing.assert_allclose(ours.x, 1.0 / np.sin(1.0), rtol=1e-2)

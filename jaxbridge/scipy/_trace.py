@@ -310,7 +310,8 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
         try:
             return fun(*xs, *jax.tree_util.tree_unflatten(tree, full))
         except Exception as exc:
-            if not is_not_traceable(exc):
+            # (a drop-in called inside `fun` on a NumPy function: `fun` is not JAX either)
+            if not (is_not_traceable(exc) or isinstance(exc, UntraceableFunctionError)):
                 raise
             err = not_traceable(name, what, call, exc)
             err._drop_in_call = _drop_in_call.get()  # type: ignore[attr-defined]
