@@ -271,8 +271,8 @@ def not_traceable(name: str, what: str, call: str, cause: BaseException,
     """The error for a user's function that is not JAX where the call needs JAX."""
     how = f" as {call}" if call else ""
     err = UntraceableFunctionError(
-        f"jaxbridge.scipy.{name}: `{what}` is not a JAX function: JAX raised "
-        f"{type(cause).__name__} when it traced `{what}`{how}. "
+        f"jaxbridge.scipy.{name}: `{what}` is not a JAX function: tracing it{how} raised "
+        f"{type(cause).__name__}. "
         f"{why or 'A function written in NumPy runs as in SciPy only where nothing traces it.'}"
         f" To differentiate through it, write `{what}` with jax.numpy, or wrap its NumPy "
         f"code with jaxbridge.foreign and give it its own vjp/jvp rules",
