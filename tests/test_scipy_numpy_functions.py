@@ -303,3 +303,18 @@ def test_a_drop_in_inside_a_numpy_function():
     ref = scipy.optimize.root(shoot_ref, np.array([1.0]))
     _same(ours, ref, ("x", "nfev"))
     np.testing.assert_allclose(ours.x, 1.0 / np.sin(1.0), rtol=1e-2)
+
+
+def test_boolean_mask_code_runs_as_scipy():
+    def fun(x):
+        return (x[x > 0] ** 2).sum() + ((x - 1.0) ** 2).sum()  # a mask: not traceable
+    ours = minimize(fun, np.array([0.5, -0.5]), method="Nelder-Mead")
+    ref = scipy.optimize.minimize(fun, np.array([0.5, -0.5]), method="Nelder-Mead")
+    _same(ours, ref, ("x", "fun", "nfev"))
+
+
+def test_the_error_pickles_with_its_attributes():
+    import pickle
+    err = UntraceableFunctionError("m", function="optimize.root", argument="fun")
+    back = pickle.loads(pickle.dumps(err))
+    assert (str(back), back.function, back.argument) == ("m", "optimize.root", "fun")
