@@ -166,8 +166,9 @@ def test_users_own_error_surfaces_as_itself():
         if float(x[0]) > 0.4:
             raise Mine("too far")
         return np.sin(x) - 0.5
-    with pytest.raises(Mine, match="too far"):
+    with pytest.raises(Mine, match="too far") as info:
         root(late, np.array([0.1]))
+    assert info.value.__context__ is None  # not shown "during handling of" jaxbridge's
 
 
 def test_users_own_type_error_is_not_taken_for_numpy_code():

@@ -36,7 +36,13 @@ from .. import _foreign
 from .._core.jaxapi import is_tracer
 from ..errors import UntraceableFunctionError
 from ._common import failure
-from ._trace import drop_in_call, leaked_tracer, not_traceable, raised_for
+from ._trace import (
+    end_drop_in_call,
+    leaked_tracer,
+    not_traceable,
+    raised_for,
+    start_drop_in_call,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,15 +78,20 @@ def runs_as_scipy(fallback: Fallback, result_type: Callable[..., Any] | None = N
         @functools.wraps(front)
         def call(*args: Any, **kwargs: Any) -> Any:
             token = object()
+            started = start_drop_in_call(token)
             try:
-                with drop_in_call(token):
-                    return front(*args, **kwargs)
+                return front(*args, **kwargs)
             except UntraceableFunctionError as err:
                 if not raised_for(err, token):
                     raise  # a drop-in called inside the user's function: its own error
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                return _run(fallback, dict(bound.arguments), err)
+                untraceable = err
+            finally:
+                end_drop_in_call(started)
+            # (outside the except clause: SciPy's and the user's exceptions do not show
+            # this one as their context)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return _run(fallback, dict(bound.arguments), untraceable)
         return call
     return wrap
 

@@ -20,9 +20,8 @@ unless they compute the same thing.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -249,16 +248,16 @@ _drop_in_call: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "jaxbridge_scipy_drop_in_call", default=None)
 
 
-@contextlib.contextmanager
-def drop_in_call(token: object) -> Iterator[None]:
-    """Marks the `UntraceableFunctionError`s `convert` raises inside it with `token`, so
-    that a drop-in handles its own user's function only (not one of a drop-in called
-    inside that function)."""
-    reset = _drop_in_call.set(token)
-    try:
-        yield
-    finally:
-        _drop_in_call.reset(reset)
+def start_drop_in_call(token: object) -> contextvars.Token:
+    """Marks the `UntraceableFunctionError`s `convert` raises from now on with `token`
+    (until `end_drop_in_call`), so that a drop-in handles its own user's function only,
+    not one of a drop-in called inside that function. (Two plain calls, not a context
+    manager: this runs on every drop-in call.)"""
+    return _drop_in_call.set(token)
+
+
+def end_drop_in_call(started: contextvars.Token) -> None:
+    _drop_in_call.reset(started)
 
 
 def raised_for(err: UntraceableFunctionError, token: object) -> bool:
