@@ -319,3 +319,13 @@ def test_the_error_pickles_with_its_attributes():
     err = UntraceableFunctionError("m", function="optimize.root", argument="fun")
     back = pickle.loads(pickle.dumps(err))
     assert (str(back), back.function, back.argument) == ("m", "optimize.root", "fun")
+
+
+def test_under_jit_a_closed_over_traced_value_raises_naming_args():
+    f = jax.jit(lambda p, k: root(lambda x, p: np.sin(x) - p - k, np.array([0.1]),
+                                  args=(p,)).x)
+    with pytest.raises(UntraceableFunctionError, match="through `args`"):
+        f(0.25, 0.25)
+    g = jax.jit(lambda p, k: root(lambda x, p, k: np.sin(x) - p - k, np.array([0.1]),
+                                  args=(p, k)).x)
+    np.testing.assert_allclose(g(0.25, 0.25), np.arcsin([0.5]), rtol=1e-8)
