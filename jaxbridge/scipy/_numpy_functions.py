@@ -165,10 +165,12 @@ def guarded(fun: Any, name: str, what: str) -> Any:
         except Exception as exc:
             if not leaked_tracer(exc):
                 raise
-            raise not_traceable(name, what, "", exc, why=_CLOSES_OVER) from exc
+            raise not_traceable(name, what, "", exc, why=_CLOSES_OVER,
+                                doing="calling it with NumPy values") from exc
         if any(is_tracer(leaf) for leaf in jax.tree_util.tree_leaves(out)):
             # (a NumPy value minus a closed-over tracer is a tracer: SciPy would fail)
-            raise not_traceable(name, what, "", _returned_tracer(name, what), why=_CLOSES_OVER)
+            raise not_traceable(name, what, "", _returned_tracer(name, what), why=_CLOSES_OVER,
+                                doing="calling it with NumPy values")
         return out
     for attribute in ("terminal", "direction"):
         if hasattr(fun, attribute):

@@ -266,11 +266,11 @@ def raised_for(err: UntraceableFunctionError, token: object) -> bool:
 
 
 def not_traceable(name: str, what: str, call: str, cause: BaseException,
-                  why: str = "") -> UntraceableFunctionError:
+                  why: str = "", doing: str = "tracing it") -> UntraceableFunctionError:
     """The error for a user's function that is not JAX where the call needs JAX."""
     how = f" as {call}" if call else ""
     err = UntraceableFunctionError(
-        f"jaxbridge.scipy.{name}: `{what}` is not a JAX function: tracing it{how} raised "
+        f"jaxbridge.scipy.{name}: `{what}` is not a JAX function: {doing}{how} raised "
         f"{type(cause).__name__}. "
         f"{why or 'A function written in NumPy runs as in SciPy only where nothing traces it.'}"
         f" To differentiate through it, write `{what}` with jax.numpy, or wrap its NumPy "
