@@ -44,6 +44,7 @@ __all__ = [
     "ResultMismatchError",
     "KeptViewError",
     "MissingRuleError",
+    "UntraceableFunctionError",
     "KernelError",
     "AliasError",
     "ShardingError",
@@ -107,6 +108,35 @@ class KeptViewError(ForeignCallError):
 
 class MissingRuleError(JaxbridgeError, TypeError):
     """A transformation needs a derivative rule (or kernel) that was not given."""
+
+
+class UntraceableFunctionError(MissingRuleError):
+    """A function given to a `jaxbridge.scipy` drop-in (`fun`, `jac`, `events[i]`, ...)
+    is not written in JAX (NumPy, `math`, `float(y)`, Python `if` on values), and the
+    call needs to trace it: it is differentiated (`grad`, `jvp`), or its result shapes
+    are not known before it runs under `jit`. Without those, such a function runs as in
+    SciPy (SciPy's own routine, called with the function).
+
+    The message names the drop-in and the argument; ``__cause__`` is JAX's own error.
+    To differentiate, write the function with `jax.numpy`, or wrap its NumPy code with
+    `jaxbridge.foreign` and give it derivative rules.
+
+    Attributes:
+      function: the drop-in, e.g. ``"optimize.root"``.
+      argument: the argument holding the function, e.g. ``"fun"``.
+    """
+
+    def __init__(self, message: str, *, function: str = "", argument: str = ""):
+        super().__init__(message)
+        self.function, self.argument = function, argument
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_untraceable, (str(self), self.function, self.argument))
+
+
+def _rebuild_untraceable(message: str, function: str, argument: str
+                         ) -> UntraceableFunctionError:
+    return UntraceableFunctionError(message, function=function, argument=argument)
 
 
 class KernelError(JaxbridgeError, TypeError):

@@ -20,6 +20,7 @@ unless they compute the same thing.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from .._core.jaxapi import (
     untyped_manual_axes,
     varying_axes,
 )
+from ..errors import UntraceableFunctionError
 
 _SMALL_CONST = 4096  # bytes: constants inside nested jaxprs up to this size compare by value
 
@@ -197,6 +199,87 @@ def _is_dynamic(leaf: Any) -> bool:
     return isinstance(leaf, (float, complex, np.ndarray, np.generic, jax.Array))
 
 
+# ---- functions that are not JAX (NumPy, `math`, Python control flow on values) ----
+# What JAX raises when a function written for NumPy is traced: an array conversion
+# (`np.sin(y)`, `np.asarray(y)`), a concrete value asked of a tracer (`float(y)`,
+# `math.exp(y[0])`, `int(y)`, `if y[0] > 0:`, `y.tolist()`), a boolean mask
+# (`y[y > 0]`). Subclasses included (TracerBoolConversionError,
+# TracerIntegerConversionError are ConcretizationTypeErrors).
+_TRACER_ERRORS: tuple[type[BaseException], ...] = (
+    jax.errors.TracerArrayConversionError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+# In-place assignment (`dy = y.copy(); dy[0] = ...`): a plain TypeError, raised by JAX's
+# own array code (never by the user's) with this message.
+_IMMUTABLE = "JAX arrays are immutable"
+
+
+def is_not_traceable(exc: BaseException) -> bool:
+    """Whether `exc`, raised while JAX traced a user's function, says that the function
+    is not JAX (see `_TRACER_ERRORS`). Any other exception -- the user's own ValueError,
+    a TypeError of the user's code -- is the function's own and is never matched.
+
+    >>> is_not_traceable(ValueError("mine")), is_not_traceable(TypeError("mine"))
+    (False, False)
+    """
+    if isinstance(exc, _TRACER_ERRORS):
+        return True
+    return (type(exc) is TypeError and str(exc).startswith(_IMMUTABLE)
+            and _raised_by_jax(exc))
+
+
+def leaked_tracer(exc: BaseException) -> bool:
+    """Whether `exc`, raised by a user's function called with NumPy values, comes from a
+    traced value it closes over (inside `jit`/`grad`), not from the function itself."""
+    return is_not_traceable(exc) or isinstance(exc, jax.errors.UnexpectedTracerError)
+
+
+def _raised_by_jax(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("jax.")
+
+
+_drop_in_call: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "jaxbridge_scipy_drop_in_call", default=None)
+
+
+def start_drop_in_call(token: object) -> contextvars.Token:
+    """Marks the `UntraceableFunctionError`s `convert` raises from now on with `token`
+    (until `end_drop_in_call`), so that a drop-in handles its own user's function only,
+    not one of a drop-in called inside that function. (Two plain calls, not a context
+    manager: this runs on every drop-in call.)"""
+    return _drop_in_call.set(token)
+
+
+def end_drop_in_call(started: contextvars.Token) -> None:
+    _drop_in_call.reset(started)
+
+
+def raised_for(err: UntraceableFunctionError, token: object) -> bool:
+    """Whether `convert` raised `err` inside `drop_in_call(token)`."""
+    return getattr(err, "_drop_in_call", None) is token
+
+
+def not_traceable(name: str, what: str, call: str, cause: BaseException,
+                  why: str = "", doing: str = "tracing it") -> UntraceableFunctionError:
+    """The error for a user's function that is not JAX where the call needs JAX."""
+    how = f" as {call}" if call else ""
+    err = UntraceableFunctionError(
+        f"jaxbridge.scipy.{name}: `{what}` is not a JAX function: {doing}{how} raised "
+        f"{type(cause).__name__}. "
+        f"{why or 'A function written in NumPy runs as in SciPy only where nothing traces it.'}"
+        f" To differentiate through it, write `{what}` with jax.numpy, or wrap its NumPy "
+        f"code with jaxbridge.foreign and give it its own vjp/jvp rules",
+        function=name, argument=what)
+    err.__cause__ = cause
+    return err
+
+
 def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any],
             args: tuple = (), call: str = "", vary_like: Sequence[Any] = ()
             ) -> tuple[HostFun, list]:
@@ -223,14 +306,23 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
         full = list(leaves)
         for i, v in zip(dyn_at, dyn_values):
             full[i] = v
-        return fun(*xs, *jax.tree_util.tree_unflatten(tree, full))
+        try:
+            return fun(*xs, *jax.tree_util.tree_unflatten(tree, full))
+        except Exception as exc:
+            # (a drop-in called inside `fun` on a NumPy function: `fun` is not JAX either)
+            if not (is_not_traceable(exc) or isinstance(exc, UntraceableFunctionError)):
+                raise
+            err = not_traceable(name, what, call, exc)
+            err._drop_in_call = _drop_in_call.get()  # type: ignore[attr-defined]
+            raise err from exc
 
     try:
         # (inside shard_map: no casts to the mesh axes, which the host does not have)
         with untyped_manual_axes():
             closed, shape = jax.make_jaxpr(traced, return_shape=True)(dyn, *example)
     except Exception as exc:
-        if isinstance(exc, (IndexError, TypeError)) and call:
+        if isinstance(exc, (IndexError, TypeError)) and call and \
+                not isinstance(exc, UntraceableFunctionError):
             exc.add_note(
                 f"(raised while jaxbridge.scipy.{name} traced `{what}` as {call}, as SciPy "
                 f"calls it, with args={_describe_args(args)})")

@@ -47,7 +47,9 @@ from .._common import (
     on_cpu,
     unsupported,
 )
+from .._numpy_functions import runs_as_scipy
 from .._trace import HostFun, array_aval, convert
+from ._numpy_fallback import SOLVE_BVP
 
 __all__ = ["solve_bvp", "BvpResult", "BvpSolution"]
 
@@ -364,6 +366,7 @@ def _check_out(hf: HostFun, want: tuple, what: str, call: str) -> None:
                          f"{want} per point as {call}; it returned shapes {got}")
 
 
+@runs_as_scipy(SOLVE_BVP, BvpResult)
 def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p: Any = None,
               S: Any = None, fun_jac: Any = None, bc_jac: Any = None, tol: float = 1e-3,
               max_nodes: int = 1000, verbose: int = 0, bc_tol: float | None = None, *,

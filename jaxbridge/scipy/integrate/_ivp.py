@@ -13,10 +13,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._numpy_functions import runs_as_scipy
 from . import _dense
 from ._arguments import IvpRequest, PreparedIvp, prepare
 from ._compiled import compiled_ivp_program, stiff_ivp_program
 from ._events import event_slot
+from ._numpy_fallback import SOLVE_IVP
 from ._ode import IMPLICIT_METHODS, OdeEventResult, OdeResult
 from ._scipy_loop import scipy_solve
 from ._trajectory import trajectory
@@ -26,6 +28,7 @@ __all__ = ["solve_ivp"]
 sg = jax.lax.stop_gradient
 
 
+@runs_as_scipy(SOLVE_IVP)
 def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45",
               t_eval: Any = None, dense_output: bool = False, events: Any = None,
               vectorized: bool = False, args: Any = None, *, rtol: Any = 1e-3,

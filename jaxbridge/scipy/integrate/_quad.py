@@ -26,8 +26,10 @@ from .._common import (
     tangent_like,
     unsupported,
 )
+from .._numpy_functions import runs_as_scipy
 from .._trace import HostFun, check_args, convert
 from ._arguments import check_returns
+from ._numpy_fallback import QUAD
 
 __all__ = ["quad"]
 
@@ -151,6 +153,7 @@ def _quad_jvp(primals: tuple, out: Any, tangents: Any, *, fun: Any, options: tup
 WEIGHTS = ("cos", "sin", "alg", "alg-loga", "alg-logb", "alg-log", "cauchy")
 
 
+@runs_as_scipy(QUAD)
 def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: int = 0,
          epsabs: float = 1.49e-8, epsrel: float = 1.49e-8, limit: int = 50,
          points: Any = None, weight: Any = None, wvar: Any = None, wopts: Any = None,

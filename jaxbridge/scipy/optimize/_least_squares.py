@@ -11,11 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._common import unsupported
+from .._numpy_functions import runs_as_scipy
 from . import _frontend
 from ._loss import LOSSES, rho
+from ._numpy_fallback import LEAST_SQUARES
 from ._result import OptimizeResult
 
 
+@runs_as_scipy(LEAST_SQUARES)
 def least_squares(fun: Callable[..., Any], x0: Any, jac: Any = "2-point",
                   bounds: Any = (-np.inf, np.inf), method: str = "trf", ftol: float = 1e-8,
                   xtol: float = 1e-8, gtol: float = 1e-8, x_scale: Any = None,

@@ -10,7 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from .._common import unsupported
+from .._numpy_functions import runs_as_scipy
 from . import _constraints, _frontend
+from ._numpy_fallback import MINIMIZE
 from ._result import OptimizeResult
 from ._run_scipy import HESS_METHODS, HESSP_METHODS
 
@@ -20,6 +22,7 @@ MIN_BOUNDS = ("Nelder-Mead", "L-BFGS-B", "TNC", "SLSQP", "Powell", "trust-constr
 CONSTRAINED = ("SLSQP", "trust-constr")
 
 
+@runs_as_scipy(MINIMIZE)
 def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | None = None,
              jac: Callable[..., Any] | bool | str | None = None, hess: Any = None,
              hessp: Any = None, bounds: Any = None, constraints: Any = (),

@@ -52,7 +52,12 @@ class OptimizeResult(scipy.optimize.OptimizeResult):
                 return None
             raise AttributeError(name) from None
 
-    message = property(vars(Result)["message"].fget, doc="SciPy's message for `status`.")
+    @property
+    def message(self) -> str:
+        """SciPy's own message where SciPy's run returned one (a function written in
+        NumPy, run eagerly), else SciPy's message for `status`."""
+        given = dict.get(self, "message")
+        return given if isinstance(given, str) else vars(Result)["message"].fget(self)
 
 
 def _flatten(res: OptimizeResult) -> tuple[list[Any], tuple]:

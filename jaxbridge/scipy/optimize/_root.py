@@ -8,13 +8,16 @@ from typing import Any
 import jax
 
 from .._common import check_policy, static_options
+from .._numpy_functions import runs_as_scipy
 from .._trace import check_args, convert
 from . import _compiled_root, _frontend
+from ._numpy_fallback import ROOT
 from ._result import OptimizeResult
 
 STEPPINGS = ("auto", "scipy", "compiled")
 
 
+@runs_as_scipy(ROOT)
 def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
          jac: Callable[..., Any] | bool | None = None, tol: float | None = None,
          callback: Callable[..., Any] | None = None, options: dict | None = None, *,
