@@ -329,3 +329,23 @@ def test_under_jit_a_closed_over_traced_value_raises_naming_args():
     g = jax.jit(lambda p, k: root(lambda x, p, k: np.sin(x) - p - k, np.array([0.1]),
                                   args=(p, k)).x)
     np.testing.assert_allclose(g(0.25, 0.25), np.arcsin([0.5]), rtol=1e-8)
+
+
+def test_constraints_written_in_numpy_run_as_scipy_and_refuse_grad():
+    # A constraint function in NumPy (with a JAX or a NumPy objective): SciPy's answer,
+    # and under grad the error names the constraint.
+    con = {"type": "eq", "fun": lambda x: np.sum(np.asarray(x)) - 1.0}
+    want = scipy.optimize.minimize(lambda x: np.sum((x - 2.0) ** 2), np.zeros(3),
+                                   method="SLSQP", constraints=con)
+    assert want.success
+    for fun in (lambda x: jnp.sum((x - 2.0) ** 2),
+                lambda x: float(np.sum((np.asarray(x) - 2.0) ** 2))):
+        got = minimize(fun, np.zeros(3), method="SLSQP", constraints=con)
+        np.testing.assert_allclose(np.asarray(got.x), want.x, atol=1e-8)
+
+    def first(p):
+        return minimize(lambda x: jnp.sum((x - p) ** 2), jnp.zeros(3), method="SLSQP",
+                        constraints=con).x[0]
+
+    with pytest.raises(UntraceableFunctionError, match=r"constraints\[0\]"):
+        jax.grad(first)(2.0)

@@ -265,6 +265,16 @@ def raised_for(err: UntraceableFunctionError, token: object) -> bool:
     return getattr(err, "_drop_in_call", None) is token
 
 
+def raise_if_not_traceable(exc: Exception, name: str, what: str, call: str) -> None:
+    """Raise the `UntraceableFunctionError` of this drop-in call if `exc`, raised while
+    JAX traced the user's function `what`, says that the function is not JAX (or is a
+    drop-in's own such error: a drop-in called inside it on a NumPy function)."""
+    if is_not_traceable(exc) or isinstance(exc, UntraceableFunctionError):
+        err = not_traceable(name, what, call, exc)
+        err._drop_in_call = _drop_in_call.get()  # type: ignore[attr-defined]
+        raise err from exc
+
+
 def not_traceable(name: str, what: str, call: str, cause: BaseException,
                   why: str = "", doing: str = "tracing it") -> UntraceableFunctionError:
     """The error for a user's function that is not JAX where the call needs JAX."""
@@ -309,12 +319,8 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
         try:
             return fun(*xs, *jax.tree_util.tree_unflatten(tree, full))
         except Exception as exc:
-            # (a drop-in called inside `fun` on a NumPy function: `fun` is not JAX either)
-            if not (is_not_traceable(exc) or isinstance(exc, UntraceableFunctionError)):
-                raise
-            err = not_traceable(name, what, call, exc)
-            err._drop_in_call = _drop_in_call.get()  # type: ignore[attr-defined]
-            raise err from exc
+            raise_if_not_traceable(exc, name, what, call)
+            raise
 
     try:
         # (inside shard_map: no casts to the mesh axes, which the host does not have)

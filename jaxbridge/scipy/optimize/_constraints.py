@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from .._trace import check_args
+from .._trace import check_args, raise_if_not_traceable
 
 _NAME = "jaxbridge.scipy.optimize.minimize"
 
@@ -70,9 +70,18 @@ def normalize(constraints: Any, x0: jax.Array) -> ConstraintSet | None:
 
 
 def _sizes(parts: list, x_aval: Any, args: tuple) -> list[int]:
-    """The number of components of each constraint's `g`."""
-    return [int(np.prod(jax.eval_shape(p[0], x_aval, *a)[0].shape)) for p, a in
-            zip(parts, args)]
+    """The number of components of each constraint's `g` (a constraint written in NumPy
+    is an `UntraceableFunctionError`: minimize then runs as SciPy's, undifferentiated)."""
+    sizes = []
+    for i, (p, a) in enumerate(zip(parts, args)):
+        try:
+            g = jax.eval_shape(p[0], x_aval, *a)[0]
+        except Exception as exc:
+            raise_if_not_traceable(exc, "optimize.minimize", f"constraints[{i}]",
+                                   "fun(x, *args)")
+            raise
+        sizes.append(int(np.prod(g.shape)))
+    return sizes
 
 
 def _combined(pieces: list[Callable[..., Any]]) -> Callable[..., Any]:
