@@ -14,7 +14,7 @@ import pytest
 import scipy.integrate
 import scipy.optimize
 import scipy.special
-from scipy_suite import explained, swap, update
+from scipy_suite import explained, plugin, swap, update
 
 import jaxbridge.scipy.integrate as jb_integrate
 import jaxbridge.scipy.optimize as jb_optimize
@@ -149,3 +149,19 @@ def test_the_list_survives_a_round_trip(tmp_path):
     again = explained.load(path)
     assert again.failures == LISTED.failures
     assert again.reasons == LISTED.reasons
+
+
+@pytest.mark.parametrize("expression, collected", [
+    ("scipy_suite", True), ("scipy_suite and not slow", True), ("", False),
+    ("not slow and not docs and not scipy_suite", False), ("not scipy_suite", False)])
+def test_the_suite_is_collected_only_when_the_mark_expression_asks_for_it(expression,
+                                                                         collected):
+    config = types.SimpleNamespace(option=types.SimpleNamespace(markexpr=expression))
+    assert plugin._enabled(config) is collected  # the default run never imports SciPy's tests
+
+
+def test_a_tests_id_is_the_same_in_every_venv():
+    import scipy
+    path = Path(scipy.__file__).parent / "optimize" / "tests" / "test__root.py"
+    test = "scipy/optimize/tests/test__root.py::TestRoot::test_a[x]"
+    assert plugin.suite_id(f"any/venv/lib/site-packages/{test}", path) == test
