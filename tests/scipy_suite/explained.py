@@ -8,6 +8,7 @@ Layout of the file::
     words = "a phrase that section contains"
     functions = ["optimize.minimize"]   # the catalog rows it limits (each links the anchor)
     rules = [["TypeError", "regex over the error message"], ...]
+    run = false    # optional: the listed tests are not run (a time limit, no verdict)
 
     [failures]
     "scipy/optimize/tests/test_optimize.py::TestX::test_y[p]" = "<key>"
@@ -38,6 +39,7 @@ class Reason:
     words: str
     functions: tuple[str, ...] = ()
     rules: tuple[tuple[str, str], ...] = ()
+    run: bool = True
 
     def matches(self, error: str) -> bool:
         """Whether `error` ("ErrorType: message") is one this reason explains."""
@@ -65,7 +67,8 @@ def load(path: Path = LIST) -> Explained:
     data = tomllib.loads(path.read_text()) if path.exists() else {}
     reasons = {key: Reason(key, r["reason"], r["docs"], r["words"],
                            tuple(r.get("functions", ())),
-                           tuple(tuple(rule) for rule in r.get("rules", ())))
+                           tuple(tuple(rule) for rule in r.get("rules", ())),
+                           r.get("run", True))
                for key, r in data.get("reasons", {}).items()}
     return Explained(reasons, dict(data.get("failures", {})))
 
@@ -90,7 +93,7 @@ def dump(explained: Explained, path: Path = LIST) -> None:
         lines += [f"[reasons.{r.key}]", f"reason = {_string(r.reason)}",
                   f"docs = {_string(r.docs)}", f"words = {_string(r.words)}",
                   f"functions = [{', '.join(map(_string, r.functions))}]",
-                  f"rules = [{rules}]", ""]
+                  f"rules = [{rules}]", *([] if r.run else ["run = false"]), ""]
     lines.append("[failures]")
     lines += [f"{_string(test)} = {_string(key)}"
               for test, key in sorted(explained.failures.items())]

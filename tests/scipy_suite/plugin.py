@@ -12,7 +12,9 @@ and markers, also from a venv outside the repository). Each collected test:
   replaces and one of the swapped functions' names);
 * runs with its module's globals swapped for jaxbridge's (`swap.swapped_globals`),
   restored after the test;
-* runs as xfail(strict=True) when failures.toml lists it, with the reason;
+* runs as xfail(strict=True) when failures.toml lists it, with the reason (not run at
+  all for a reason with ``run = false``: a time limit is no verdict, a loaded machine
+  would pass it one day and fail it the next);
 * fails with `SuiteTimeout` after ``--scipy-suite-timeout`` seconds (default 60), and
   the process exits 60 s later if the test is stuck where Python cannot interrupt it
   (under xdist the worker is replaced and the test reported as failed).
@@ -171,8 +173,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(MARK)
         key = listed.failures.get(suite_id(item.nodeid, item.path)) if listed else None
         if key and key in listed.reasons:
+            reason = listed.reasons[key]
             item.add_marker(pytest.mark.xfail(
-                strict=True, reason=f"{key}: {listed.reasons[key].reason}"))
+                strict=True, run=reason.run, reason=f"{key}: {reason.reason}"))
 
 
 def _is_suite_item(item: pytest.Item) -> bool:
