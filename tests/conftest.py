@@ -10,6 +10,9 @@ import pytest
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+#: SciPy's own test files against jaxbridge's drop-ins (`pytest -m scipy_suite -n 2`).
+pytest_plugins = ["scipy_suite.plugin"]
+
 #: Set to 1 to run the suite without the compiled extensions (the tests that need them
 #: are then skipped, each with the reason); without it a missing extension stops the run.
 WITHOUT_EXTENSIONS = "JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS"
