@@ -384,7 +384,8 @@ def test_quad_scipy_signature_and_points():
     with pytest.raises(NotImplementedError, match="weight"):
         quad(f, 0.0, 1.0, (1.0, 1.0), weight="cos", wvar=1.0)
     # (one wording with solve_ivp's event functions: a scalar is shape ())
-    with pytest.raises(ValueError, match=r"`func` must return a scalar \(shape \(\)\)"):
+    # SciPy's TypeError ("only 0-dimensional arrays can be converted to Python scalars")
+    with pytest.raises(TypeError, match=r"`func` must return a scalar \(shape \(\)\)"):
         quad(lambda x: jnp.stack([x, x]), 0.0, 1.0)
 
 

@@ -41,6 +41,52 @@ def test_values_match_scipy():
     np.testing.assert_allclose(res.sol(0.3)[0], np.sin(0.6) / np.sin(2.0), rtol=1e-7)
 
 
+def test_sol_derivatives_match_scipys_ppoly():
+    """sol(x, nu): the nu-th derivative of the spline, as SciPy's PPoly gives it (inside
+    the mesh and extrapolated), scalar and array x, under jit."""
+    res = wave(2.0)
+    ref = scipy.integrate.solve_bvp(lambda x, y: np.stack([y[1], -4.0 * y[0]]),
+                                    lambda ya, yb: np.array([ya[0], yb[0] - 1.0]),
+                                    np.linspace(0.0, 1.0, 11), np.zeros((2, 11)), tol=1e-8,
+                                    max_nodes=300)
+    xs = np.linspace(-0.1, 1.1, 25)
+    for nu in (1, 2, 3, 4):
+        want = ref.sol(xs, nu)
+        scale = np.max(np.abs(want)) + 1.0
+        np.testing.assert_allclose(res.sol(xs, nu), want, rtol=1e-8, atol=1e-10 * scale)
+        np.testing.assert_allclose(res.sol(0.3, nu), ref.sol(0.3, nu), rtol=1e-8,
+                                   atol=1e-10 * scale)
+        np.testing.assert_allclose(jax.jit(lambda t, nu=nu: res.sol(t, nu))(xs), want,
+                                   rtol=1e-8, atol=1e-10 * scale)
+    # y' = 2 cos(2x) / sin(2): the spline's slope, to the solve's accuracy
+    np.testing.assert_allclose(res.sol(0.3, 1)[0], 2 * np.cos(0.6) / np.sin(2.0), rtol=1e-6)
+
+
+def test_sol_derivative_is_differentiable():
+    """d/dk of sol(x, 1) through the solve, against the closed form
+    y'(x) = k cos(k x) / sin(k) and central differences."""
+    x = 0.3
+
+    def slope(k):
+        return wave(k).sol(x, 1)[0]
+    k = 2.0
+    closed = jax.grad(lambda k: k * jnp.cos(k * x) / jnp.sin(k))(k)
+    np.testing.assert_allclose(jax.grad(slope)(k), closed, rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(slope)(k), fd(slope, k, 1e-5), rtol=1e-6)
+    np.testing.assert_allclose(jax.jvp(slope, (k,), (1.0,))[1], closed, rtol=1e-5)
+    # in x too: the second derivative of the spline is d/dx of its first
+    np.testing.assert_allclose(jax.grad(lambda t: wave(k).sol(t, 1)[0])(x),
+                               wave(k).sol(x, 2)[0], rtol=1e-10)
+
+
+def test_sol_bad_nu():
+    res = wave(2.0)
+    with pytest.raises(NotImplementedError, match=r"solve_bvp: sol\(x, nu\) with nu < 0"):
+        res.sol(0.3, -1)
+    with pytest.raises(TypeError, match=r"solve_bvp: sol\(x, nu\): nu must be an int"):
+        res.sol(0.3, 1.5)
+
+
 @pytest.mark.slow
 def test_gradients_closed_form_every_transform():
     k, x = 1.3, 0.5

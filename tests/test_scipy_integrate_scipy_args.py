@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+import scipy.sparse
 from conftest import fd
 
 from jaxbridge.scipy.integrate import solve_ivp
@@ -143,10 +144,12 @@ def test_vectorized_fun_that_also_takes_one_state_gives_the_same_result():
 J_CONST = np.array([[-1.5, 1e-4], [1e-4, -0.3]])  # rotor's Jacobian near y = 0, k = K
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("method,stepping", [("Radau", "auto"), ("BDF", "scipy"),
                                              ("BDF", "auto")])
-def test_constant_jac_matrix_as_scipy(method, stepping):
-    kw = dict(method=method, t_eval=TE, rtol=1e-8, atol=1e-11, jac=J_CONST, args=(K,))
+def test_constant_jac_matrix_as_scipy(method, stepping, sparse):
+    jac = scipy.sparse.csc_matrix(J_CONST) if sparse else J_CONST
+    kw = dict(method=method, t_eval=TE, rtol=1e-8, atol=1e-11, jac=jac, args=(K,))
     ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 2.0), np.asarray(Y0), **kw)
     sol = solve_ivp(rotor, (0.0, 2.0), Y0, stepping=stepping, **kw)
     np.testing.assert_allclose(sol.y, ref.y, rtol=1e-10, atol=1e-15)
@@ -158,7 +161,55 @@ def test_constant_jac_matrix_as_scipy(method, stepping):
     np.testing.assert_allclose(jax.grad(loss)(K), fd(loss, K, 1e-6), rtol=1e-5, atol=1e-9)
 
 
-@pytest.mark.parametrize("method,jac", [("Radau", np.eye(3)), ("LSODA", J_CONST)])
+PATTERN = np.array([[1, 1], [1, 1]])  # rotor's Jacobian: every entry may be nonzero
+
+
+@pytest.mark.parametrize("jac", [None, False], ids=["jax_jac", "scipy_differences"])
+@pytest.mark.parametrize("method,stepping,extra", [
+    ("Radau", "auto", {}), ("BDF", "scipy", {}), ("BDF", "auto", {"dense_output": True})])
+def test_jac_sparsity_as_scipy(method, stepping, extra, jac):
+    # SciPy's finite differences use the pattern (jac=False); with JAX's exact Jacobian,
+    # SciPy's Newton iteration gets it as a sparse matrix, as SciPy's own would be
+    pattern = scipy.sparse.csr_matrix(PATTERN)
+    kw = dict(method=method, t_eval=TE, rtol=1e-8, atol=1e-11, args=(K,))
+    ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 2.0), np.asarray(Y0), **kw,
+                                    jac_sparsity=pattern)
+    if extra:
+        stepping = "auto"
+    sol = solve_ivp(rotor, (0.0, 2.0), Y0, stepping=stepping, jac=jac, jac_sparsity=pattern,
+                    **kw, **extra)
+    np.testing.assert_allclose(sol.y, ref.y, rtol=1e-7, atol=1e-12)
+    if jac is False:  # SciPy's own Jacobian: the very same steps
+        np.testing.assert_allclose(sol.y, ref.y, rtol=1e-13, atol=1e-16)
+        assert int(sol.nfev) == ref.nfev
+
+    def loss(k):
+        return solve_ivp(rotor, (0.0, 2.0), Y0, stepping=stepping, jac=jac,
+                         jac_sparsity=pattern, **{**kw, "args": (k,)}, **extra).y[0, -1]
+    np.testing.assert_allclose(jax.grad(loss)(K), fd(loss, K, 1e-6), rtol=1e-5, atol=1e-9)
+
+
+def test_jac_sparsity_of_wrong_shape_raises_and_rk_ignores_it_as_scipy():
+    bad = np.ones((3, 3))
+    with pytest.raises(ValueError):
+        scipy.integrate.solve_ivp(rotor_np, (0.0, 1.0), np.asarray(Y0), method="BDF",
+                                  jac_sparsity=bad, args=(K,))
+    with pytest.raises(ValueError, match=r"solve_ivp: `jac_sparsity` .*shape \(2, 2\)"):
+        solve_ivp(rotor, (0.0, 1.0), Y0, t_eval=TE[:2], method="BDF", jac_sparsity=bad,
+                  args=(K,))
+    for method in ("RK45", "LSODA"):  # SciPy: "no effect for a chosen solver", a warning
+        with pytest.warns(UserWarning, match="no effect .*jac_sparsity"):
+            ref = scipy.integrate.solve_ivp(rotor_np, (0.0, 1.0), np.asarray(Y0),
+                                            method=method, t_eval=TE[:2], args=(K,),
+                                            jac_sparsity=PATTERN)
+        with pytest.warns(UserWarning, match="no effect .*jac_sparsity"):
+            sol = solve_ivp(rotor, (0.0, 1.0), Y0, method=method, t_eval=TE[:2], args=(K,),
+                            jac_sparsity=PATTERN)
+        np.testing.assert_allclose(sol.y, ref.y, rtol=1e-9, atol=1e-14)
+
+
+@pytest.mark.parametrize("method,jac", [("Radau", np.eye(3)), ("LSODA", J_CONST),
+                                        ("LSODA", scipy.sparse.csc_matrix(J_CONST))])
 def test_constant_jac_refused_raises_valueerror_as_scipy(method, jac):
     # a wrong shape; LSODA takes a function only (SciPy raises ValueError for a matrix)
     with pytest.raises(ValueError):
@@ -189,6 +240,22 @@ def _bvp_bc_np(ya, yb):
     return np.array([ya[0], yb[0] - 1.0])
 
 
+def _bvp_fp(x, y, p):
+    return jnp.vstack([y[1], -p[0] * y[0]])
+
+
+def _bvp_bcp(ya, yb, p):
+    return jnp.array([ya[0], yb[0], ya[1] - 1.0])
+
+
+def _bvp_fp_np(x, y, p):
+    return np.vstack([y[1], -p[0] * y[0]])
+
+
+def _bvp_bcp_np(ya, yb, p):
+    return np.array([ya[0], yb[0], ya[1] - 1.0])
+
+
 X5 = np.linspace(0.0, 1.0, 5)
 # name -> call(module, which: "scipy" or "ours"); each raises in SciPy
 BAD_INPUT = {
@@ -209,7 +276,13 @@ BAD_INPUT = {
                                                   max_step=0.0),
     "ivp fun of wrong shape": lambda m, w: m.solve_ivp(
         lambda t, y: (jnp if w == "ours" else np).ones(3), (0.0, 1.0), [1.0], t_eval=[0.5]),
+    "ivp y0 of strings": lambda m, w: m.solve_ivp(_decay, (0.0, 1.0), ["a"], t_eval=[0.5]),
     "quad limit 0": lambda m, w: m.quad(lambda x: x, 0.0, 1.0, limit=0),
+    "quad func returns a vector": lambda m, w: m.quad(
+        lambda x: (jnp if w == "ours" else np).array([x, x]), 0.0, 1.0),
+    "bvp p 2-D": lambda m, w: m.solve_bvp(
+        *((_bvp_fp, _bvp_bcp) if w == "ours" else (_bvp_fp_np, _bvp_bcp_np)), X5,
+        np.zeros((2, 5)), p=np.ones((1, 1))),
     "quad unknown weight": lambda m, w: m.quad(lambda x: x, 0.0, 1.0, weight="foo"),
     "bvp x decreasing": lambda m, w: m.solve_bvp(
         *((_bvp_f, _bvp_bc) if w == "ours" else (_bvp_f_np, _bvp_bc_np)), X5[::-1],

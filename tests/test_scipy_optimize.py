@@ -600,9 +600,9 @@ def test_deq_gradient_matrix_free_equals_dense():
     def F(z, W, U):
         return z - jnp.tanh(z @ W.T + x @ U.T)
 
-    def loss(W, U, solver):
-        z = root(F, jnp.zeros((6, 16)), (W, U), method="hybr", tol=1e-12,
-                 linear_solver=solver).x
+    def loss(W, U, solver):  # hybr flattens x0, as SciPy's does: F sees z of shape (96,)
+        z = root(lambda z, W, U: jnp.ravel(F(z.reshape(6, 16), W, U)), jnp.zeros((6, 16)),
+                 (W, U), method="hybr", tol=1e-12, linear_solver=solver).x
         return jnp.sum(jnp.sin(z))
 
     def twin(W, U):
@@ -640,7 +640,7 @@ def test_compiled_dfsane_reproduces_scipys_iterates(options):
         assert bool(sol.success)
         assert (int(sol.nfev), int(sol.nit)) == (ref.nfev, ref.nit), stepping
         np.testing.assert_allclose(np.ravel(sol.x), ref.x, rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(sol.fun, F(sol.x, W, U), rtol=1e-12)
+        np.testing.assert_allclose(sol.fun, np.ravel(F(sol.x, W, U)), rtol=1e-12)  # 1-D
 
 
 def test_compiled_dfsane_default_tolerance_matches_scipys_iterates():

@@ -53,7 +53,7 @@ def test_deq_16x32_matches_scipy(kw):
     np.testing.assert_allclose(np.ravel(sol.x), ref.x, atol=atol)
     if not kw:
         assert np.abs(sol.fun).max() <= np.finfo(float).eps ** (1 / 3)
-    np.testing.assert_allclose(sol.fun, F(sol.x, W, U), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(sol.fun, np.ravel(F(sol.x, W, U)), rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.slow  # one compile per option set

@@ -144,8 +144,27 @@ def test_singular_failure_policy():
     with pytest.raises(SolverError, match="spsolve.*singular"):
         jax.block_until_ready(jax.jit(lambda b: spsolve((d, (r, c)), b))(jnp.ones(3)))
     assert np.isnan(spsolve((d, (r, c)), jnp.ones(3), on_failure="nan")).all()
-    with pytest.raises(TypeError, match="BCOO"):
-        spsolve(jnp.eye(3), jnp.ones(3))
+
+
+def test_dense_a_as_scipy_with_its_warning_and_gradient_to_every_entry():
+    """SciPy's spsolve takes a dense A (converting it, with a SparseEfficiencyWarning);
+    ours the same, the gradient reaching every entry (against jnp.linalg.solve)."""
+    import scipy.sparse
+    import scipy.sparse.linalg
+    A = jnp.array([[4.0, 1.0, 0.0], [1.0, 3.0, 0.5], [0.0, 0.5, 2.0]])
+    b = jnp.array([1.0, 2.0, 3.0])
+    with pytest.warns(scipy.sparse.SparseEfficiencyWarning):
+        ref = scipy.sparse.linalg.spsolve(np.asarray(A), np.asarray(b))
+    with pytest.warns(scipy.sparse.SparseEfficiencyWarning, match="spsolve: A is dense"):
+        ours = spsolve(A, b)
+    np.testing.assert_allclose(ours, ref, rtol=1e-13)
+    with pytest.warns(scipy.sparse.SparseEfficiencyWarning):
+        g = jax.grad(lambda A: spsolve(A, b)[1])(A)
+    np.testing.assert_allclose(g, jax.grad(lambda A: jnp.linalg.solve(A, b)[1])(A),
+                               rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match=r"spsolve: A of shape \(3, 3\) does not match "
+                                         r"b's 2 rows"):
+        spsolve(A, jnp.ones(2))
 
 
 # ------------------------------------------------------------------ eigsh

@@ -145,8 +145,12 @@ def as_float_array(x: Any, name: str, what: str) -> jax.Array:
     >>> as_float_array([1, 2], "f", "x").dtype == jnp.result_type(float)
     True
     """
-    check_real(x, name, what)
-    x = jnp.asarray(x)
+    try:
+        check_real(x, name, what)
+        x = jnp.asarray(x)
+    except TypeError as e:  # strings, objects: SciPy's ValueError (float() of them fails)
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be an array of numbers, as "
+                         f"in SciPy; got {x!r}") from e
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
 
 

@@ -9,6 +9,7 @@ what they do with the `PreparedIvp` it returns.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.integrate
+import scipy.sparse
 
 from .._common import as_float_array, check_policy, static_options, unsupported
 from .._trace import HostFun, array_aval, check_args, convert
@@ -27,6 +29,7 @@ from ._options import (
     SENSITIVITIES,
     STEPPINGS,
     IvpConfig,
+    StaticMatrix,
     sensitivity_choice,
     stepping_choice,
 )
@@ -119,14 +122,15 @@ def single_call(fun: Callable[..., Any], vectorized: bool, y0: jax.Array) -> Cal
     return one_state
 
 
-def constant_jacobian(jac: Any, n: int, method: str) -> tuple[Any, tuple | None]:
-    """SciPy's constant `jac` (a dense (n, n) array): (a function of (t, y, *args)
-    returning it, its rows as a hashable tuple); other `jac` values: (`jac`, None)."""
+def constant_jacobian(jac: Any, n: int, method: str) -> tuple[Any, StaticMatrix | None]:
+    """SciPy's constant `jac` (an (n, n) array or `scipy.sparse` matrix): (a function of
+    (t, y, *args) returning it densified, for JAX's derivatives; the matrix as SciPy
+    gets it); other `jac` values: (`jac`, None)."""
     if jac is None or isinstance(jac, bool) or callable(jac):
         return jac, None
-    J = _static_float64(
+    J = static_matrix(
         jac, f"jaxbridge.scipy.{NAME}: `jac` must be a function jac(t, y, *args), a constant "
-             f"(n, n) array, None or False; got {jac!r}",
+             f"(n, n) array or sparse matrix, None or False; got {jac!r}",
         f"jaxbridge.scipy.{NAME}: a constant `jac` is static (SciPy's Newton iteration "
         f"only); got a traced array")
     if method == "LSODA":
@@ -135,8 +139,29 @@ def constant_jacobian(jac: Any, n: int, method: str) -> tuple[Any, tuple | None]
     if J.shape != (n, n):
         raise ValueError(f"jaxbridge.scipy.{NAME}: `jac` is expected to have shape {(n, n)} "
                          f"(as in SciPy), but actually has {J.shape}")
-    const = jnp.asarray(J)
-    return (lambda t, y, *args: const), tuple(map(tuple, J.tolist()))
+    const = jnp.asarray(J.dense())
+    return (lambda t, y, *args: const), J
+
+
+def jac_sparsity(options: dict, n: int, method: str) -> StaticMatrix | None:
+    """SciPy's `jac_sparsity` option, taken out of `options`: an (n, n) pattern (array or
+    sparse matrix) for Radau and BDF; the other methods ignore it with SciPy's warning."""
+    pattern = options.pop("jac_sparsity", None)
+    if pattern is None:
+        return None
+    if method not in ("Radau", "BDF"):
+        warnings.warn("The following arguments have no effect for a chosen solver: "
+                      "`jac_sparsity`.", UserWarning, stacklevel=4)
+        return None
+    S = static_matrix(
+        pattern, f"jaxbridge.scipy.{NAME}: `jac_sparsity` must be an (n, n) array or sparse "
+                 f"matrix (the Jacobian's nonzero pattern); got {pattern!r}",
+        f"jaxbridge.scipy.{NAME}: `jac_sparsity` is static (the Jacobian's pattern); got a "
+        f"traced array")
+    if S.shape != (n, n):
+        raise ValueError(f"jaxbridge.scipy.{NAME}: `jac_sparsity` is expected to have shape "
+                         f"{(n, n)} (as in SciPy), but actually has {S.shape}")
+    return S
 
 
 def check_step_options(options: dict, name: str) -> None:
@@ -297,6 +322,7 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     check_returns(rhs, y0.shape, NAME, "fun")
     params, fixed = rhs.split(ops)
     jac_hf, jac_matrix = constant_jacobian(req.jac, y0.size, method)
+    pattern = jac_sparsity(options, y0.size, method)
     jac_ops: Sequence[Any] = ()
     if callable(jac_hf):
         jac_hf, jac_ops = convert(jac_hf, NAME, "jac", example, args, "jac(t, y, *args)")
@@ -320,7 +346,8 @@ def prepare(req: IvpRequest) -> PreparedIvp:
         sensitivity=sensitivity, on_failure=req.on_failure, options=static, stepping=stepping,
         checkpoints=budget, events=ev_hfs, terminal=terminal, direction=direction,
         max_events=sizes[0], max_steps=sizes[1], steps=req.t_eval is None,
-        dense=bool(req.dense_output), events_path=events_path, jac_matrix=jac_matrix)
+        dense=bool(req.dense_output), events_path=events_path, jac_matrix=jac_matrix,
+        jac_sparsity=pattern)
     return PreparedIvp(cfg, fun, t0, t1, y0, t_eval, params, fixed, tuple(jac_ops), ev_ops,
                        None if req.events is None else evs, args)
 
@@ -334,3 +361,14 @@ def _static_float64(value: Any, not_numeric: str, traced: str) -> np.ndarray:
         raise ValueError(not_numeric) from e
     except jax.errors.ConcretizationTypeError as e:
         raise ValueError(traced) from e
+
+
+def static_matrix(value: Any, not_numeric: str, traced: str) -> StaticMatrix:
+    """`value`, dense or `scipy.sparse`, as a `StaticMatrix` (a sparse matrix stays
+    sparse for SciPy), or a ValueError with `not_numeric` or `traced` as its message."""
+    if scipy.sparse.issparse(value):
+        try:
+            return StaticMatrix(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(not_numeric) from e
+    return StaticMatrix(_static_float64(value, not_numeric, traced))

@@ -81,7 +81,9 @@ class BvpResult(Result):
 class BvpSolution:
     """`sol.sol` of :func:`solve_bvp`: SciPy's C1 cubic spline through `(x_i, y_i)` with
     slopes `fun(x_i, y_i, p)`, evaluated in JAX (jit, grad, vmap); `sol(x)` has shape
-    `(n,)` for a scalar `x`, `(n, len(x))` for a 1-D one, as in SciPy.
+    `(n,)` for a scalar `x`, `(n, len(x))` for a 1-D one, as in SciPy. `sol(x, nu)` is
+    its `nu`-th derivative in `x` (a static int >= 0; zero past the third), as SciPy's
+    `PPoly` gives it; past the mesh the end pieces extrapolate, as in SciPy.
 
     Example:
       >>> import jax.numpy as jnp
@@ -91,27 +93,42 @@ class BvpSolution:
       ...                 jnp.linspace(0.0, 1.0, 5), jnp.zeros((2, 5)), tol=1e-8)
       >>> print(f"{float(res.sol(0.5)[0]):.5f}")  # sin(x) / sin(1)
       0.56975
+      >>> print(f"{float(res.sol(0.5, 1)[0]):.5f}")  # cos(x) / sin(1)
+      1.04291
     """
 
     def __init__(self, x: Any, y: Any, yp: Any, n_nodes: Any) -> None:
         self.x, self.y, self.yp, self.n_nodes = x, y, yp, n_nodes  # y, yp: (M, n)
 
-    def _single(self, t: Any) -> Any:
+    def _single(self, t: Any, nu: int) -> Any:
         m, size = self.n_nodes, self.x.shape[0]
         xs = jnp.where(jnp.arange(size) < m, self.x, jnp.inf)
         i = jnp.clip(jnp.searchsorted(xs, sg(t), side="right") - 1, 0, m - 2)
         xa, xb = self.x[i], self.x[i + 1]
         h = xb - xa
         s = (t - xa) / h
-        s2, s3 = s * s, s * s * s
-        return ((2 * s3 - 3 * s2 + 1) * self.y[i] + (s3 - 2 * s2 + s) * h * self.yp[i]
-                + (-2 * s3 + 3 * s2) * self.y[i + 1] + (s3 - s2) * h * self.yp[i + 1])
+        ya, yb, da, db = self.y[i], self.y[i + 1], h * self.yp[i], h * self.yp[i + 1]
+        # the piece in powers of s (Hermite's form, expanded): c0 + c1 s + c2 s^2 + c3 s^3
+        coeffs = [ya, da, 3 * (yb - ya) - 2 * da - db, 2 * (ya - yb) + da + db]
+        for _ in range(nu):  # d/dx = (1/h) d/ds
+            coeffs = [k * c / h for k, c in enumerate(coeffs)][1:]
+        value = jnp.zeros_like(ya)
+        for c in reversed(coeffs):  # Horner
+            value = value * s + c
+        return value
 
-    def __call__(self, x: Any) -> jax.Array:
+    def __call__(self, x: Any, nu: int = 0) -> jax.Array:
+        if isinstance(nu, bool) or not isinstance(nu, (int, np.integer)):
+            raise TypeError(f"jaxbridge.scipy.integrate.solve_bvp: sol(x, nu): nu must be "
+                            f"an int (the order of the derivative, static), got {nu!r}")
+        if nu < 0:
+            raise NotImplementedError(
+                "jaxbridge.scipy.integrate.solve_bvp: sol(x, nu) with nu < 0 (SciPy's "
+                f"antiderivative) is not supported; got nu={nu}")
         x = jnp.asarray(x, self.x.dtype)
         if x.ndim == 0:
-            return self._single(x)
-        return jax.vmap(self._single, out_axes=1)(x)
+            return self._single(x, int(nu))
+        return jax.vmap(lambda t: self._single(t, int(nu)), out_axes=1)(x)
 
 
 jax.tree_util.register_pytree_node(
@@ -426,7 +443,10 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
         raise ValueError(f"jaxbridge.scipy.{NAME}: max_nodes must be an int >= len(x) = "
                          f"{x.shape[0]} (a static size), got {max_nodes!r}")
     n = y.shape[0]
-    pa = jnp.zeros(0, dtype) if p is None else jnp.ravel(jnp.asarray(p, dtype))
+    if p is not None and jnp.ndim(p) != 1:
+        raise ValueError(f"jaxbridge.scipy.{NAME}: `p` must be 1-D (one value per unknown "
+                         f"parameter), as in SciPy; got shape {jnp.shape(p)}")
+    pa = jnp.zeros(0, dtype) if p is None else jnp.asarray(p, dtype)
     k = pa.shape[0]
     s_x, s_y, s_p = (jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((n,), dtype),
                      jax.ShapeDtypeStruct((k,), dtype))

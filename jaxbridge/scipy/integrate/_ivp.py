@@ -73,7 +73,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
         inherit the solution's error, so pass tighter ones for training): floats, or
         as in SciPy arrays with one value per state component (static, not traced).
       jac: for the implicit methods, as in SciPy a function `jac(t, y, *args)` (in
-        JAX) or a constant dense (n, n) array (not a sparse matrix; not for LSODA);
+        JAX) or a constant (n, n) matrix, dense or `scipy.sparse` (not for LSODA;
+        SciPy gets it as given, the derivatives use it densified);
         None (default): the exact Jacobian from JAX; False: SciPy's finite
         differences, in the forward solve and, with `stepping="scipy"`, in the
         continuous adjoint's solves, so that a `fun` JAX can differentiate in reverse
@@ -114,7 +115,9 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
         `jaxbridge.scipy.SolverError` with SciPy's message (eager and under `jit`);
         "nan": the outputs and gradients are NaN and `status` is -1.
       **options: passed on to `scipy.integrate.solve_ivp` (first_step, max_step, ...);
-        static, so hashable.
+        static, so hashable. `jac_sparsity` (Radau, BDF: an (n, n) array or sparse
+        matrix) is SciPy's: its finite differences use it with `jac=False`; with JAX's
+        Jacobian (`jac=None`) SciPy gets that Jacobian as a sparse matrix.
 
     Returns:
       :class:`OdeResult` with SciPy's fields: `t` (= t_eval), `y` of shape

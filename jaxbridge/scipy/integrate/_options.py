@@ -13,6 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse
 
 from . import _rk
 from ._ode import IMPLICIT_METHODS
@@ -22,6 +23,45 @@ STEPPINGS = ("auto", "scipy", "compiled")
 MAX_EVENTS = 16   # default slots per event function
 MAX_STEPS = 4096  # default slots for SciPy's steps (t_eval=None, dense_output)
 FORWARD_SENSITIVITY_MAX = 64  # augmented size n (1 + n + P) up to which "auto" -> forward
+
+
+class StaticMatrix:
+    """A constant matrix SciPy reads (a constant `jac`, `jac_sparsity`), dense or
+    `scipy.sparse`, as a static option: hashed and compared by its content, so that the
+    configuration holding it stays a cache key, and handed to SciPy as the user gave it
+    (a sparse matrix keeps SciPy's sparse LU).
+
+    >>> StaticMatrix(np.eye(2)) == StaticMatrix(scipy.sparse.eye(2).toarray())
+    True
+    """
+
+    def __init__(self, matrix: Any) -> None:
+        if scipy.sparse.issparse(matrix):
+            self.matrix: Any = scipy.sparse.csc_matrix(matrix, dtype=np.float64)
+            self.matrix.sum_duplicates()
+            m = self.matrix
+            parts: tuple = (m.data, m.indices, m.indptr)
+        else:
+            self.matrix = np.array(matrix, np.float64)
+            parts = (self.matrix,)
+        self.shape: tuple[int, ...] = tuple(self.matrix.shape)
+        self._key = (self.sparse, self.shape, *(np.ascontiguousarray(a).tobytes()
+                                                for a in parts))
+
+    @property
+    def sparse(self) -> bool:
+        """Whether SciPy gets a sparse matrix."""
+        return scipy.sparse.issparse(self.matrix)
+
+    def dense(self) -> np.ndarray:
+        """The matrix as a dense float64 array (what JAX's derivatives use)."""
+        return self.matrix.toarray() if self.sparse else self.matrix
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StaticMatrix) and self._key == other._key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +93,30 @@ class IvpConfig:
     steps: bool = False    # t_eval=None: the outputs are SciPy's step times
     dense: bool = False    # dense_output=True
     events_path: bool = False  # events, dense output or step times: SciPy's loop keeps them
-    jac_matrix: tuple | None = None  # a constant `jac` (rows), passed to SciPy as a matrix
+    jac_matrix: StaticMatrix | None = None  # a constant `jac`, passed to SciPy as given
+    jac_sparsity: StaticMatrix | None = None  # SciPy's `jac_sparsity` (Radau, BDF)
 
     def scipy_jac(self, jac_function: Any) -> Any:
         """What SciPy's `jac=` gets: the constant matrix (SciPy then never re-evaluates
-        it, as for the user's own call) or the host function of the Jacobian."""
-        return jac_function if self.jac_matrix is None else np.array(self.jac_matrix)
+        it, as for the user's own call) or the host function of the Jacobian (its
+        values as a sparse matrix where the user gave `jac_sparsity`, so that SciPy's
+        Newton iteration factors it with its sparse LU, as for SciPy's own Jacobian)."""
+        if self.jac_matrix is not None:
+            return self.jac_matrix.matrix
+        if self.jac_sparsity is not None:
+            return lambda t, y: scipy.sparse.csc_matrix(jac_function(t, y))
+        return jac_function
+
+    def state_jac_kw(self, jac_function: Any) -> dict:
+        """The Jacobian arguments of SciPy's solve of the state itself (not of an
+        augmented sensitivity or adjoint system): `jac` for the implicit methods unless
+        `jac=False`, and `jac_sparsity` where given (SciPy's finite differences use it)."""
+        kw: dict = {}
+        if self.method in IMPLICIT_METHODS and self.jac is not False:
+            kw["jac"] = self.scipy_jac(jac_function)
+        if self.jac_sparsity is not None:
+            kw["jac_sparsity"] = self.jac_sparsity.matrix
+        return kw
 
     @property
     def scipy_tols(self) -> dict:

@@ -205,7 +205,10 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: 
     dtype = jnp.result_type(jnp.asarray(a).dtype, jnp.asarray(b).dtype, float)
     a, b = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
     f_hf, ops = convert(func, name, "func", (jax.ShapeDtypeStruct((), dtype),), args, call)
-    check_returns(f_hf, (), name, "func")
+    try:
+        check_returns(f_hf, (), name, "func")
+    except ValueError as e:  # SciPy's TypeError: "only 0-dimensional arrays can be converted"
+        raise TypeError(str(e)) from None
     params, fixed = f_hf.split(ops)
     options: dict[str, float | tuple[float, ...]] = {
         "epsabs": float(epsabs), "epsrel": float(epsrel), "limit": int(limit),

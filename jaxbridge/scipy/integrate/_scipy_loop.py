@@ -87,19 +87,17 @@ class _Ode:
     def jac(self, t: float, y: np.ndarray) -> np.ndarray:
         return f64(self("jac", self.jac_ops, t, y, self.params))
 
-    def jac_kw(self, cfg: IvpConfig) -> dict:
-        if cfg.method in IMPLICIT_METHODS and cfg.jac is not False:
-            return {"jac": cfg.scipy_jac(self.jac)}
-        return {}
-
     def solve(self, role: str, span: tuple[float, float], z0: np.ndarray, t_eval: np.ndarray,
               cfg: IvpConfig, tol: tuple[float, Any], extra: tuple = (), jac: Any = None
               ) -> Any:
         """`scipy.integrate.solve_ivp` of `z' = role(t, z, params, *extra)` on `span` with
         `cfg`'s method and options and `tol = (rtol, atol)` (SciPy's loop; the compiled
-        loop does not come here: see `_compiled`)."""
+        loop does not come here: see `_compiled`); `jac` a function of (t, z) or, for
+        the state's own solve, `cfg.state_jac_kw`'s dict."""
         kw = {}
-        if jac is not None and cfg.method in IMPLICIT_METHODS:
+        if isinstance(jac, dict):
+            kw = jac
+        elif jac is not None and cfg.method in IMPLICIT_METHODS:
             kw["jac"] = jac
         return scipy.integrate.solve_ivp(
             lambda t, z: f64(self(role, t, z, self.params, *extra)), span, z0,
@@ -187,7 +185,7 @@ def scipy_solve(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any,
         ode = _ode((t0, t1, y0, t_eval_in, params, fixed, jac_ops), fun, jac)
         sol = ode.solve("f", (t0, t1), np.ravel(f64(y0)), t_eval, cfg,
                         (cfg.scipy_tols["rtol"], cfg.scipy_tols["atol"]),
-                        jac=cfg.scipy_jac(ode.jac) if jac is not False else None)
+                        jac=cfg.state_jac_kw(ode.jac))
     stats = np.array([sol.status, sol.nfev, sol.njev, sol.nlu, getattr(sol, "steps", -1)],
                      np.int32)
     if _solve_failed(sol, sol.y, stats, method, on_failure):
@@ -219,7 +217,7 @@ def recorded_solve(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: A
         return still, np.zeros(5, np.int32), grid_t, grid_y
     with on_cpu():
         ode = _ode((t0, t1, y0, t_eval, params, fixed, jac_ops), cfg.fun, cfg.jac)
-        kw = {"jac": cfg.scipy_jac(ode.jac)} if cfg.jac is not False else {}
+        kw = cfg.state_jac_kw(ode.jac)
         sol = scipy.integrate.solve_ivp(ode.f, (t0, t1), np.ravel(f64(y0)), method=method,
                                         dense_output=True, **cfg.scipy_tols, **kw,
                                         **dict(cfg.options))
@@ -300,7 +298,7 @@ def _continuous_adjoint(ode: _Ode, cfg: IvpConfig, starts: list, t_eval: np.ndar
             continue
         fwd = scipy.integrate.solve_ivp(
             ode.f, (t_prev, t_i), y_prev, method=method, dense_output=True,
-            **cfg.scipy_tols, **ode.jac_kw(cfg), **options)
+            **cfg.scipy_tols, **cfg.state_jac_kw(ode.jac), **options)
         if fwd.status != 0:
             fail("integrate.solve_ivp", method,
                  f"re-solving the forward problem for the adjoint: {fwd.message}",

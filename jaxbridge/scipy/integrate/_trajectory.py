@@ -160,9 +160,7 @@ def trajectory(t0: Any, t1: Any, y0: Any, t_eval: Any, params: Any, fixed: Any, 
         host = _Host(cfg, (t0, t1, y0, t_eval, params, fixed, side_ops))
         evs = [host.event(i, term, d) for i, (term, d) in
                enumerate(zip(cfg.terminal, cfg.direction))]
-        kw = {}
-        if cfg.method in IMPLICIT_METHODS and cfg.jac is not False:
-            kw["jac"] = cfg.scipy_jac(host.jac)
+        kw = cfg.state_jac_kw(host.jac)
         sol = scipy.integrate.solve_ivp(
             host.f, (float(t0), float(t1)), np.ravel(f64(y0)), method=cfg.method,
             t_eval=None if cfg.steps else f64(t_eval), dense_output=cfg.dense,

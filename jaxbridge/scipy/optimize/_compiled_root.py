@@ -146,10 +146,26 @@ def _tangent_solve(linear_solver: str, n: int, on_failure: str) -> Callable:
 
 # SciPy's messages (df-sane stops unconverged only at maxfev)
 _MESSAGES = {
-    "df-sane": {2: "too many function evaluations required"},
-    "krylov": {2: "The maximum number of iterations allowed has been reached.",
+    "df-sane": {1: "successful convergence", 2: "too many function evaluations required"},
+    "krylov": {1: "A solution was found at the specified tolerance.",
+               2: "The maximum number of iterations allowed has been reached.",
                3: "Jacobian inversion yielded a zero or non-finite Newton step."},
 }
+
+
+def message(method: str, stats: jax.Array) -> str | None:
+    """SciPy's message for a compiled root's `stats` (from `root`), None while traced.
+
+    >>> message("df-sane", np.array([0, 9, -1, 4, 1]))
+    'successful convergence'
+    """
+    try:
+        reported, ok = int(stats[0]), int(stats[4])
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
+    if method == "krylov":
+        return _MESSAGES[method].get(reported, _MESSAGES[method][1] if ok else None)
+    return _MESSAGES[method][1 if ok else 2]
 
 
 @_foreign.foreign(lambda status, finite, **_: jax.ShapeDtypeStruct((), jnp.int32))

@@ -16,7 +16,7 @@ import numpy as np
 
 from ... import _foreign
 from .._common import f64, failure, fill_zeros, nan_like, np_unravel, on_cpu
-from . import _run_scipy
+from . import _fields, _run_scipy
 from ._implicit import result_shapes, scipy_stats
 from ._kkt import KKT
 from ._options import SolveOptions
@@ -27,8 +27,9 @@ from ._problem import Problem
 def solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *,
           opts: SolveOptions) -> Any:
     """x* (shaped like x0), zeros where `_implicit.solve` gives the active bounds (the
-    active set is found by the rules, at x*), SciPy's (status, nfev, njev, nit) and
-    success; `params` and the bounds are differentiable."""
+    active set is found by the rules, at x*), SciPy's (status, nfev, njev, nit, message
+    number), success and the method's own fields; `params` and the bounds are
+    differentiable."""
     primals = (x0, lb, ub, params, fixed, jac_ops)
     lbf, ubf = np.ravel(f64(lb)), np.ravel(f64(ub))
     with on_cpu():
@@ -37,11 +38,14 @@ def solve(x0: Any, lb: Any, ub: Any, params: Any, fixed: Any, jac_ops: Any, *,
     x = np.asarray(sol.x, np.float64)
     ok = bool(sol.success) and bool(np.all(np.isfinite(x)))
     active = np.zeros(x0.shape, np.int8)
+    extras = _fields.host_values(sol, _fields.spec(opts.kind, opts.method, x0.size))
     if not ok:
         if opts.on_failure == "raise":
             raise failure(opts.qualname, f"{opts.kind}(method={opts.method!r}): {sol.message}")
-        return np.full(x0.shape, np.nan, x0.dtype), active, scipy_stats(sol), np.bool_(False)
-    return x.reshape(x0.shape).astype(x0.dtype), active, scipy_stats(sol), np.bool_(True)
+        return (np.full(x0.shape, np.nan, x0.dtype), active, scipy_stats(sol),
+                np.bool_(False), extras)
+    return (x.reshape(x0.shape).astype(x0.dtype), active, scipy_stats(sol), np.bool_(True),
+            extras)
 
 
 def _at_solution(primals: tuple, out: Any, opts: SolveOptions) -> tuple | None:
@@ -58,6 +62,8 @@ def _at_solution(primals: tuple, out: Any, opts: SolveOptions) -> tuple | None:
 @solve.defvjp
 def _solve_vjp(primals: tuple, out: Any, ct: Any, *, opts: SolveOptions) -> Any:
     x0, lb, ub, params, fixed, jac_ops = primals
+    if _fields.has_cotangent(ct[4]):  # (the fields have no rule)
+        return (None, *nan_like((lb, ub, params)), None, None)
     with on_cpu():
         at = _at_solution(primals, out, opts)
         if at is None:
@@ -77,11 +83,13 @@ def _solve_jvp(primals: tuple, out: Any, tangents: Any, *, opts: SolveOptions) -
     with on_cpu():
         at = _at_solution(primals, out, opts)
         if at is None:
-            return np.full(x0.shape, np.nan, x0.dtype), None, None, None
+            return (np.full(x0.shape, np.nan, x0.dtype), None, None, None,
+                    _fields.no_tangents(out[4]))
         kkt, x, side, lam = at
         zeros = np.zeros(x.size)
         dR = kkt("theta_jvp", x, lam, side.astype(np.float64), fill_zeros(dparams, params),
                  zeros if dlb is None else np.ravel(f64(dlb)),
                  zeros if dub is None else np.ravel(f64(dub)))
         dz = -kkt.solve(x, lam, side, dR, False, opts.on_failure)
-    return dz[:x.size].reshape(x0.shape).astype(x0.dtype), None, None, None
+    return (dz[:x.size].reshape(x0.shape).astype(x0.dtype), None, None, None,
+            _fields.no_tangents(out[4]))

@@ -13,7 +13,7 @@ import scipy.optimize
 
 from .._common import as_float_array, check_policy, static_options
 from .._trace import check_args, convert
-from . import _constrained, _implicit
+from . import _constrained, _fields, _implicit
 from ._options import LINEAR_SOLVERS, SolveOptions
 
 
@@ -49,6 +49,12 @@ class Solution:
     stats: jax.Array
     success: jax.Array
     user_fun: Callable[[jax.Array], Any]
+    extras: dict = dataclasses.field(default_factory=dict)  # the method's own fields
+
+    @property
+    def message(self) -> str | None:
+        """SciPy's message (None under `jit`: a string is not traced)."""
+        return _fields.message_text(self.stats[4])
 
 
 ROOT_METHODS = ("hybr", "lm", "broyden1", "broyden2", "anderson", "linearmixing",
@@ -182,9 +188,9 @@ def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
                         on_failure=request.on_failure, hess=host_funs[1],
                         hessp=host_funs[2], constraints=constraints)
     run = _implicit.solve if constraints is None else _constrained.solve
-    x, active, stats, success = run(x0, lb, ub, params, fixed, host_ops, opts=opts)
+    x, active, stats, success, extras = run(x0, lb, ub, params, fixed, host_ops, opts=opts)
 
     def user_fun(x: jax.Array) -> Any:
         y = fun(x, *args)
         return y[0] if jac is True and isinstance(y, tuple) else y
-    return Solution(x, active, stats, success, user_fun)
+    return Solution(x, active, stats, success, user_fun, extras)

@@ -147,9 +147,27 @@ def _fit(call: _Call) -> OptimizeResult:
     free = sol.active == 0
     optimality = jnp.max(jnp.abs(jnp.where(free, grad, 0.0))) if grad.size else jnp.zeros(())
     stats = sol.stats
-    return OptimizeResult(x=x, cost=cost, fun=r, jac=J, grad=grad, optimality=optimality,
+    jac = J if loss == "linear" else robust_jacobian(J, z, rho1, loss)
+    return OptimizeResult(x=x, cost=cost, fun=r, jac=jac, grad=grad, optimality=optimality,
                           active_mask=sol.active.astype(jnp.int32), success=sol.success,
-                          status=stats[0], nfev=stats[1], njev=stats[2], nit=None)
+                          status=stats[0], nfev=stats[1], njev=stats[2], nit=None,
+                          message=sol.message)
+
+
+def robust_jacobian(J: jax.Array, z: jax.Array, rho1: jax.Array, loss: str) -> jax.Array:
+    """The Jacobian SciPy returns with a robust loss: its rows scaled by
+    `sqrt(rho'(z) + 2 z rho''(z))` (at least machine epsilon), z = (f / f_scale)^2, as
+    `scipy.optimize._lsq.common.scale_for_robust_loss_function` does; `J^T (scaled f)`
+    is then the gradient of the cost.
+
+    >>> J = robust_jacobian(jnp.ones((1, 1)), jnp.array([3.0]), jnp.array([0.5]),
+    ...                     "soft_l1")
+    >>> round(float(J[0, 0]) ** 2, 6)  # rho' + 2 z rho'' = (1 + z)^(-3/2) at z = 3
+    0.125
+    """
+    rho2 = jax.vmap(jax.grad(jax.grad(lambda v: rho(loss, v))))(z)
+    scale = jnp.sqrt(jnp.maximum(rho1 + 2 * z * rho2, jnp.finfo(J.dtype).eps))
+    return J * scale[:, None]
 
 
 def _check_supported(call: _Call) -> None:

@@ -87,8 +87,9 @@ def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | Non
 
     Returns:
       :class:`OptimizeResult` (SciPy's, a dict) with `x`, `fun`, `jac` (the
-      gradient at `x`, from JAX), `success`, `status`, `nfev`, `njev`, `nit`; `x`,
-      `fun` and `jac` are differentiable.
+      gradient at `x`, from JAX), `success`, `status`, `nfev`, `njev`, `nit`,
+      SciPy's `message` and the method's own fields (`direc`, `final_simplex`,
+      `hess_inv`, `hess`, `nhev`, `maxcv`); `x`, `fun` and `jac` are differentiable.
 
     Raises:
       SolverError: SciPy reported failure, or the implicit-function-theorem system is
@@ -144,7 +145,7 @@ def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | Non
     grad = jax.grad(lambda x: jnp.sum(sol.user_fun(x)))(sol.x)  # fun may be shape (1,)
     return OptimizeResult(x=sol.x, fun=sol.user_fun(sol.x), jac=grad, success=sol.success,
                           status=sol.stats[0], nfev=sol.stats[1], njev=sol.stats[2],
-                          nit=sol.stats[3])
+                          nit=sol.stats[3], message=sol.message, **sol.extras)
 
 
 def _warn_unused(method: Any, hess: Any, hessp: Any) -> None:

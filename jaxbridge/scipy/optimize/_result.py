@@ -21,12 +21,16 @@ class OptimizeResult(scipy.optimize.OptimizeResult):
     computed, as in SciPy; a field SciPy has and this call does not compute
     (`hess_inv`, ...) reads as None by attribute.
 
-    SciPy's field names: `x` (differentiable), `fun` (F(x*) for root, f(x*) for
-    minimize, the residuals for least_squares; differentiable), `success`,
-    `status`, `nfev`, `njev`, `nit` (SciPy's counters, -1 where the method does not
-    report one); `jac` (minimize: the gradient at x*; least_squares: the Jacobian),
-    root's `method`, and for least_squares `cost`, `grad`, `optimality`,
-    `active_mask`. `message` is derived from `status`.
+    SciPy's field names: `x` (differentiable), `fun` (F(x*) for root, 1-D as in
+    SciPy; f(x*) for minimize, the residuals for least_squares; differentiable),
+    `success`, `status`, `nfev`, `njev`, `nit` (SciPy's counters, -1 where the method
+    does not report one); `jac` (minimize: the gradient at x*; least_squares: the
+    Jacobian, its rows scaled by the robust loss as SciPy's), root's `method`, for
+    least_squares `cost`, `grad`, `optimality`, `active_mask`, and the method's own
+    fields from SciPy's run (`direc`, `final_simplex`, `hess_inv`, `hess`, `nhev`,
+    `maxcv`, `fjac`, `r`, `qtf`, `ipvt`, `cov_x`). `message` is SciPy's own text
+    where the call was not traced; a jitted call's result has no `message` key, and
+    `res.message` reads a text derived from `status`.
 
     >>> import scipy.optimize
     >>> res = OptimizeResult(x=1.0, success=True)
@@ -38,7 +42,8 @@ class OptimizeResult(scipy.optimize.OptimizeResult):
 
     _fields: ClassVar[tuple[str, ...]] = (
         "x", "fun", "jac", "cost", "grad", "optimality", "active_mask", "success", "status",
-        "nfev", "njev", "nit", "hess_inv", "method")
+        "nfev", "njev", "nit", "hess_inv", "method", "message", "direc", "final_simplex",
+        "nhev", "hess", "maxcv", "fjac", "r", "qtf", "ipvt", "cov_x")
     _messages: ClassVar[dict[int, str]] = {}
 
     def __init__(self, **fields: Any) -> None:
@@ -54,10 +59,11 @@ class OptimizeResult(scipy.optimize.OptimizeResult):
 
     @property
     def message(self) -> str:
-        """SciPy's own message where SciPy's run returned one (a function written in
-        NumPy, run eagerly), else SciPy's message for `status`."""
-        given = dict.get(self, "message")
-        return given if isinstance(given, str) else vars(Result)["message"].fget(self)
+        """SciPy's message: its own text where the call was not traced (the `message`
+        key), else a text derived from `status`."""
+        if isinstance(self.get("message"), str):
+            return str(self["message"])
+        return str(vars(Result)["message"].fget(self))
 
 
 def _flatten(res: OptimizeResult) -> tuple[list[Any], tuple]:

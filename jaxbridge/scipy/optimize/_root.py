@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .._common import check_policy, static_options
 from .._numpy_functions import runs_as_scipy
@@ -15,6 +17,7 @@ from ._numpy_fallback import ROOT
 from ._result import OptimizeResult
 
 STEPPINGS = ("auto", "scipy", "compiled")
+FLAT_METHODS = ("hybr", "lm")  # MINPACK's: SciPy passes them x0 flattened
 
 
 @runs_as_scipy(ROOT)
@@ -69,8 +72,10 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         (default): "compiled" where it applies, else "scipy".
 
     Returns:
-      :class:`OptimizeResult` (SciPy's, a dict) with `x`, `fun`, `success`, `status`,
-      `nfev`, `njev`, `nit` and `method` (SciPy's spelling, as SciPy's root reports it).
+      :class:`OptimizeResult` (SciPy's, a dict) with `x`, `fun` (1-D, as SciPy's),
+      `success`, `status`, `nfev`, `njev`, `nit`, `method` (SciPy's spelling, as
+      SciPy's root reports it), SciPy's `message`, and hybr's and lm's `fjac`, `r`,
+      `qtf`, `ipvt`, `cov_x`. As in SciPy, hybr and lm flatten a 2-D `x0`.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -83,15 +88,17 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
       -0.17327
     """
     method = _frontend.canonical_method(method, "root")
+    if method in FLAT_METHODS and np.ndim(x0) > 1:
+        x0 = jnp.reshape(x0, -1)  # SciPy's hybr and lm flatten x0: fun sees, x is, 1-D
     request = _frontend.Request("root", method, jac=jac, tol=tol, options=options,
                                 callback=callback, linear_solver=linear_solver,
                                 on_failure=on_failure)
     if _stepping(stepping, method, options, callback) == "compiled":
         return _compiled(fun, x0, args, request)
     sol = _frontend.solve(fun, x0, args, request)
-    return OptimizeResult(x=sol.x, fun=sol.user_fun(sol.x), success=sol.success,
+    return OptimizeResult(x=sol.x, fun=jnp.ravel(sol.user_fun(sol.x)), success=sol.success,
                           status=sol.stats[0], nfev=sol.stats[1], njev=sol.stats[2],
-                          nit=sol.stats[3], method=method)
+                          nit=sol.stats[3], method=method, message=sol.message, **sol.extras)
 
 
 def _compiled(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> OptimizeResult:
@@ -111,9 +118,10 @@ def _compiled(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> 
         x0, ops, fun=hf, method=request.method, tol=None if tol is None else float(tol),
         options=static_options(options, "optimize.root"), linear_solver=request.linear_solver,
         on_failure=request.on_failure)
-    return OptimizeResult(x=x, fun=fun(x, *args), success=stats[4] == 1,
+    return OptimizeResult(x=x, fun=jnp.ravel(fun(x, *args)), success=stats[4] == 1,
                           status=stats[0], nfev=stats[1], njev=stats[2], nit=stats[3],
-                          method=request.method)
+                          method=request.method,
+                          message=_compiled_root.message(request.method, stats))
 
 
 def _stepping(stepping: str, method: str, options: dict | None, callback: Any) -> str:

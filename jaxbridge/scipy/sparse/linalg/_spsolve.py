@@ -129,9 +129,11 @@ def spsolve(A: Any, b: Any, permc_spec: str | None = None, use_umfpack: bool = T
 
     Args:
       A: a `jax.experimental.sparse.BCOO` or `BCSR`, a COO tuple `(data, (row, col))`
-        or a CSR tuple `(data, indices, indptr)` (SciPy's constructor forms); shape
-        `(n, n)` with `n = b.shape[0]`. Gradients flow to the stored values `data`
-        (one per stored entry, duplicates included); the index arrays are integers.
+        or a CSR tuple `(data, indices, indptr)` (SciPy's constructor forms), a SciPy
+        sparse matrix (a constant), or as in SciPy a dense array (with SciPy's
+        `SparseEfficiencyWarning`; every entry is stored); shape `(n, n)` with
+        `n = b.shape[0]`. Gradients flow to the stored values `data` (one per stored
+        entry, duplicates included); the index arrays are integers.
       b: right-hand side, shape `(n,)` or `(n, k)`.
       permc_spec: SuperLU's column ordering (static; None: SciPy's default, COLAMD).
       use_umfpack: accepted for SciPy compatibility; SuperLU is always used (its
@@ -145,9 +147,9 @@ def spsolve(A: Any, b: Any, permc_spec: str | None = None, use_umfpack: bool = T
     Raises:
       SolverError: a singular matrix or a non-finite solution, with
         ``on_failure="raise"`` (eager and under `jit`).
-      TypeError: `A` in none of the accepted forms.
-      ValueError: a malformed `A` (not square, a BCOO with batch or dense dimensions,
-        a bad CSR `indptr`) or `b` not 1-D or 2-D.
+      ValueError: as in SciPy, `A` in none of the accepted forms, a malformed `A` (not
+        square, not (n, n) for `b`'s n rows, indices outside it, a BCOO with batch or
+        dense dimensions, a bad CSR `indptr`) or `b` not 1-D or 2-D.
 
     Example:
       >>> import jax, jax.numpy as jnp
