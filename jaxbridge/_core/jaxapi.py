@@ -64,6 +64,12 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, Tracer)
 
 
+def jax_setting(name: str) -> Any:
+    """The value of JAX's setting `name` now (a `with jax.default_device(...)` or other
+    setting context on this thread included; `jax.config.read` refuses those)."""
+    return getattr(jax.config, name)
+
+
 def jaxlib_version() -> str:
     """The installed jaxlib's version (jax's own is `jax.__version__`)."""
     return str(jaxlib.__version__)
