@@ -144,10 +144,15 @@ def _optimize_cases() -> dict[str, tuple[Callable, Callable]]:
 def _other_cases() -> dict[str, tuple[Callable, Callable]]:
     A = np.diag(np.arange(1.0, 101.0)) + 0.1 * (np.eye(100, k=1) + np.eye(100, k=-1))
     x1000 = np.linspace(0.1, 5.0, 1000)
+    def np_gauss(x: float) -> float:
+        return np.exp(-x * x)
+
+    def jnp_gauss(x: Any) -> Any:
+        return jnp.exp(-x * x)
+
     return {
-        "quad exp(-x^2) [0, 3]": (
-            lambda: scipy.integrate.quad(lambda x: np.exp(-x * x), 0.0, 3.0),
-            lambda: jb_integrate.quad(lambda x: jnp.exp(-x * x), 0.0, 3.0)),
+        "quad exp(-x^2) [0, 3]": (lambda: scipy.integrate.quad(np_gauss, 0.0, 3.0),
+                                  lambda: jb_integrate.quad(jnp_gauss, 0.0, 3.0)),
         "eigsh dense n=100 k=3": (
             lambda: scipy.sparse.linalg.eigsh(A, k=3, v0=np.ones(100)),
             lambda: jb_sparse_linalg.eigsh(A, k=3, v0=np.ones(100))),

@@ -364,3 +364,24 @@ def test_minimize_least_squares_quad_see_changed_closures():
                                    atol=1e-8)
         assert float(quad(bump, 0.0, 1.0)[0]) == pytest.approx(
             (1 - np.exp(-value[0])) / value[0], rel=1e-10)
+
+
+def test_special_functions_as_one_program_keep_their_dtypes_and_values():
+    """The special functions' argument handling moved into one compiled program: lists,
+    Python scalars, float32 arrays and broadcasting give what they gave before."""
+    import scipy.special
+
+    from jaxbridge.scipy import special
+
+    x = np.linspace(0.5, 3.0, 4)
+    np.testing.assert_allclose(np.asarray(special.kv(1.5, list(x))), scipy.special.kv(1.5, x),
+                               rtol=1e-13)
+    assert float(special.erfcx(2.0)) == pytest.approx(scipy.special.erfcx(2.0), rel=1e-14)
+    out32 = special.erfcx(np.float32(2.0) * np.ones(3, np.float32))
+    assert out32.dtype == jnp.float32 and out32.shape == (3,)
+    grid = special.hyp1f1(np.array([[0.5], [1.0]]), 2.0, x)
+    assert grid.shape == (2, 4)
+    np.testing.assert_allclose(np.asarray(grid), scipy.special.hyp1f1(
+        np.array([[0.5], [1.0]]), 2.0, x), rtol=1e-12)
+    assert float(jax.grad(special.erfcx)(1.0)) == pytest.approx(
+        2 * 1.0 * scipy.special.erfcx(1.0) - 2 / np.sqrt(np.pi), rel=1e-12)

@@ -5,9 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 from .._common import unsupported
 from . import _frontend
 from ._result import OptimizeResult
@@ -91,7 +88,7 @@ def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | Non
                                 bounds=bounds, tol=tol, options=options, callback=callback,
                                 linear_solver=linear_solver, on_failure=on_failure)
     sol = _frontend.solve(fun, x0, args, request)
-    grad = jax.grad(lambda x: jnp.sum(sol.user_fun(x)))(sol.x)  # fun may be shape (1,)
+    grad = sol.user_grad(sol.x)
     return OptimizeResult(x=sol.x, fun=sol.user_fun(sol.x), jac=grad, success=sol.success,
                           status=sol.stats[0], nfev=sol.stats[1], njev=sol.stats[2],
                           nit=sol.stats[3])
