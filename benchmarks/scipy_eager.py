@@ -12,8 +12,12 @@ alternate SciPy and the drop-in, each round timing `--calls` calls of one and of
 the other; a figure is the median over rounds of the per-call time. The machine may
 be shared: compare the ratios, and rerun on a quiet machine for figures.
 
-Usage: `python benchmarks/scipy_eager.py [--repeats N] [--calls K] [--only NAME ...]
-[--json [DIR]]` (`--json` writes benchmarks/results/scipy_eager.json).
+`--clock cpu` times the process's CPU time (all its threads) instead of wall time:
+steadier where other processes load the machine.
+
+Usage: `python benchmarks/scipy_eager.py [--repeats N] [--calls K] [--clock wall|cpu]
+[--only NAME ...] [--json [DIR]]` (`--json` writes scipy_eager.json into
+benchmarks/results/; one recorded run: benchmarks/results/scipy-eager-2026-11-29/).
 """
 
 from __future__ import annotations
@@ -172,23 +176,26 @@ def cases() -> dict[str, tuple[Callable, Callable]]:
 
 
 # ------------------------------------------------------------------ timing
-def _per_call_us(call: Callable, calls: int) -> float:
-    start = time.perf_counter()
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _per_call_us(call: Callable, calls: int, clock: Callable[[], float]) -> float:
+    start = clock()
     for _ in range(calls):
         _ready(call())
-    return (time.perf_counter() - start) / calls * 1e6
+    return (clock() - start) / calls * 1e6
 
 
-def measure(scipy_call: Callable, ours: Callable, repeats: int, calls: int
-            ) -> tuple[float, float]:
+def measure(scipy_call: Callable, ours: Callable, repeats: int, calls: int,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
     """(SciPy's, ours) median per-call time in us over interleaved rounds."""
     for _ in range(2):  # the first call traces and compiles: not a repeat call
         scipy_call()
         _ready(ours())
     theirs_us, ours_us = [], []
     for _ in range(repeats):
-        theirs_us.append(_per_call_us(scipy_call, calls))
-        ours_us.append(_per_call_us(ours, calls))
+        theirs_us.append(_per_call_us(scipy_call, calls, clock))
+        ours_us.append(_per_call_us(ours, calls, clock))
     return statistics.median(theirs_us), statistics.median(ours_us)
 
 
@@ -198,6 +205,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10, help="calls per round and side")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run the cases whose name contains one of these words")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time (default), or the process's CPU time (all its "
+                             "threads), steadier on a machine others load")
     add_json_option(parser)
     args = parser.parse_args()
     table = Table(
@@ -206,14 +216,16 @@ def main() -> None:
         ["case", "SciPy", "jaxbridge", "ours / SciPy", "goal (2x SciPy + 100 us)",
          "ours / goal"],
         method=f"{args.repeats} interleaved rounds of {args.calls} calls each, after two "
-               f"warm-up calls; user functions in NumPy for SciPy, jax.numpy for ours",
+               f"warm-up calls, {args.clock} time; user functions in NumPy for SciPy, "
+               f"jax.numpy for ours",
         legend={"ours / goal": "below 1 meets the goal"})
     print(f"{'case':32s} {'SciPy us':>10s} {'ours us':>10s} {'ours/SciPy':>10s} "
           f"{'goal us':>10s} {'ours/goal':>10s}")
     for name, (scipy_call, ours) in cases().items():
         if args.only and not any(word in name for word in args.only):
             continue
-        theirs_us, ours_us = measure(scipy_call, ours, args.repeats, args.calls)
+        theirs_us, ours_us = measure(scipy_call, ours, args.repeats, args.calls,
+                                     CLOCKS[args.clock])
         goal = GOAL_FACTOR * theirs_us + GOAL_OFFSET_US
         print(f"{name:32s} {theirs_us:10.1f} {ours_us:10.1f} {ours_us / theirs_us:10.2f} "
               f"{goal:10.1f} {ours_us / goal:10.2f}", flush=True)
