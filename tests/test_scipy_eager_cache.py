@@ -254,8 +254,10 @@ def test_whole_call_programs_are_bounded(monkeypatch):
     evict old programs."""
     monkeypatch.setattr(_common, "PROGRAM_CACHE_SIZE", 2)
     for i in range(5):
-        c = 0.5123 + 0.25 * i  # (values no other test uses: every call compiles anew)
-        np.testing.assert_allclose(decay_at_1(lambda t, y: -c * y), [np.exp(-c)], rtol=1e-8)
+        c = 0.5123 + 0.25 * i  # (values no other test uses: a new program each)
+        f = lambda t, y: -c * y  # noqa: E731 - what users write
+        for _ in range(2):  # a key's first call runs as written, the second compiles
+            np.testing.assert_allclose(decay_at_1(f), [np.exp(-c)], rtol=1e-8)
         assert _common.program_cache_info()["size"] <= 2
 
 

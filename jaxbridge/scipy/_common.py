@@ -114,6 +114,7 @@ def host_cache_info() -> dict:
 # ------------------------------------------------------------------ whole-call programs
 PROGRAM_CACHE_SIZE = 64
 _programs = LruCache(lambda: max(PROGRAM_CACHE_SIZE, 1))
+_seen = LruCache(lambda: 4 * max(PROGRAM_CACHE_SIZE, 1))  # keys met once
 
 
 def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
@@ -123,18 +124,27 @@ def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[.
     keyed on their static configuration (converted functions compare structurally):
     a repeat eager call is then one dispatch of a compiled program, not one dispatch
     per operation, and under `jit`, `grad` or `vmap` the program is inlined as any
-    jitted function is. `make()` must build the program from the key's parts only --
+    jitted function is. A key met for the first time runs `make()` as it is (eagerly,
+    op by op, where the caller is eager), and is compiled when it comes again: a loop
+    whose every call has a new key (a closed-over Python float is part of a trace)
+    compiles nothing, as before. `make()` must build the program from the key's parts only --
     never from the user's Python functions, whose closed-over values a compiled
     program would keep (the converted functions take them as operands). Dropping the
     least recently used program frees JAX's caches of it, so a loop over problems of
     ever new structure does not grow memory without bound.
 
-    >>> double = program(("doc", 2), lambda: lambda x: 2 * x)
+    >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # first: as written
+    >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # again: compiled
     >>> int(double(jnp.int32(3)))
     6
     """
     fn = _programs.get(key)
-    return fn if fn is not None else _programs.put(key, jax.jit(make()))
+    if fn is not None:
+        return fn
+    if _seen.get(key) is None:  # first sight: run as written, compile if it comes again
+        _seen.put(key, True)
+        return make()
+    return _programs.put(key, jax.jit(make()))
 
 
 def program_cache_info() -> dict:
