@@ -78,6 +78,10 @@ def is_linearize_tracer(x: Any) -> bool:
     """True for a value JAX is linearizing: the input of a function being differentiated
     in reverse mode (`grad`, `vjp`, `jacrev`, `linearize`), not forward mode (`jvp`)."""
     return _LINEARIZE_TRACER is not None and isinstance(x, _LINEARIZE_TRACER)
+def jax_setting(name: str) -> Any:
+    """The value of JAX's setting `name` now (a `with jax.default_device(...)` or other
+    setting context on this thread included; `jax.config.read` refuses those)."""
+    return getattr(jax.config, name)
 
 
 def jaxlib_version() -> str:

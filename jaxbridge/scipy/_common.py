@@ -21,9 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._core.jaxapi import jax_setting
 from ..errors import SolverError  # re-exported: jaxbridge.scipy.SolverError
 
-__all__ = ["SolverError", "host_jit", "host_cache_info", "HOST_CACHE_SIZE", "Result"]
+__all__ = ["SolverError", "host_jit", "host_cache_info", "HOST_CACHE_SIZE", "program",
+           "program_cache_info", "PROGRAM_CACHE_SIZE", "Result"]
 
 ON_FAILURE = ("raise", "nan")
 
@@ -68,13 +70,23 @@ class LruCache:
             self._stats["hits"] += 1
             return value
 
-    def put(self, key: Hashable, value: Any) -> Any:
-        """Store `value` unless another thread stored one first; return the stored one."""
+    def put(self, key: Hashable, value: Any, replace: bool = False) -> Any:
+        """Store `value` unless another thread stored one first (or, with `replace`,
+        in any case); return the stored one."""
         with self._lock:
-            value = self._items.setdefault(key, value)
+            if replace:
+                self._items[key] = value
+                self._items.move_to_end(key)
+            else:
+                value = self._items.setdefault(key, value)
             while len(self._items) > max(self._maxsize(), 0):
                 self._items.popitem(last=False)
             return value
+
+    def pop(self, key: Hashable) -> None:
+        """Forget `key` (nothing if it is not stored)."""
+        with self._lock:
+            self._items.pop(key, None)
 
     def info(self) -> dict:
         with self._lock:
@@ -99,19 +111,70 @@ def host_cache_info() -> dict:
     return _compiled.info()
 
 
+# ------------------------------------------------------------------ whole-call programs
+PROGRAM_CACHE_SIZE = 64
+_programs = LruCache(lambda: max(PROGRAM_CACHE_SIZE, 1))
+_seen = LruCache(lambda: 4 * max(PROGRAM_CACHE_SIZE, 1))  # keys met once
+
+
+def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """`jax.jit(make())` once per `key`, kept in a bounded LRU cache (`PROGRAM_CACHE_SIZE`).
+
+    The front ends run everything after their argument checks as one such program,
+    keyed on their static configuration (converted functions compare structurally):
+    a repeat eager call is then one dispatch of a compiled program, not one dispatch
+    per operation, and under `jit`, `grad` or `vmap` the program is inlined as any
+    jitted function is. A key met for the first time runs `make()` as it is (eagerly,
+    op by op, where the caller is eager), and is compiled when it comes again: a loop
+    whose every call has a new key (a closed-over Python float is part of a trace)
+    compiles nothing, as before. `make()` must build the program from the key's parts only --
+    never from the user's Python functions, whose closed-over values a compiled
+    program would keep (the converted functions take them as operands). Dropping the
+    least recently used program frees JAX's caches of it, so a loop over problems of
+    ever new structure does not grow memory without bound.
+
+    >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # first: as written
+    >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # again: compiled
+    >>> int(double(jnp.int32(3)))
+    6
+    """
+    fn = _programs.get(key)
+    if fn is not None:
+        return fn
+    if _seen.get(key) is None:  # first sight: run as written, compile if it comes again
+        _seen.put(key, True)
+        return make()
+    return _programs.put(key, jax.jit(make()))
+
+
+def program_cache_info() -> dict:
+    """Hits, misses, current size and bound of the whole-call program cache."""
+    return _programs.info()
+
+
 def cpu_device() -> Any:
     return jax.devices("cpu")[0]
 
 
 class on_cpu:
-    """Context: JAX calls made on the host inside it run on the CPU device."""
+    """Context: JAX calls made on the host inside it run on the CPU device.
+
+    Where they would anyway (no default device set, the default backend the CPU) it
+    sets nothing: inside `jax.default_device` every jitted call takes JAX's slower
+    dispatch path (measured 4x per call, JAX 0.10.2), and SciPy's loops make one such
+    call per function evaluation.
+    """
 
     def __enter__(self) -> Any:
+        if jax_setting("jax_default_device") is None and \
+                jax.default_backend() == "cpu":
+            self._ctx = None
+            return None
         self._ctx = jax.default_device(cpu_device())
         return self._ctx.__enter__()
 
     def __exit__(self, *exc: Any) -> Any:
-        return self._ctx.__exit__(*exc)
+        return None if self._ctx is None else self._ctx.__exit__(*exc)
 
 
 def host_copies(tree: Any) -> Any:
@@ -152,6 +215,27 @@ def as_float_array(x: Any, name: str, what: str) -> jax.Array:
         raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be an array of numbers, as "
                          f"in SciPy; got {x!r}") from e
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
+
+
+def as_float_operand(x: Any, name: str, what: str) -> Any:
+    """`as_float_array`, but a NumPy array or a list of numbers stays a NumPy array (in
+    JAX's dtype for it): a jitted program takes it as it is, without the eager device
+    transfer and cast (two dispatches) that `as_float_array` costs a repeat call.
+
+    >>> as_float_operand([1, 2], "f", "x").dtype == jnp.result_type(float)
+    True
+    """
+    if isinstance(x, jax.Array) or not isinstance(x, (np.ndarray, list, tuple)):
+        return as_float_array(x, name, what)
+    try:
+        a = np.asarray(x)
+    except Exception:  # noqa: BLE001 - e.g. a list holding tracers: JAX's conversion
+        return as_float_array(x, name, what)
+    if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+        return as_float_array(x, name, what)
+    check_real(a, name, what)
+    dtype = a.dtype if np.issubdtype(a.dtype, np.floating) else jnp.result_type(float)
+    return a.astype(jax.dtypes.canonicalize_dtype(dtype), copy=False)
 
 
 def np_ravel(tree: Any) -> np.ndarray:

@@ -21,7 +21,7 @@ unless they compute the same thing.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -36,11 +36,14 @@ from .._core.jaxapi import (
     eval_jaxpr,
     is_closed_jaxpr,
     is_jaxpr,
+    is_tracer,
+    jax_setting,
     literal_value,
     untyped_manual_axes,
     varying_axes,
 )
 from ..errors import UntraceableFunctionError
+from ._trace_cache import cached_trace, store_trace, values_key
 
 _SMALL_CONST = 4096  # bytes: constants inside nested jaxprs up to this size compare by value
 
@@ -311,6 +314,11 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
     leaves, tree = jax.tree_util.tree_flatten(args)
     dyn_at = [i for i, leaf in enumerate(leaves) if _is_dynamic(leaf)]
     dyn = [jnp.asarray(leaves[i]) for i in dyn_at]
+    key = _trace_key(name, what, example, tree, leaves, dyn_at, dyn)
+    kept, state = cached_trace(fun, key) if key is not None else (None, None)
+    if kept is not None:  # a repeat call: the same function, reading the same values
+        hf, consts = kept
+        return hf, dyn + list(consts)
 
     def traced(dyn_values: list, *xs: Any) -> Any:
         full = list(leaves)
@@ -349,7 +357,30 @@ def convert(fun: Callable[..., Any], name: str, what: str, example: Sequence[Any
         typed = closed_typed.jaxpr
     hf = HostFun(f"{name}:{what}", closed.jaxpr, jax.tree_util.tree_structure(shape),
                  len(dyn), typed, axes)
+    if state is not None and not axes and not any(is_tracer(c) for c in consts):
+        store_trace(fun, key, state, (hf, tuple(consts)))
     return hf, dyn + consts
+
+
+def _trace_key(name: str, what: str, example: Sequence[Any], tree: Any, leaves: list,
+               dyn_at: list, dyn: list) -> Hashable | None:
+    """What a trace of a user function depends on besides the function: the abstract
+    values of its arguments, SciPy `args`' structure and static leaves, and the JAX
+    settings that change a trace. None: a static leaf whose changes nothing can see."""
+    static = [leaf for i, leaf in enumerate(leaves) if i not in set(dyn_at)]
+    static_key = values_key(static)
+    if static_key is None:
+        return None
+    avals = tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
+                  for x in (*example, *dyn))
+    settings = tuple(jax_setting(s) for s in _TRACE_SETTINGS)
+    return (name, what, tree, static_key, avals, settings)
+
+
+# JAX settings a trace depends on: dtypes (x64), what raises (rank and dtype promotion),
+# dot products' precision.
+_TRACE_SETTINGS = ("jax_enable_x64", "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
+                   "jax_default_matmul_precision")
 
 
 def _check_real_results(shape: Any, name: str, what: str, call: str) -> None:

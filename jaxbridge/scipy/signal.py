@@ -35,7 +35,7 @@ import numpy as np
 import scipy.signal
 
 from .. import _foreign
-from ._common import as_float_array
+from ._common import as_float_array, check_real
 
 __all__ = ["lfilter"]
 
@@ -110,12 +110,15 @@ def _lf_vjp(primals: tuple, y: jax.Array, ct: jax.Array) -> tuple:
 
 
 def _checked_operands(b: Any, a: Any, x: Any, axis: int, name: str) -> tuple:
-    """`b`, `a` (1-D, SciPy's scalars too) and `x` as float arrays, checked as SciPy does."""
-    b, a, x = (as_float_array(v, "signal.lfilter", arg) for v, arg in ((b, "b"), (a, "a"),
-                                                                      (x, "x")))
-    b, a = jnp.atleast_1d(b), jnp.atleast_1d(a)  # SciPy's scalar coefficients
-    for arg, v in (("b", b), ("a", a)):
-        if v.ndim != 1 or v.shape[0] == 0:
+    """`b`, `a` and `x` checked as SciPy checks them (before any JAX operation runs, so
+    a repeat eager call costs one compiled program's dispatch); non-arrays (lists,
+    scalars) as NumPy arrays."""
+    b, a, x = (v if isinstance(v, (jax.Array, np.ndarray)) else np.asarray(v)
+               for v in (b, a, x))
+    for v, arg in ((b, "b"), (a, "a"), (x, "x")):
+        check_real(v, "signal.lfilter", arg)
+    for arg, v in (("b", b), ("a", a)):  # SciPy's scalar coefficients are 1-D
+        if v.ndim > 1 or v.size == 0:
             raise ValueError(f"{name}: `{arg}` must be a non-empty 1-D array of filter "
                              f"coefficients, got shape {v.shape}")
     if x.ndim == 0:
@@ -124,7 +127,7 @@ def _checked_operands(b: Any, a: Any, x: Any, axis: int, name: str) -> tuple:
         raise np.exceptions.AxisError(f"{name}: axis {axis} is out of bounds for `x` of "
                                       f"dimension {x.ndim}")
     try:
-        a0 = float(a[0])
+        a0 = float(np.ravel(a)[0])
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
         a0 = None
     if a0 == 0.0:
@@ -173,6 +176,20 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
     """
     name = "jaxbridge.scipy.signal.lfilter"
     b, a, x = _checked_operands(b, a, x, axis, name)
+    if zi is not None and not isinstance(zi, (jax.Array, np.ndarray)):
+        zi = np.asarray(zi)
+    if zi is not None:
+        check_real(zi, "signal.lfilter", "zi")
+    return _filter_program(b, a, x, zi, axis=axis)
+
+
+def _filter(b: Any, a: Any, x: Any, zi: Any, *, axis: int) -> Any:
+    """`lfilter` after its checks (`_filter_program`: compiled once per shapes, dtypes and
+    axis)."""
+    name = "jaxbridge.scipy.signal.lfilter"
+    b, a, x = (as_float_array(v, "signal.lfilter", arg) for v, arg in ((b, "b"), (a, "a"),
+                                                                      (x, "x")))
+    b, a = jnp.atleast_1d(b), jnp.atleast_1d(a)
     dtype = jnp.result_type(b.dtype, a.dtype, x.dtype)
     b, a, xm = b.astype(dtype), a.astype(dtype), jnp.moveaxis(x.astype(dtype), axis, -1)
     K = max(a.shape[0], b.shape[0]) - 1
@@ -199,3 +216,8 @@ def lfilter(b: Any, a: Any, x: Any, axis: int = -1, zi: Any = None) -> Any:
     zf = jnp.stack([sum(a_hat[k] * tail[..., m - k] for k in range(m + 1))
                     for m in range(K)], axis=-1) if K else tail
     return jnp.moveaxis(y_ext[..., :N], -1, axis), jnp.moveaxis(zf, -1, axis)
+
+
+# A repeat eager call: one dispatch of a compiled program (not one per operation); under
+# `jit`, `grad` and `vmap` it is inlined as any jitted function.
+_filter_program = jax.jit(_filter, static_argnames="axis")

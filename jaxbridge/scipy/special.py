@@ -27,6 +27,7 @@ and parameters held constant, or merely traced and not differentiated, are fine.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,13 +52,27 @@ def _host(name: str, np_fn: Callable[..., Any]) -> _foreign.ForeignFunction:
     return _foreign.foreign(lambda *xs: xs[-1], vmap="vectorized")(run)
 
 
-def _prep(name: str, **xs: Any) -> Sequence[jax.Array]:
-    """The arguments `xs` (by SciPy's names), real, broadcast, in one floating dtype."""
+def _apply(fn: _foreign.ForeignFunction, name: str, **xs: Any) -> jax.Array:
+    """`fn` of the arguments `xs` (by SciPy's names), checked real, then broadcast and
+    cast to one floating dtype inside one compiled program (`_broadcast_call`): a
+    repeat eager call is one dispatch, not one per operation."""
     for what, x in xs.items():
         check_real(x, f"special.{name}", what)
-    arrays = [jnp.asarray(x) for x in xs.values()]
+    return _broadcast_call(fn, *(x if isinstance(x, (jax.Array, np.ndarray, np.generic,
+                                                     float, int)) else np.asarray(x)
+                                 for x in xs.values()))
+
+
+def _broadcast(*xs: Any) -> Sequence[jax.Array]:
+    """The arguments broadcast, in one floating dtype."""
+    arrays = [jnp.asarray(x) for x in xs]
     dtype = jnp.result_type(*(x.dtype for x in arrays), float)
     return jnp.broadcast_arrays(*(x.astype(dtype) for x in arrays))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _broadcast_call(fn: _foreign.ForeignFunction, *xs: Any) -> jax.Array:
+    return fn(*_broadcast(*xs))
 
 
 def _no_order_derivative(t: Any) -> Any:
@@ -188,7 +203,7 @@ def kv(v: Any, x: Any) -> Any:
         >>> print(f"{float(kv(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         0.179907 -0.254868
     """
-    return _kv(*_prep("kv", v=v, x=x))
+    return _apply(_kv, "kv", v=v, x=x)
 
 
 def kve(v: Any, x: Any) -> Any:
@@ -210,7 +225,7 @@ def kve(v: Any, x: Any) -> Any:
         >>> print(f"{float(kve(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         1.329340 -0.553892
     """
-    return _kve(*_prep("kve", v=v, x=x))
+    return _apply(_kve, "kve", v=v, x=x)
 
 
 def iv(v: Any, x: Any) -> Any:
@@ -232,7 +247,7 @@ def iv(v: Any, x: Any) -> Any:
         >>> print(f"{float(iv(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         1.099473 1.221632
     """
-    return _iv(*_prep("iv", v=v, x=x))
+    return _apply(_iv, "iv", v=v, x=x)
 
 
 def ive(v: Any, x: Any) -> Any:
@@ -254,7 +269,7 @@ def ive(v: Any, x: Any) -> Any:
         >>> print(f"{float(ive(1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         0.148798 0.016532
     """
-    return _ive(*_prep("ive", v=v, x=x))
+    return _apply(_ive, "ive", v=v, x=x)
 
 
 def hyp1f1(a: Any, b: Any, x: Any) -> Any:
@@ -276,7 +291,7 @@ def hyp1f1(a: Any, b: Any, x: Any) -> Any:
         >>> print(f"{float(hyp1f1(0.5, 1.5, 2.0)):.6f} {float(jax.grad(f)(2.0)):.6f}")
         2.364454 1.256151
     """
-    return _hyp1f1(*_prep("hyp1f1", a=a, b=b, x=x))
+    return _apply(_hyp1f1, "hyp1f1", a=a, b=b, x=x)
 
 
 def ellipk(m: Any) -> Any:
@@ -296,7 +311,7 @@ def ellipk(m: Any) -> Any:
         >>> print(f"{float(ellipk(0.3)):.6f} {float(jax.grad(f)(0.3)):.6f}")
         1.713889 0.584858
     """
-    return _ellipk(*_prep("ellipk", m=m))
+    return _apply(_ellipk, "ellipk", m=m)
 
 
 def ellipe(m: Any) -> Any:
@@ -316,7 +331,7 @@ def ellipe(m: Any) -> Any:
         >>> print(f"{float(ellipe(0.3)):.6f} {float(jax.grad(f)(0.3)):.6f}")
         1.445363 -0.447544
     """
-    return _ellipe(*_prep("ellipe", m=m))
+    return _apply(_ellipe, "ellipe", m=m)
 
 
 def erfcx(x: Any) -> Any:
@@ -337,7 +352,7 @@ def erfcx(x: Any) -> Any:
         >>> print(f"{float(erfcx(30.0)):.6e}  {float(jax.grad(erfcx)(1e3)):.6e}")
         1.879589e-02  -5.641887e-07
     """
-    return _erfcx(*_prep("erfcx", x=x))
+    return _apply(_erfcx, "erfcx", x=x)
 
 
 def erfi(x: Any) -> Any:
@@ -355,7 +370,7 @@ def erfi(x: Any) -> Any:
         >>> print(f"{float(erfi(1.0)):.6f}")
         1.650426
     """
-    return _erfi(*_prep("erfi", x=x))
+    return _apply(_erfi, "erfi", x=x)
 
 
 def dawsn(x: Any) -> Any:
@@ -374,4 +389,4 @@ def dawsn(x: Any) -> Any:
         >>> print(f"{float(dawsn(1.0)):.6f}  {float(jax.grad(dawsn)(1.0)):.6f}")
         0.538080  -0.076159
     """
-    return _dawsn(*_prep("dawsn", x=x))
+    return _apply(_dawsn, "dawsn", x=x)

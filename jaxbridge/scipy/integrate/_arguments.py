@@ -19,7 +19,7 @@ import numpy as np
 import scipy.integrate
 import scipy.sparse
 
-from .._common import as_float_array, check_policy, static_options, unsupported
+from .._common import as_float_operand, check_policy, static_options, unsupported
 from .._trace import HostFun, array_aval, check_args, convert
 from ._events import event_spec
 from ._ode import IMPLICIT_METHODS, METHODS
@@ -78,7 +78,8 @@ class PreparedIvp:
     params: tuple              # the differentiable operands of `fun`
     fixed: tuple               # its other operands
     jac_ops: tuple             # the operands of a user `jac` (not differentiated)
-    ev_ops: tuple              # per event function, its operands (not differentiated)
+    ev_ops: tuple              # per event function, its operands (the host call's are
+                               # not differentiated; the event times' derivative is)
     events: tuple | None       # the user's event functions (None: no `events=`)
     args: tuple                # SciPy's `args`, checked
 
@@ -192,7 +193,7 @@ def check_checkpoints(checkpoints: Any, name: str) -> int | None:
     return int(checkpoints)
 
 
-def check_t_eval(t0: jax.Array, t1: jax.Array, t_eval: jax.Array, name: str) -> None:
+def check_t_eval(t0: Any, t1: Any, t_eval: Any, name: str) -> None:
     """SciPy's check that t_eval lies in t_span (when the values are concrete)."""
     try:
         a, b, te = float(t0), float(t1), np.asarray(t_eval)
@@ -267,10 +268,12 @@ def _check_sizes(req: IvpRequest, options: dict) -> tuple[int, int]:
     return int(sizes[0]), int(sizes[1])
 
 
-def _times(req: IvpRequest) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _times(req: IvpRequest) -> tuple[Any, Any, Any]:
     """(t0, t1, t_eval) in one time dtype (t_eval's, at least float), checked; t_eval
     None gives an empty t_eval."""
-    t_eval = jnp.zeros((0,)) if req.t_eval is None else jnp.asarray(req.t_eval)
+    # (NumPy and Python values stay NumPy arrays: the program takes them as they are)
+    t_eval = np.zeros((0,), jnp.result_type(float)) if req.t_eval is None else \
+        _time_operand(req.t_eval)
     if t_eval.ndim != 1:
         raise ValueError(f"jaxbridge.scipy.{NAME}: t_eval must be 1-D, got shape "
                          f"{t_eval.shape}")
@@ -279,9 +282,23 @@ def _times(req: IvpRequest) -> tuple[jax.Array, jax.Array, jax.Array]:
                          f"{req.t_span!r}")
     tdtype = jnp.result_type(t_eval.dtype, float)
     t_eval = t_eval.astype(tdtype)
-    t0, t1 = jnp.asarray(req.t_span[0], tdtype), jnp.asarray(req.t_span[1], tdtype)
+    t0, t1 = (_time_operand(t).astype(tdtype) for t in req.t_span)
     check_t_eval(t0, t1, t_eval, NAME)
     return t0, t1, t_eval
+
+
+def _time_operand(t: Any) -> Any:
+    """A time (or times) as a NumPy array in JAX's dtype for it, or as a JAX array where
+    it is one (traced values)."""
+    if isinstance(t, jax.Array):
+        return t
+    try:
+        a = np.asarray(t)
+    except Exception:  # noqa: BLE001 - a list holding tracers: JAX's conversion
+        return jnp.asarray(t)
+    if a.dtype == object:
+        return jnp.asarray(t)
+    return a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False)
 
 
 def _convert_events(events: Any, example: tuple, args: tuple, max_events: int
@@ -298,7 +315,7 @@ def _convert_events(events: Any, example: tuple, args: tuple, max_events: int
         hf, o = convert(ev, NAME, f"events[{i}]", example, args, "event(t, y, *args)")
         check_returns(hf, (), NAME, f"events[{i}]")
         hfs.append(hf)
-        ops.append(tuple(jax.lax.stop_gradient(x) for x in o))
+        ops.append(tuple(o))
     return tuple(evs), tuple(hfs), tuple(ops), terminal, direction
 
 
@@ -313,7 +330,7 @@ def prepare(req: IvpRequest) -> PreparedIvp:
     check_step_options(options, NAME)
     sizes = _check_sizes(req, options) if events_path else (MAX_EVENTS, MAX_STEPS)
     args = check_args(req.args, NAME, CALL, "unpack_checked")
-    y0 = as_float_array(req.y0, NAME, "y0")
+    y0 = as_float_operand(req.y0, NAME, "y0")
     fun = single_call(req.fun, bool(req.vectorized), y0)
     t0, t1, t_eval = _times(req)
     example = (jax.ShapeDtypeStruct((), t_eval.dtype), jax.ShapeDtypeStruct(y0.shape, y0.dtype))

@@ -194,16 +194,23 @@ class OdeSolution:
         return (value + corr).reshape(self.shape)
 
     def __call__(self, t: Any) -> jax.Array:
-        t = jnp.asarray(t)
-        if t.ndim == 0:
-            return self._single(t)
-        if t.ndim != 1:
+        t = t if isinstance(t, jax.Array) else np.asarray(t)
+        if t.ndim > 1:
             raise ValueError(f"jaxbridge.scipy.integrate.OdeSolution: t must be a scalar or "
                              f"1-D, got shape {t.shape}")
-        return jnp.moveaxis(jax.vmap(self._single)(t), 0, -1)
+        return _evaluate(self, t)
 
     def __repr__(self) -> str:
         return f"OdeSolution(method={self.method!r}, segments={self.ts.shape[0] - 1} (padded))"
+
+
+@jax.jit
+def _evaluate(sol: OdeSolution, t: Any) -> jax.Array:
+    """`sol(t)` as one compiled program per (method, shape, t's shape): a repeat eager
+    call is one dispatch, not one per operation (the solution is the program's operand)."""
+    if t.ndim == 0:
+        return sol._single(t)
+    return jnp.moveaxis(jax.vmap(sol._single)(t), 0, -1)
 
 
 jax.tree_util.register_pytree_node(

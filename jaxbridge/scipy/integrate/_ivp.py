@@ -7,12 +7,15 @@ output or its own step times (`_trajectory`, with `_events` and `_dense` on top)
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from .._common import const, program
 from .._numpy_functions import runs_as_scipy
 from . import _dense
 from ._arguments import IvpRequest, PreparedIvp, prepare
@@ -20,6 +23,7 @@ from ._compiled import compiled_ivp_program, stiff_ivp_program
 from ._events import event_slot
 from ._numpy_fallback import SOLVE_IVP
 from ._ode import IMPLICIT_METHODS, OdeEventResult, OdeResult
+from ._options import IvpConfig
 from ._scipy_loop import scipy_solve
 from ._trajectory import trajectory
 
@@ -146,38 +150,51 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
 
 
 def _plain(p: PreparedIvp) -> OdeResult:
-    """y(t_eval) by the compiled loop, the compiled stiff derivatives or SciPy's loop."""
-    cfg = p.cfg
+    """y(t_eval) by the compiled loop, the compiled stiff derivatives or SciPy's loop, as
+    one program per configuration (`_common.program`: a repeat eager call is one
+    dispatch)."""
+    run = program(("solve_ivp", p.cfg), const(functools.partial(_plain_program, p.cfg)))
+    return run(p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, p.jac_ops)
+
+
+def _plain_program(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, params: tuple,
+                   fixed: tuple, jac_ops: tuple) -> OdeResult:
     compiled = cfg.stepping == "compiled"
     if compiled and cfg.method in IMPLICIT_METHODS and cfg.sensitivity == "adjoint":
-        ys, stats = stiff_ivp_program(cfg, p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed,
-                                      p.jac_ops)
+        ys, stats = stiff_ivp_program(cfg, t0, t1, y0, t_eval, params, fixed, jac_ops)
     elif compiled and cfg.method not in IMPLICIT_METHODS:
-        ys, stats = compiled_ivp_program(cfg, p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed)
+        ys, stats = compiled_ivp_program(cfg, t0, t1, y0, t_eval, params, fixed)
     else:
-        ys, stats = scipy_solve(p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, p.jac_ops,
-                                cfg=cfg)
-    return OdeResult(t=p.t_eval, y=jnp.moveaxis(ys, 0, -1), status=stats[0], nfev=stats[1],
+        ys, stats = scipy_solve(t0, t1, y0, t_eval, params, fixed, jac_ops, cfg=cfg)
+    return OdeResult(t=t_eval, y=jnp.moveaxis(ys, 0, -1), status=stats[0], nfev=stats[1],
                      njev=stats[2], nlu=stats[3], success=stats[0] == 0)
 
 
 def _with_events(p: PreparedIvp) -> OdeEventResult:
     """SciPy's solve with events, dense output or its step times (`_trajectory`), its
-    event times, dense output and step outputs differentiable in JAX on top."""
-    out = trajectory(p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, (p.jac_ops, p.ev_ops),
-                     cfg=p.cfg)
+    event times, dense output and step outputs differentiable in JAX on top: one
+    program per configuration, as `_plain`."""
+    given = p.events is not None
+    run = program(("solve_ivp events", p.cfg, given),
+                  const(functools.partial(_events_program, p.cfg, given)))
+    return run((p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, p.jac_ops, p.ev_ops))
+
+
+def _events_program(cfg: IvpConfig, given: bool, operands: tuple) -> OdeEventResult:
+    """`_with_events`' program. The user's functions are evaluated through their
+    converted forms (`HostFun`) on this call's operands, never as the Python
+    functions: a compiled program keeps nothing of one call's closed-over values."""
+    t0, t1, y0, t_eval, params, fixed, jac_ops, ev_ops = operands
+    p = _Operands(cfg, t0, y0, t_eval, params, fixed)
+    out = trajectory(t0, t1, y0, t_eval, params, fixed,
+                     (jac_ops, tuple(tuple(sg(o) for o in ops) for ops in ev_ops)), cfg=cfg)
     stats = out["stats"]
-
-    def f_jax(t: Any, y: Any) -> Any:
-        return p.fun(t, y, *p.args)
-
-    t_events, y_events = _event_times(p, out, f_jax)
-    sol = _dense_solution(p, out, f_jax) if p.cfg.dense else None
-    if p.cfg.steps:
+    t_events, y_events = _event_times(p, out, ev_ops)
+    sol = _dense_solution(p, out) if cfg.dense else None
+    if cfg.steps:
         t_out, y_out = _step_outputs(p, out, t_events, y_events)
     else:
-        t_out, y_out = p.t_eval, out["ys"]
-    given = p.events is not None
+        t_out, y_out = t_eval, out["ys"]
     return OdeEventResult(
         t=t_out, y=jnp.moveaxis(y_out, 0, -1), sol=sol,
         t_events=t_events if given else None, y_events=y_events if given else None,
@@ -185,25 +202,42 @@ def _with_events(p: PreparedIvp) -> OdeEventResult:
         n_events=out["n_ev"] if given else None, n_points=stats[4])
 
 
-def _event_times(p: PreparedIvp, out: dict, f_jax: Callable) -> tuple[list, list]:
+@dataclasses.dataclass(frozen=True)
+class _Operands:
+    """One events-path call inside its program: its configuration and operands."""
+
+    cfg: IvpConfig
+    t0: Any
+    y0: Any
+    t_eval: Any
+    params: tuple
+    fixed: tuple
+
+    def f(self, t: Any, y: Any) -> Any:
+        """The user's right-hand side `fun(t, y, *args)` at this call's operands."""
+        rhs = self.cfg.fun
+        return rhs(rhs.merge(self.params, self.fixed), t, y)
+
+
+def _event_times(p: _Operands, out: dict, ev_ops: tuple) -> tuple[list, list]:
     """Per event function, (t*, y(t*)) padded to max_events: the values from SciPy, the
     derivatives by the implicit function theorem (`_events.event_slot`)."""
     t_events, y_events = [], []
-    for i, ev in enumerate(p.events or ()):
+    for i, (hf, ops) in enumerate(zip(p.cfg.events, ev_ops)):
         valid = jnp.arange(p.cfg.max_events) < out["n_ev"][i]
-        t_i, y_i = event_slot(ev, f_jax, p.args, out["t_ev"][i], out["y_ev"][i], valid,
-                              sg(p.t0), sg(p.y0))
+        t_i, y_i = event_slot(functools.partial(hf, ops), p.f, (), out["t_ev"][i],
+                              out["y_ev"][i], valid, sg(p.t0), sg(p.y0))
         t_events.append(t_i)
         y_events.append(y_i)
     return t_events, y_events
 
 
-def _dense_solution(p: PreparedIvp, out: dict, f_jax: Callable) -> _dense.OdeSolution:
+def _dense_solution(p: _Operands, out: dict) -> _dense.OdeSolution:
     """`sol.sol`: SciPy's interpolant, with y' and y'' at the nodes for its derivative."""
     nodes_t, nodes_y = out["nodes_t"], out["nodes_y"]
 
     def derivatives(t: Any, y: Any) -> Any:  # y' and y'' along the solution
-        f, g = jax.jvp(f_jax, (t, y), (jnp.ones_like(t), f_jax(t, y)))
+        f, g = jax.jvp(p.f, (t, y), (jnp.ones_like(t), p.f(t, y)))
         return jnp.ravel(f), jnp.ravel(g)
     F, G = jax.vmap(derivatives)(sg(nodes_t), nodes_y)
     return _dense.OdeSolution(p.cfg.method, p.y0.shape, _dense.DenseArrays(
@@ -211,14 +245,14 @@ def _dense_solution(p: PreparedIvp, out: dict, f_jax: Callable) -> _dense.OdeSol
         y_old=out["y_old"], C=out["C"], Y=nodes_y.reshape(nodes_y.shape[0], -1), F=F, G=G))
 
 
-def _step_outputs(p: PreparedIvp, out: dict, t_events: list, y_events: list) -> tuple:
+def _step_outputs(p: _Operands, out: dict, t_events: list, y_events: list) -> tuple:
     """(t, y) at SciPy's step times (t_eval=None), padded with inf to max_steps + 1; a
     last step at a terminal event takes that event's differentiable t*, y*."""
     stats, m, ndim = out["stats"], out["stats"][5], p.y0.ndim
     k = jnp.arange(p.cfg.max_steps + 1)
     t_out = jnp.where(k == 0, p.t0, out["nodes_t"])
     y_out = out["nodes_y"]
-    if p.events:
+    if p.cfg.events:
         e = jnp.maximum(stats[6], 0)
         j = jnp.clip(jnp.take(out["n_ev"], e) - 1, 0, p.cfg.max_events - 1)
         t_star = jnp.stack(t_events)[e, j]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -11,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from .._common import as_float_array, check_policy, static_options
-from .._trace import check_args, convert
+from .._common import as_float_array, check_policy, const, program, static_options
+from .._trace import HostFun, check_args, convert
 from . import _constrained, _fields, _implicit
 from ._options import LINEAR_SOLVERS, SolveOptions
 
@@ -42,13 +43,16 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Solution:
-    """The implicit solve's outputs, and `user_fun(x)`: the user's function at x (in JAX)."""
+    """The implicit solve's outputs, `user_fun(x)`: the user's function at x (in JAX),
+    and `user_grad(x)`: the gradient of its sum (minimize's `jac`; `fun` may return
+    shape (1,))."""
 
     x: jax.Array
     active: jax.Array
-    stats: jax.Array
+    stats: tuple           # SciPy's status, nfev, njev, nit, message number (scalars)
     success: jax.Array
     user_fun: Callable[[jax.Array], Any]
+    user_grad: Callable[[jax.Array], Any]
     extras: dict = dataclasses.field(default_factory=dict)  # the method's own fields
 
     @property
@@ -95,10 +99,10 @@ def check_linear_solver(linear_solver: str, qualname: str) -> None:
                          f"{LINEAR_SOLVERS}, got {linear_solver!r}")
 
 
-def bounds(given: Any, x0: jax.Array, name: str) -> tuple[jax.Array, jax.Array]:
+def bounds(given: Any, x0: jax.Array, name: str) -> tuple[Any, Any]:
     """(lb, ub) shaped like x0 from SciPy's forms: Bounds, (lb, ub), or [(lo, hi), ...]."""
-    inf = jnp.full(x0.shape, jnp.inf, x0.dtype)
-    if given is None:
+    if given is None:  # (NumPy: no eager dispatch; the solve's program takes them)
+        inf = np.full(x0.shape, np.inf, x0.dtype)
         return -inf, inf
     if isinstance(given, scipy.optimize.Bounds):
         lo, hi = given.lb, given.ub
@@ -187,10 +191,29 @@ def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
                         callback=request.callback, linear_solver=request.linear_solver,
                         on_failure=request.on_failure, hess=host_funs[1],
                         hessp=host_funs[2], constraints=constraints)
-    run = _implicit.solve if constraints is None else _constrained.solve
-    x, active, stats, success, extras = run(x0, lb, ub, params, fixed, host_ops, opts=opts)
+    # One compiled program per configuration each (a repeat eager call: two dispatches);
+    # `fun` is evaluated through its trace `hf`, on this call's operands.
+    solve = _implicit.solve if constraints is None else _constrained.solve
+    run = program(("optimize", opts), const(functools.partial(_solve_program, solve, opts)))
+    x, active, stats, success, extras = run(x0, lb, ub, params, fixed, host_ops)
+    value = functools.partial(_value, hf, jac is True)
+    evaluate = program(("optimize fun", hf, jac is True), const(value))
+    gradient = program(("optimize grad", hf, jac is True),
+                       const(jax.grad(lambda o, x: jnp.sum(value(o, x)), argnums=1)))
+    return Solution(x, active, stats, success, functools.partial(evaluate, ops),
+                    functools.partial(gradient, ops), extras)
 
-    def user_fun(x: jax.Array) -> Any:
-        y = fun(x, *args)
-        return y[0] if jac is True and isinstance(y, tuple) else y
-    return Solution(x, active, stats, success, user_fun, extras)
+
+def _solve_program(solve: Callable[..., Any], opts: SolveOptions, x0: Any, lb: Any,
+                   ub: Any, params: tuple, fixed: tuple, jac_ops: tuple) -> tuple:
+    """The implicit (or KKT) solve, its stats as a tuple of scalars (status, nfev, njev,
+    nit, message number)."""
+    x, active, stats, success, extras = solve(x0, lb, ub, params, fixed, jac_ops,
+                                              opts=opts)
+    return x, active, tuple(stats[i] for i in range(stats.shape[0])), success, extras
+
+
+def _value(hf: HostFun, with_jac: bool, ops: Sequence[Any], x: jax.Array) -> Any:
+    """The user's function at `x` (its value alone where it returns `(f, J)`)."""
+    y = hf(ops, x)
+    return y[0] if with_jac and isinstance(y, tuple) else y

@@ -6,9 +6,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 from .._common import unsupported
 from .._numpy_functions import runs_as_scipy
 from . import _constraints, _frontend
@@ -142,7 +139,7 @@ def minimize(fun: Callable[..., Any], x0: Any, args: Any = (), method: str | Non
                                 linear_solver=linear_solver, on_failure=on_failure,
                                 hess=hess, hessp=hessp, constraints=cset)
     sol = _frontend.solve(fun, x0, args, request)
-    grad = jax.grad(lambda x: jnp.sum(sol.user_fun(x)))(sol.x)  # fun may be shape (1,)
+    grad = sol.user_grad(sol.x)
     return OptimizeResult(x=sol.x, fun=sol.user_fun(sol.x), jac=grad, success=sol.success,
                           status=sol.stats[0], nfev=sol.stats[1], njev=sol.stats[2],
                           nit=sol.stats[3], message=sol.message, **sol.extras)
