@@ -765,3 +765,25 @@ def test_daemon_threads_in_host_calls_at_interpreter_exit(tmp_path):
         proc = run_python(code, tmp_path, timeout=60)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "exiting" in proc.stdout
+
+
+def test_host_functions_compute_with_ieee_denormals_under_jit():
+    """XLA runs its programs with denormals flushed to zero; a host function's NumPy and
+    SciPy code must compute as it does outside jit (before: 1e-310 became 0, and SciPy's
+    iv(1, 700) came out 0.14% off)."""
+    import scipy.special
+
+    def host(x):
+        return np.array([np.float64(1e-310) * 1.0, np.float64(2.2e-308) / 4,
+                         scipy.special.iv(1.0, 700.0)])
+
+    want = host(0.0)
+    assert want[0] > 0 and want[1] > 0
+    f = jb.foreign(jax.ShapeDtypeStruct((3,), jnp.float64))(host)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(0.0)), want)
+    np.testing.assert_array_equal(np.asarray(f(0.0)), want)
+    # and XLA's own arithmetic after the call keeps XLA's setting
+    flushed = jax.jit(lambda x: f(x)[0] * x)(1.0)
+    assert float(flushed) == float(jax.jit(lambda x: x * 1e-310)(1.0))
+    from jaxbridge.scipy.special import iv
+    assert float(iv(1.0, 700.0)) == scipy.special.iv(1, 700)

@@ -2,8 +2,44 @@
 // it; and the XLA FFI handler that makes it on the CPU.
 #include "internal.h"
 
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
 namespace jaxbridge::hostcall {
 namespace {
+
+// IEEE's default floating point for Python code (see Gil::fp_state_): on x86 the MXCSR
+// bits flush-to-zero (15) and denormals-are-zero (6), on AArch64 FPCR's FZ (24).
+uint64_t ClearFlushToZero() {
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+  unsigned int csr = _mm_getcsr();
+  if (csr & 0x8040u) _mm_setcsr(csr & ~0x8040u);
+  return csr;
+#elif defined(__aarch64__)
+  uint64_t fpcr;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
+  if (fpcr & (1ull << 24)) {
+    uint64_t cleared = fpcr & ~(1ull << 24);
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(cleared));
+  }
+  return fpcr;
+#else
+  return 0;
+#endif
+}
+
+void RestoreFloatingPoint(uint64_t state) {
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+  if (static_cast<unsigned int>(state) != _mm_getcsr()) {
+    _mm_setcsr(static_cast<unsigned int>(state));
+  }
+#elif defined(__aarch64__)
+  __asm__ __volatile__("msr fpcr, %0" : : "r"(state));
+#else
+  (void)state;
+#endif
+}
 
 // Threads Python knows (the main thread, threading.Thread) use their own thread state.
 // On XLA's worker threads PyGILState_Ensure would create and delete a state on every
@@ -24,6 +60,12 @@ Gil::Gil(bool worker) {
     PyGILState_Ensure();
     t_state_kept = true;
   }
+  fp_state_ = ClearFlushToZero();
+}
+
+Gil::~Gil() {
+  RestoreFloatingPoint(fp_state_);
+  PyGILState_Release(state_);
 }
 
 ffi::Error InvokeOnHost(int64_t callback_id, const Slots& ins, const Slots& outs,

@@ -208,6 +208,7 @@ def as_float_array(x: Any, name: str, what: str) -> jax.Array:
     >>> as_float_array([1, 2], "f", "x").dtype == jnp.result_type(float)
     True
     """
+    _refuse_extended_precision(getattr(x, "dtype", None), name, what)
     try:
         check_real(x, name, what)
         x = jnp.asarray(x)
@@ -215,6 +216,15 @@ def as_float_array(x: Any, name: str, what: str) -> jax.Array:
         raise ValueError(f"jaxbridge.scipy.{name}: `{what}` must be an array of numbers, as "
                          f"in SciPy; got {x!r}") from e
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
+
+
+def _refuse_extended_precision(dtype: Any, name: str, what: str) -> None:
+    """NumPy's float128/complex256 (long double) have no JAX dtype: say so, by name."""
+    if isinstance(dtype, np.dtype) and dtype.kind in "fc" and \
+            dtype.itemsize > (16 if dtype.kind == "c" else 8):
+        raise ValueError(f"jaxbridge.scipy.{name}: `{what}` has dtype {dtype}, NumPy's "
+                         f"extended precision, which JAX does not have; pass float64 "
+                         f"(or complex128) values")
 
 
 def as_float_operand(x: Any, name: str, what: str) -> Any:
@@ -233,6 +243,7 @@ def as_float_operand(x: Any, name: str, what: str) -> Any:
         return as_float_array(x, name, what)
     if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
         return as_float_array(x, name, what)
+    _refuse_extended_precision(a.dtype, name, what)
     check_real(a, name, what)
     dtype = a.dtype if np.issubdtype(a.dtype, np.floating) else jnp.result_type(float)
     return a.astype(jax.dtypes.canonicalize_dtype(dtype), copy=False)

@@ -35,7 +35,7 @@ import numpy as np
 import scipy.signal
 
 from .. import _foreign
-from ._common import as_float_array, check_real
+from ._common import as_float_array, as_float_operand, check_real
 
 __all__ = ["lfilter"]
 
@@ -113,10 +113,9 @@ def _checked_operands(b: Any, a: Any, x: Any, axis: int, name: str) -> tuple:
     """`b`, `a` and `x` checked as SciPy checks them (before any JAX operation runs, so
     a repeat eager call costs one compiled program's dispatch); non-arrays (lists,
     scalars) as NumPy arrays."""
-    b, a, x = (v if isinstance(v, (jax.Array, np.ndarray)) else np.asarray(v)
-               for v in (b, a, x))
-    for v, arg in ((b, "b"), (a, "a"), (x, "x")):
-        check_real(v, "signal.lfilter", arg)
+    b, a, x = (as_float_operand(v if isinstance(v, (jax.Array, np.ndarray)) else
+                                np.asarray(v), "signal.lfilter", arg)
+               for v, arg in ((b, "b"), (a, "a"), (x, "x")))  # (real: `check_real`)
     for arg, v in (("b", b), ("a", a)):  # SciPy's scalar coefficients are 1-D
         if v.ndim > 1 or v.size == 0:
             raise ValueError(f"{name}: `{arg}` must be a non-empty 1-D array of filter "

@@ -34,6 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import jax
 import pytest
 
 from . import explained, swap
@@ -56,6 +57,7 @@ FILES = (
 HERE = Path(__file__).resolve().parent
 MARK = "scipy_suite"
 SWAPPED = pytest.StashKey[dict[str, Any]]()
+RANK_PROMOTION = pytest.StashKey[str]()
 
 
 class SuiteTimeout(BaseException):
@@ -190,6 +192,10 @@ def pytest_runtest_setup(item: pytest.Item):
         new = _swapped_for(item)
         item.stash[SWAPPED] = {name: namespace[name] for name in new}
         namespace.update(new)
+        # SciPy's tests are user code: JAX's default broadcasting, not the strict
+        # rank promotion our own tests run with (tests/conftest.py)
+        item.stash[RANK_PROMOTION] = jax.config.jax_numpy_rank_promotion
+        jax.config.update("jax_numpy_rank_promotion", "allow")
     return (yield)
 
 
@@ -200,6 +206,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: Any):
     finally:
         if SWAPPED in item.stash:
             vars(item.module).update(item.stash[SWAPPED])
+        if RANK_PROMOTION in item.stash:
+            jax.config.update("jax_numpy_rank_promotion", item.stash[RANK_PROMOTION])
 
 
 def _alarm(signum: int, frame: Any) -> None:

@@ -443,9 +443,10 @@ def solve_bvp(fun: Callable[..., Any], bc: Callable[..., Any], x: Any, y: Any, p
         raise ValueError(f"jaxbridge.scipy.{NAME}: max_nodes must be an int >= len(x) = "
                          f"{x.shape[0]} (a static size), got {max_nodes!r}")
     n = y.shape[0]
-    if p is not None and jnp.ndim(p) != 1:
+    # (np.ndim: `p` may be a list, as in SciPy, which jnp.ndim deprecates)
+    if p is not None and np.ndim(p) != 1:
         raise ValueError(f"jaxbridge.scipy.{NAME}: `p` must be 1-D (one value per unknown "
-                         f"parameter), as in SciPy; got shape {jnp.shape(p)}")
+                         f"parameter), as in SciPy; got shape {np.shape(p)}")
     pa = jnp.zeros(0, dtype) if p is None else jnp.asarray(p, dtype)
     k = pa.shape[0]
     s_x, s_y, s_p = (jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((n,), dtype),

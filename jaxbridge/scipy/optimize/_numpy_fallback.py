@@ -21,14 +21,14 @@ _COUNTERS = ("nfev", "njev", "nit")
 
 
 def _run(name: str, scipy_fn: Any, functions: tuple, fields: tuple) -> Any:
-    """Bound arguments -> SciPy's run -> `fields` of its result (counters -1 where SciPy
-    reports none), plus SciPy's `message`."""
+    """Bound arguments -> SciPy's run -> every field of its result (`allvecs`,
+    `hess_inv`, `direc`, ... as SciPy gives them), with `fields`' counters -1 where SciPy
+    reports none (a run under jit keeps the declared fields only)."""
     def run(a: dict) -> dict:
         res = scipy_fn(**scipy_arguments(a, name, _OURS, functions))
         check_success(name, res.success, res.message, a["on_failure"])
-        out = {k: res[k] for k in fields if k in res}
+        out = dict(res)
         out.update({k: res.get(k, -1) for k in _COUNTERS if k in fields})
-        out["message"] = res.message
         return out
     return run
 
