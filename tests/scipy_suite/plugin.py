@@ -177,8 +177,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         key = listed.failures.get(suite_id(item.nodeid, item.path)) if listed else None
         if key and key in listed.reasons:
             reason = listed.reasons[key]
+            # first, so that it decides over SciPy's own xfail marks of the test
             item.add_marker(pytest.mark.xfail(
-                strict=reason.strict, run=reason.run, reason=f"{key}: {reason.reason}"))
+                strict=reason.strict, run=reason.run, reason=f"{key}: {reason.reason}"),
+                append=False)
 
 
 def _is_suite_item(item: pytest.Item) -> bool:
