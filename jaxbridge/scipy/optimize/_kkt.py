@@ -101,7 +101,7 @@ class KKT:
         if weak.size:
             why = (f"strict complementarity fails: constraint row(s) {weak.tolist()} hold "
                    f"at x* with a zero multiplier (x* is not differentiable there)")
-        elif act.sum() > J.shape[1] or sv.min() <= 1e-10 * max(sv.max(), 1.0):
+        elif act.sum() > J.shape[1] or np.min(sv) <= 1e-10 * max(np.max(sv), 1.0):
             why = ("the active constraints are linearly dependent at x* (their "
                    "multipliers, and so the derivative, are not unique)")
         elif residual > _STATIONARY * (1 + np.max(np.abs(grad), initial=0.0)):
