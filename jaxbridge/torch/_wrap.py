@@ -427,12 +427,20 @@ def _autograd_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out
         with torch.enable_grad():
             xs = [p_leaves[i].detach().requires_grad_() for i in diff_in]
             outs = _restricted(fn, in_tree, p_leaves, diff_in, diff_out, static)(*xs)
-            live = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
-            grads = torch.autograd.grad([o for o, _ in live], xs, _conj([c for _, c in live]),
-                                        allow_unused=True) if live else [None] * len(xs)
-        return _conj([torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)])
+            return _pull_back(outs, xs, cts)
 
     return vjp
+
+
+def _pull_back(outs: Sequence[Any], xs: list, cts: list) -> list:
+    """torch's VJP of `outs` (those that require grad) with respect to `xs`, as JAX's
+    (see `_conj`); zeros where an input does not reach an output."""
+    live = [(o, c) for o, c in zip(outs, cts)
+            if isinstance(o, torch.Tensor) and o.requires_grad]
+    with torch.enable_grad():
+        grads = torch.autograd.grad([o for o, _ in live], xs, _conj([c for _, c in live]),
+                                    allow_unused=True) if live else [None] * len(xs)
+    return _conj([torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)])
 
 
 def _kept_graph_vjp(token: int, n_leaves: int, diff_in: tuple, diff_out: tuple,
@@ -448,17 +456,10 @@ def _kept_graph_vjp(token: int, n_leaves: int, diff_in: tuple, diff_out: tuple,
                               and isinstance(inputs[i - skip], torch.Tensor)]
     if len(xs) < len(diff_in) or len(outputs) <= max(diff_out):
         return None
-    live = [(o, c) for o, c in zip((outputs[j] for j in diff_out), cts)
-            if isinstance(o, torch.Tensor) and o.requires_grad]
-    if not live:
-        return _conj([torch.zeros_like(x) for x in xs])
     try:
-        with torch.enable_grad():
-            grads = torch.autograd.grad([o for o, _ in live], xs, _conj([c for _, c in live]),
-                                        allow_unused=True)
+        return _pull_back([outputs[j] for j in diff_out], xs, cts)
     except RuntimeError:  # e.g. a tensor it saved was modified in place since
         return None
-    return _conj([torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)])
 
 
 def _torch_vjp(fn: Callable[..., Any], in_tree: Any, diff_in: tuple, diff_out: tuple,
