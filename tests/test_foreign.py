@@ -178,6 +178,55 @@ def test_vjp_only_gives_reverse_mode_and_a_clear_forward_error():
         jax.jacfwd(f)(x)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "jax"])
+def test_vjp_rule_told_which_cotangents_are_wanted_skips_the_others(kind):
+    """grad with respect to one argument: a wanted=True rule is told so (per argument,
+    a pytree of bools), returns None for the rest, and the gradient is still right."""
+    seen = []
+
+    @jb.foreign(lambda a, b: a["w"])
+    def f(a, b):
+        return np.sin(a["w"]) * b
+
+    lib = np if kind == "numpy" else jnp
+
+    @functools.partial(f.defvjp, kind=kind, wanted=True)
+    def f_vjp(primals, y, ct, wanted):
+        seen.append(wanted)
+        (a, b) = primals
+        da = {"w": lib.cos(a["w"]) * b * ct, "n": None} if wanted[0]["w"] else None
+        db = lib.sin(a["w"]) * ct if wanted[1] else None
+        return da, db
+
+    a = {"w": jnp.linspace(0.1, 1.0, 3), "n": jnp.arange(3)}
+    b = jnp.linspace(1.0, 2.0, 3)
+    loss = lambda a, b: jnp.sum(f(a, b) ** 2)  # noqa: E731
+    ref = lambda a, b: jnp.sum((jnp.sin(a["w"]) * b) ** 2)  # noqa: E731
+    g_b = jax.jit(jax.grad(loss, argnums=1))(a, b)
+    assert seen[-1] == ({"w": False, "n": False}, True)
+    np.testing.assert_allclose(g_b, jax.grad(ref, argnums=1)(a, b), rtol=1e-12)
+    g_a, g_b2 = jax.grad(loss, argnums=(0, 1), allow_int=True)(a, b)
+    assert seen[-1] == ({"w": True, "n": False}, True)
+    np.testing.assert_allclose(g_a["w"], jax.grad(ref, allow_int=True)(a, b)["w"], rtol=1e-12)
+    np.testing.assert_allclose(g_b2, g_b, rtol=1e-12)
+
+
+def test_vjp_wanted_bad_uses_are_clear_errors():
+    f = jb.foreign(lambda x: x)(np.sin)
+    with pytest.raises(ValueError, match=r"sin.defvjp: wanted=True with out=True"):
+        f.defvjp(lambda p, y, ct, out, wanted: None, out=True, wanted=True)
+    with pytest.raises(TypeError, match="wanted must be True or False, got 'yes'"):
+        f.defvjp(lambda p, y, ct: (ct,), wanted="yes")
+
+    @jb.foreign(lambda x, wanted: x)
+    def g(x, wanted):
+        return x * wanted
+
+    g.defvjp(lambda p, y, ct, wanted: (ct,), wanted=True)
+    with pytest.raises(TypeError, match="'g' has a keyword argument 'wanted'.*rename"):
+        jax.grad(lambda x: g(x, wanted=2.0).sum())(jnp.ones(2))
+
+
 def test_numpy_jvp_only_gives_forward_mode_and_a_clear_reverse_error():
     @jb.foreign(lambda x: x)
     def f(x):

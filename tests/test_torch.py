@@ -476,6 +476,29 @@ def test_module_gradients_equal_torch_autograd(rng):
         close(grads[name], p.grad, tol=1e-6)
 
 
+def test_grad_with_respect_to_one_argument_asks_torch_for_that_one_alone():
+    """torch's Hurwitz zeta has a derivative in `q` only: grad with respect to `q` (its
+    `x` held fixed, as a model's data is) works, because torch is asked for the
+    cotangents JAX uses and no others (before, it was asked for all and raised)."""
+    f = jt.wrap(lambda x, q: torch.special.zeta(x, q))
+    x, q = jnp.array([2.0, 3.0]), jnp.array([1.5, 2.5])
+    want = -np.asarray(x) * torch.special.zeta(t(np.asarray(x) + 1), t(np.asarray(q))).numpy()
+    close(jax.jit(jax.grad(lambda q: f(x, q).sum()))(q), want, tol=1e-12)
+    close(jax.grad(lambda q: f(x, q).sum())(q), want, tol=1e-12)
+
+
+def test_module_backward_returns_no_gradient_for_the_data(rng):
+    """grad with respect to the parameters: the backward host call returns the
+    parameters' gradients and nothing for the data (a first layer's input gradient
+    costs as much as its weight gradient)."""
+    apply, params = jt.wrap_module(make_mlp())
+    x, y = data(rng)
+    step = jax.jit(jax.grad(lambda p: jnp.mean((apply(p, x) - y) ** 2)))
+    calls = [line for line in step.trace(params).lower().as_text().splitlines()
+             if "custom_call" in line]
+    assert len(calls) == 2 and "32x3xf32" not in calls[1].split("->")[-1], calls
+
+
 def test_module_with_tied_weights_and_a_parametrization_equals_torch(rng):
     """An encoder and decoder sharing one weight (given once, under its first name, and
     swapped in at both places, as functional_call does), and a weight-normed layer

@@ -173,9 +173,15 @@ class ForeignFunction:
         return qualname
 
     # ---- rules
-    def _set_rule(self, which: str, rule: Callable | None, kind: str, out: bool) -> Any:
+    def _set_rule(self, which: str, rule: Callable | None, kind: str, out: bool,
+                  wanted: bool = False) -> Any:
         where = f"jaxbridge: {self.__name__}.def{which}"
         _check_choice(where, "kind", kind, RULE_KINDS)
+        if wanted is not True and wanted is not False:
+            raise TypeError(f"{where}: wanted must be True or False, got {wanted!r}")
+        if wanted and out:
+            raise ValueError(f"{where}: wanted=True with out=True: `out=` already holds None "
+                             f"where a cotangent is not used")
         if out and kind == "jax":
             raise ValueError(f"{where}: out=True (write results in place) is for host rules; "
                              f"a kind='jax' rule returns its results")
@@ -191,7 +197,7 @@ class ForeignFunction:
             if not callable(fun):
                 raise TypeError(f"{where} expects a function, got {fun!r}")
             # A new snapshot: calls traced before keep the rules they were traced with.
-            new = Rule(fun, kind, out=out)
+            new = Rule(fun, kind, out=out, wanted=wanted)
             d = self._definition
             self._definition = (dataclasses.replace(d, vjp=new) if which == "vjp" else
                                 dataclasses.replace(d, jvp=new) if which == "jvp" else
@@ -202,12 +208,12 @@ class ForeignFunction:
 
     @overload
     def defvjp(self, rule: F, *, kind: Literal["numpy", "jax"] = "numpy",
-               out: bool = False) -> F: ...
+               out: bool = False, wanted: bool = False) -> F: ...
     @overload
     def defvjp(self, rule: None = None, *, kind: Literal["numpy", "jax"] = "numpy",
-               out: bool = False) -> Callable[[F], F]: ...
+               out: bool = False, wanted: bool = False) -> Callable[[F], F]: ...
 
-    def defvjp(self, rule=None, *, kind="numpy", out=False):
+    def defvjp(self, rule=None, *, kind="numpy", out=False, wanted=False):
         """Register the VJP rule: `rule(primals, y, ct, [res,] **static) -> cts`.
 
         `primals` is the tuple of positional arguments, `y` the function's output, `ct`
@@ -216,7 +222,10 @@ class ForeignFunction:
         `kind="numpy"` (default) runs the rule on the host with NumPy arrays;
         `kind="jax"` traces it, so it can be differentiated again. With `out=True` the
         rule writes into `out=` (one entry per positional argument, None where no
-        cotangent is needed) and returns None.
+        cotangent is needed) and returns None. With `wanted=True` the rule is also
+        given ``wanted=``: per positional argument, its pytree of bools, False where
+        the cotangent is not used (an argument `grad` does not differentiate); the
+        rule may return None there and skip that work (JAX's ``symbolic_zeros``).
 
         Example:
             >>> import jax, jax.numpy as jnp, numpy as np, jaxbridge as jb
@@ -228,7 +237,7 @@ class ForeignFunction:
             >>> print(f"{float(jax.grad(f)(jnp.float32(0.0))):.3f}")
             1.000
         """
-        return self._set_rule("vjp", rule, kind, out)
+        return self._set_rule("vjp", rule, kind, out, wanted)
 
     @overload
     def defjvp(self, rule: F, *, kind: Literal["numpy", "jax"] = "numpy",

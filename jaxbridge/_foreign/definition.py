@@ -35,11 +35,13 @@ L = TypeVar("L", bound="CallLayout")
 class Rule:
     """A user derivative rule: `kind="numpy"` runs on the host, `"jax"` is traced.
     `out` (the public ``out=True``): the rule writes its results into arrays passed as
-    ``out=`` instead of returning them."""
+    ``out=`` instead of returning them. `wanted` (a VJP rule's ``wanted=True``): the
+    rule is told which cotangents are used (``wanted=``, see `runners.wanted_trees`)."""
 
     fun: Callable[..., Any]
     kind: str
     out: bool = False
+    wanted: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -238,8 +238,28 @@ def run_vjp(sig: CallLayout, rule: Rule, ins: Sequence[Any], nz: tuple, host: bo
     else:
         primals, out, res, cts = _split(sig, ins)
         ct = _output_tree(sig, cts)  # integer outputs have no cotangent: None there
-        value = _call(sig, rule.fun, (primals, out, ct), res)
+        extra = {"wanted": wanted_trees(sig, nz)} if rule.wanted else {}
+        if extra and "wanted" in sig.kwargs:
+            raise TypeError(f"jaxbridge: foreign function {sig.name!r} has a keyword "
+                            f"argument 'wanted', which its VJP rule (wanted=True) is given "
+                            f"by jaxbridge; rename the argument")
+        value = _call(sig, rule.fun, (primals, out, ct), res, **extra)
     return cotangent_leaves(sig, value, in_avals, nz, host, what)
+
+
+def wanted_trees(sig: CallLayout, nz: tuple) -> tuple:
+    """Per positional argument, its pytree of bools: True at the inputs whose cotangent
+    is used (marked in `nz`), False at the others and at static leaves (a VJP rule's
+    ``wanted=``; None in the rule's result is enough there)."""
+    each = iter(nz)
+    flat_index, result = 0, []
+    for child in sig.in_tree.children():
+        leaves = []
+        for _ in range(child.num_leaves):
+            leaves.append(False if flat_index in sig.static_map else bool(next(each)))
+            flat_index += 1
+        result.append(jax.tree_util.tree_unflatten(child, leaves))
+    return tuple(result)
 
 
 def _input_trees(sig: CallLayout, leaves: Sequence[Any], nz: tuple) -> tuple:
@@ -392,7 +412,8 @@ def _vjp_filler(sig: CallLayout, rule: Rule, nz: tuple) -> Callable[[tuple, tupl
     (anything else is checked). Without keyword arguments the trampoline calls the rule
     itself (DIRECT_VJP)."""
     fast = sig.plain_args and sig.res_tree is None and sig.n_out == 1 \
-        and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.num_batch_dims
+        and sig.out_tree.num_nodes == 1 and sig.diff_out[0] and not sig.num_batch_dims \
+        and not rule.wanted
     fun, kwargs, n_in = rule.fun, sig.kwargs, len(sig.in_avals)
     live = tuple(i for i, z in enumerate(nz) if z)
 

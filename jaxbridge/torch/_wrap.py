@@ -136,7 +136,7 @@ class TorchFunction:
             foreign = ForeignFunction(self._host_forward(stochastic, keep_graph),
                                       self._declare, out=True, residuals=residuals,
                                       **self._options)
-            foreign.defvjp(self._vjp_rule, kind="jax")
+            foreign.defvjp(self._vjp_rule, kind="jax", wanted=True)
             foreign.defjvp(self._jvp_rule, kind="jax")
             self._foreigns[stochastic, keep_graph] = foreign
         return foreign
@@ -308,20 +308,24 @@ class TorchFunction:
             return self._composable, primals
         return _rng.replayed(self._composable), (res["rng"], *primals)
 
-    def _vjp_rule(self, primals: tuple, y: Any, ct: Any, res: dict | None = None,
-                  **static: Any) -> tuple:
+    def _vjp_rule(self, primals: tuple, y: Any, ct: Any, res: dict | None = None, *,
+                  wanted: tuple, **static: Any) -> tuple:
         static.pop(RANKS)
         fn, with_state = self._with_state(primals, res)
         skip = len(with_state) - len(primals)  # the generators' state, if it is there
         p_leaves, in_tree = jax.tree_util.tree_flatten(with_state)
         y_leaves, out_tree = jax.tree_util.tree_flatten(y)
-        diff_in = tuple(i for i, x in enumerate(p_leaves) if _inexact(x))
+        # Only the cotangents JAX uses: grad with respect to a model's parameters asks
+        # nothing of its data, and torch then skips the data's gradient (a first
+        # layer's input gradient is a matmul as large as its weight gradient).
+        used = [False] * skip + jax.tree_util.tree_leaves(wanted)
+        diff_in = tuple(i for i, x in enumerate(p_leaves) if _inexact(x) and used[i])
         diff_out = tuple(j for j, v in enumerate(y_leaves) if _inexact(v))
         ct_leaves = jax.tree_util.tree_leaves(ct)  # None (integer outputs) drops out
         if not diff_in or not diff_out:
             return tuple(None for _ in primals)
         token = () if res is None or "graph" not in res else (res["graph"],)
-        key = ("vjp", in_tree, _avals_key(p_leaves), out_tree, diff_out,
+        key = ("vjp", in_tree, _avals_key(p_leaves), out_tree, diff_in, diff_out,
                tuple(sorted(static.items())), bool(token))
         vjp = self._derive(key, lambda: TorchFunction(
             _autograd_vjp(fn, in_tree, diff_in, diff_out, static),
