@@ -103,8 +103,9 @@ def _tensors(leaves: Sequence[Any], copy: bool) -> list[Any]:
     """The leaves as tensors of their own (NumPy views become tensors sharing their
     memory; tensors of XLA's device buffers, on the device path, become aliases: the
     checks after the call count references to exactly these objects)."""
-    if copy:
-        return [to_torch(x).clone() if isinstance(x, np.ndarray)
+    if copy:  # NumPy's copy: torch's clone runs on its intra-op threads, which cost
+        # 10-50x a memcpy when another process holds a core (their barrier spins)
+        return [to_torch(np.array(x)) if isinstance(x, np.ndarray)
                 else x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
     return [to_torch(x) if type(x) is np.ndarray
             else x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
