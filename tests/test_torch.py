@@ -548,6 +548,36 @@ def test_module_changed_after_wrapping_runs_the_params_it_is_given(rng):
     close(apply(params, x), first, tol=1e-6)
 
 
+def test_module_given_a_tied_layer_after_wrapping_swaps_the_tie_too(rng):
+    """Layers appended or replaced after wrapping that share a wrapped tensor (tied):
+    each call runs as torch.func.functional_call does with the same params (the tie
+    takes the value passed), never with the layout the module had before."""
+    torch.manual_seed(0)
+    net = make_mlp()
+    apply, params = jt.wrap_module(net)
+    x, _ = data(rng)
+    params = {k: v * 1.5 for k, v in params.items()}
+
+    def torch_says():
+        tensors = {k: t(np.asarray(v)) for k, v in params.items()}
+        return torch.func.functional_call(net, tensors, (t(x),)).detach()
+
+    close(apply(params, x), torch_says(), tol=1e-6)  # the places found for this layout
+
+    def tied_layer():
+        layer = torch.nn.Linear(1, 1)
+        layer.bias = net[2].bias  # tied to "2.bias"
+        return layer
+
+    net.append(torch.nn.Tanh())
+    net.append(tied_layer())  # a table more
+    close(apply(params, x), torch_says(), tol=1e-6)
+    net[4] = tied_layer()  # as many tables, another module
+    close(apply(params, x), torch_says(), tol=1e-6)
+    net[4].weight = torch.nn.Parameter(torch.full((1, 1), 3.0))  # another tensor in place
+    close(apply(params, x), torch_says(), tol=1e-6)
+
+
 def test_optax_adam_tracks_torch_adam(rng):
     optax = pytest.importorskip("optax", reason="needs optax (pip install -e '.[examples]')")
     net = make_mlp()
