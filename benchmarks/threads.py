@@ -16,8 +16,9 @@ each on an idle machine and with one core busy (a second process spinning), and 
 1500x1500 matmul as 2 and 4 concurrent per-shard calls (forced host devices) against the
 same matmuls one after another outside jaxbridge with all threads.
 
-Usage: ``python benchmarks/threads.py [--repeats N] [--quick]``. Timings are best of N;
-run it on a quiet machine (nothing else running) and compare ratios.
+Usage: ``python benchmarks/threads.py [--repeats N] [--quick] [--json]``. Timings are
+best of N; run it on a quiet machine (nothing else running) and compare ratios.
+``--json`` writes benchmarks/results/threads.json for `benchmarks/plots.py`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ import numpy as np
 
 import jaxbridge as jb
 from jaxbridge._foreign import threads
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from record import Table, add_json_option  # noqa: E402
 
 try:
     import torch
@@ -174,50 +178,75 @@ def sharded(shards: int, repeats: int) -> dict[str, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def print_row(name: str, t: dict[str, float]) -> None:
+def print_row(name: str, t: dict[str, float], table: Table | None = None,
+              load: str = "idle") -> None:
     base = t.get("outside") or t.get("outside, one after another")
     cells = "  ".join(f"{k} {v:8.2f} ms" for k, v in t.items())
     ratios = "  ".join(f"{k}/outside {v / base:.2f}" for k, v in t.items()
                        if not k.startswith("outside"))
-    print(f"{name:38s} {cells}   {ratios}", flush=True)
+    print(f"{name:52s} {cells}   {ratios}", flush=True)
+    if table is not None:
+        auto = t.get("auto", t.get("per-shard, auto"))
+        one = t.get("one thread", t.get("per-shard, 1"))
+        table.add([name, load, _ms(base), _ms(auto), _ms(one), f"{auto / base:.2f}",
+                   "-" if one is None else f"{auto / one:.2f}"])
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}" if value < 10 else f"{value:.1f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="3 repeats, no busy core")
+    add_json_option(parser)
     args = parser.parse_args()
+    table = Table(
+        "threads", "Thread budgets inside host calls: the same work outside jaxbridge, "
+        "inside with the default budget (auto), and inside with one thread (the cap "
+        "before the budgets)", f"ms per call, best of {3 if args.quick else args.repeats}",
+        ["case", "load", "outside", "auto", "one thread", "auto / outside",
+         "auto / one thread"],
+        method="\"one core busy\": a second process spinning on one core; per-shard rows: 2 "
+        "or 4 forced CPU devices, the matmuls at once inside jaxbridge against the same "
+        "matmuls one after another outside it with all threads; outside: the same work "
+        "called directly, the libraries with their own thread counts (the MLP: eager "
+        "torch; torch.sin: np.sin in jb.foreign)", packages=("torch",))
     repeats = 3 if args.quick else args.repeats
     jax.config.update("jax_enable_x64", True)
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
           f"jax {jax.__version__}, numpy {np.__version__}"
           + (f", torch {torch.__version__}" if torch is not None else "")
           + f"; {time.strftime('%Y-%m-%d')}")
-    cases = [("NumPy 1500^2 matmul (jb.foreign)", numpy_matmul),
-             ("rule: grad of tanh(A @ x), A 256^2", rule_matmul)]
+    cases = [("NumPy 1500² matmul (jb.foreign)", numpy_matmul),
+             ("grad of tanh(A @ x), NumPy rule, A 256²", rule_matmul)]
     if torch is not None:
-        cases += [("torch 1500^2 matmul (wrap)", torch_matmul),
-                  ("MLP fwd+bwd, batch 128 (wrap_module)", mlp_step)]
+        cases += [("torch 1500² matmul (wrap)", torch_matmul),
+                  ("MLP 64-256-256-10 fwd + bwd, batch 128 (wrap_module)", mlp_step)]
     for busy in ((False,) if args.quick else (False, True)):
         burner = subprocess.Popen([sys.executable, "-c", BUSY]) if busy else None
         if busy:
             time.sleep(1.0)
         try:
+            load = "one core busy" if busy else "idle"
             print(f"\n## {'one core busy (a second process spinning)' if busy else 'idle'}")
             for name, make in cases:
-                print_row(name, inside_both_ways(make, repeats))
+                print_row(name, inside_both_ways(make, repeats), table, load)
             if torch is not None:
                 np_sin, torch_sin = sin_1m()
                 threads.use("auto")
                 t = {"outside": best_ms(np_sin, repeats), "auto": best_ms(torch_sin, repeats)}
                 threads.use(None)
-                print_row("torch.sin 1M (wrap) vs np.sin (foreign)", t)
+                print_row("torch.sin 1M (wrap) against np.sin (jb.foreign)", t, table, load)
         finally:
             if burner is not None:
                 burner.kill()
     print("\n## concurrent per-shard calls of a 1500^2 matmul (idle)")
     for shards in (2, 4):
-        print_row(f"{shards} shards", sharded(shards, repeats))
+        print_row(f"{shards} per-shard 1500² matmuls at once (outside: {shards} in a row)",
+                  sharded(shards, repeats), table)
+    table.save(args.json)
 
 
 if __name__ == "__main__":
