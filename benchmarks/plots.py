@@ -179,6 +179,30 @@ GOALS = [
          "torch_bridge", Figure("ours", "1M elements", {"mechanism": "jaxbridge.torch"}),
          (Figure("NumPy", "1M elements", {"mechanism": "numpy jb.foreign"}),),
          1 / 1.25, US),
+    *(Goal(f"{case} inside a host call, idle", f"within {limit}x of {outside}", "threads",
+           Figure("ours", "auto", {"case": f"{case}*", "load": "idle"}),
+           (Figure(outside, "outside", {"case": f"{case}*", "load": "idle"}),), 1 / limit, MS)
+      for case, limit, outside in (
+          ("NumPy 1500² matmul", 1.1, "the same outside"),
+          ("torch 1500² matmul", 1.1, "the same outside"),
+          ("MLP 64-256-256-10 fwd + bwd", 1.2, "eager torch"),
+          ("torch.sin 1M", 1.25, "np.sin in jb.foreign"))),
+    *(Goal(f"{case} inside a host call, one core busy", "no slower than one thread "
+           "(the cap before the budgets)", "threads",
+           Figure("ours", "auto", {"case": f"{case}*", "load": "one core busy"}),
+           (Figure("one thread", "one thread", {"case": f"{case}*", "load": "one core busy"}),),
+           1.0, MS)
+      for case in ("NumPy 1500² matmul", "torch 1500² matmul", "MLP 64-256-256-10 fwd + bwd",
+                   "grad of tanh(A @ x)")),
+    Goal("4 per-shard 1500² matmuls at once", "within 1.1x of the four in a row outside",
+         "threads", Figure("ours", "auto", {"case": "4 per-shard*"}),
+         (Figure("outside", "outside", {"case": "4 per-shard*"}),), 1 / 1.1, MS),
+    *(Goal(f"Repeat eager call, {case}", "within 2x SciPy + 100 µs", "scipy_eager",
+           Figure("ours", "jaxbridge", {"case": case}),
+           (Figure("2x SciPy + 100 µs", "goal (2x SciPy + 100 us)", {"case": case}),), 1.0, US)
+      for case in ("solve_ivp RK45 t_eval", "solve_ivp RK45 dense_output",
+                   "solve_ivp RK45 events", "lfilter n=1,000", "root hybr n=2",
+                   "quad exp(-x^2) [0, 3]")),
 ]
 
 

@@ -209,8 +209,8 @@ def test_the_performance_figures_are_rendered_from_the_benchmark_results():
         "benchmarks/RESULTS.md is out of date: run python benchmarks/plots.py"
     assert "<!-- goals -->\n| case |" in page and "<!-- goals -->\n| case |" in record
     # one table per results file and no history: 300 lines, and some for the tables
-    # of scripts added since (threads, rms_norm)
-    assert len(record.splitlines()) < 350, "RESULTS.md is the current record, not a journal"
+    # of scripts added since (threads, rms_norm, scipy_eager)
+    assert len(record.splitlines()) < 400, "RESULTS.md is the current record, not a journal"
     for name, result in results.items():  # every file is shown, with where it came from
         assert f"<!-- results: {name} -->" in page, f"{name}.json is not on the page"
         assert f"<!-- record: {name} -->" in record, f"{name}.json is not in RESULTS.md"
