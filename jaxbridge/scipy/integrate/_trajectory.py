@@ -38,6 +38,7 @@ from .._common import (
     failure,
     fill_zeros,
     host_copies,
+    host_float,
     host_jit,
     np_ravel,
     np_unravel,
@@ -85,7 +86,7 @@ class _Host:
         fn, ops = self._ev[i], self.ev_ops[i]
 
         def g(t: float, y: np.ndarray) -> float:
-            return float(fn(ops, t, y))
+            return host_float(fn(ops, t, y))
         g.terminal, g.direction = terminal, direction  # type: ignore[attr-defined]
         return g
 
