@@ -60,8 +60,11 @@ class LruCache:
         self._stats = {"hits": 0, "misses": 0}
 
     def get(self, key: Hashable) -> Any:
-        """The value for `key` (now most recent), or None (counted as a miss)."""
+        """The value for `key` (now most recent), or None (counted as a miss). A bound
+        lowered since the last insertion applies here too (a repeat call may insert
+        nothing)."""
         with self._lock:
+            self._trim()
             value = self._items.get(key)
             if value is None:
                 self._stats["misses"] += 1
@@ -79,9 +82,12 @@ class LruCache:
                 self._items.move_to_end(key)
             else:
                 value = self._items.setdefault(key, value)
-            while len(self._items) > max(self._maxsize(), 0):
-                self._items.popitem(last=False)
+            self._trim()
             return value
+
+    def _trim(self) -> None:
+        while len(self._items) > max(self._maxsize(), 0):
+            self._items.popitem(last=False)
 
     def pop(self, key: Hashable) -> None:
         """Forget `key` (nothing if it is not stored)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 import scipy.integrate
 
 from ... import _foreign
-from ..._core.jaxapi import is_eager, is_tracer
+from ..._core.jaxapi import is_eager, is_tracer, jax_setting
 from .._common import (
     check_policy,
     f64,
@@ -38,34 +39,43 @@ from ._numpy_fallback import QUAD
 __all__ = ["quad"]
 
 
+def _roles(fun: HostFun, xdtype: Any) -> dict[str, Callable[..., Any]]:
+    """The JAX functions of the integrand `fun` the host side calls, each taking the
+    fixed operands, the abscissa(e) and the parameters: the value `f`, `f_many` at a
+    vector of abscissae, the parameter gradient `df` and a tangent `jvp`."""
+    def f(fx: Any, x: Any, p: Any) -> Any:
+        return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(
+            jnp.result_type(float))
+
+    def df_dp(fx: Any, x: Any, p: Any) -> Any:
+        return jnp_ravel(jax.grad(f, argnums=2)(fx, x, p))
+
+    def jvp_p(fx: Any, x: Any, p: Any, dp: Any) -> Any:
+        return jax.jvp(lambda q: f(fx, x, q), (p,), (tangent_like(dp, p),))[1]
+
+    def f_many(fx: Any, xs: Any, p: Any) -> Any:
+        return jax.vmap(f, in_axes=(None, 0, None))(fx, xs, p)
+
+    return {"f": f, "f_many": f_many, "df": df_dp, "jvp": jvp_p}
+
+
 class _Integrand:
+    """The integrand on the host, its JAX functions compiled once per converted
+    function and role (`host_jit`), looked up when first used."""
+
     def __init__(self, fun: HostFun, xdtype: Any, params: tuple, fixed: tuple) -> None:
-        key = (fun, np.dtype(xdtype))
+        self._fun, self._xdtype = fun, np.dtype(xdtype)
         self.params, self.fixed = host_copies((params, fixed))
 
-        def f(fx: Any, x: Any, p: Any) -> Any:
-            return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(
-                jnp.result_type(float))
-
-        def df_dp(fx: Any, x: Any, p: Any) -> Any:
-            return jnp_ravel(jax.grad(f, argnums=2)(fx, x, p))
-
-        def jvp_p(fx: Any, x: Any, p: Any, dp: Any) -> Any:
-            return jax.jvp(lambda q: f(fx, x, q), (p,), (tangent_like(dp, p),))[1]
-
-        def f_many(fx: Any, xs: Any, p: Any) -> Any:
-            return jax.vmap(f, in_axes=(None, 0, None))(fx, xs, p)
-
-        self._f = host_jit(key + ("f",), lambda: f)
-        self._f_many = host_jit(key + ("f_many",), lambda: f_many)
-        self._df = host_jit(key + ("df",), lambda: df_dp)
-        self._jvp = host_jit(key + ("jvp",), lambda: jvp_p)
+    def _jitted(self, role: str) -> Callable[..., Any]:
+        return host_jit((self._fun, self._xdtype, role),
+                        lambda: _roles(self._fun, self._xdtype)[role])
 
     def f(self, x: float) -> float:
-        return host_float(self._f(self.fixed, x, self.params))
+        return host_float(self._jitted("f")(self.fixed, x, self.params))
 
     def f_many(self, xs: np.ndarray) -> np.ndarray:
-        return np.asarray(self._f_many(self.fixed, xs, self.params))
+        return np.asarray(self._jitted("f_many")(self.fixed, xs, self.params))
 
     def nodes(self, a: float, b: float, options: tuple) -> NodeTable:
         """`f` for SciPy's quad, evaluated a Gauss-Kronrod interval at a time."""
@@ -73,10 +83,10 @@ class _Integrand:
         return NodeTable(self.f, self.f_many, seeds)
 
     def df(self, x: float) -> np.ndarray:
-        return f64(self._df(self.fixed, x, self.params))
+        return f64(self._jitted("df")(self.fixed, x, self.params))
 
     def jvp(self, x: float, dp: Any) -> float:
-        return host_float(self._jvp(self.fixed, x, self.params, dp))
+        return host_float(self._jitted("jvp")(self.fixed, x, self.params, dp))
 
 
 def _quad_result(a: Any, b: Any, params: Any, fixed: Any, **_: Any) -> Any:
@@ -140,7 +150,14 @@ def _limits_dtype(a: Any, b: Any) -> Any:
         if type(x) in (bool, int, float):
             return jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)
         return jnp.asarray(x).dtype
-    return jnp.result_type(dtype(a), dtype(b), float)
+    return _promoted(np.dtype(dtype(a)), np.dtype(dtype(b)), jax_setting("jax_enable_x64"))
+
+
+@functools.lru_cache(maxsize=64)
+def _promoted(a: np.dtype, b: np.dtype, x64: bool) -> Any:
+    """JAX's promotion of the limits' dtypes with float (JAX's `result_type` costs a
+    repeat call ~20 us; `x64` keys the setting it depends on)."""
+    return jnp.result_type(a, b, float)
 
 
 def _f_at(q: Any, x: Any) -> Any:
