@@ -179,3 +179,35 @@ def test_bad_input_still_raises_as_before():
         quad("exp", 0.0, 1.0)
     with pytest.raises(TypeError):  # JAX's: a string is not a limit
         quad(lambda x: x, "zero", 1.0)
+
+
+def test_an_integrand_jax_cannot_vmap_is_evaluated_point_by_point():
+    """A `pure_callback` without `vmap_method` raises under `vmap`: quad worked with it
+    before the vectorized nodes, and still does (values from the callback itself)."""
+    calls = []
+
+    def host_gauss(x):
+        calls.append(float(x))
+        return np.exp(-x * x)
+
+    f = lambda x: jax.pure_callback(  # noqa: E731
+        host_gauss, jax.ShapeDtypeStruct((), jnp.float64), x)
+    y, err = quad(f, 0.0, 3.0)
+    assert (float(y), float(err)) == scipy.integrate.quad(lambda x: np.exp(-x * x), 0, 3)
+    assert len(calls) == 21
+
+
+def test_an_error_of_the_integrand_surfaces_as_itself():
+    class Boom(Exception):
+        pass
+
+    def host(x):
+        if x > 2.0:
+            raise Boom(f"x = {x}")
+        return np.exp(-x * x)
+
+    f = lambda x: jax.pure_callback(  # noqa: E731
+        host, jax.ShapeDtypeStruct((), jnp.float64), x, vmap_method="sequential")
+    with pytest.raises(Exception) as info:
+        quad(f, 0.0, 3.0)
+    assert "x = " in str(info.value)

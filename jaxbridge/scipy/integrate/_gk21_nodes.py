@@ -17,6 +17,8 @@ so a guess is only ever used through an exact check: a request is served from th
 table only when its abscissa equals a tabulated one bit for bit (the signed zero
 excepted: zero is always evaluated directly), and every other request is evaluated
 directly, as before. A wrong guess costs one wasted vectorized call, never a value.
+An integrand that cannot be evaluated vectorized (a `jax.pure_callback` without a
+`vmap_method`) is evaluated point by point, as before.
 
 >>> table = NodeTable(lambda x: x * x, lambda xs: xs * xs, [(0.0, 2.0)])
 >>> centre, *others = gk21_nodes(0.0, 2.0)
@@ -122,7 +124,11 @@ class NodeTable:
         for lo, hi in group:
             self._expected.pop(0.5 * (lo + hi), None)
         xs = np.array([x for lo, hi in group for x in gk21_nodes(lo, hi)], np.float64)
-        values = np.asarray(self._many(xs), np.float64).reshape(xs.shape)
+        try:
+            values = np.asarray(self._many(xs), np.float64).reshape(xs.shape)
+        except Exception:  # noqa: BLE001 - e.g. a callback JAX cannot vmap: point by point
+            self._expected.clear()  # (and an error of the function's own is raised by
+            return                  # `one` at the point SciPy asks for, as before)
         self._counts["evaluated"] += xs.size
         self._values.update(zip(xs.tolist(), values.tolist()))  # type: ignore[call-overload]
         for lo, hi in group:
