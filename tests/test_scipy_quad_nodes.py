@@ -111,13 +111,13 @@ def test_each_interval_pair_is_one_jax_call(monkeypatch):
                         lambda self, xs: calls.append(xs.size) or f_many(self, xs))
     monkeypatch.setattr(_quad._Integrand, "f", lambda self, x: pytest.fail("direct call"))
     quad(lambda x: jnp.exp(-x * x), 0.0, 3.0)
-    assert calls == [21]
+    assert calls == [42]  # (21 nodes, padded to the one compiled shape)
     calls.clear()
     monkeypatch.undo()
     monkeypatch.setattr(_quad._Integrand, "f_many",
                         lambda self, xs: calls.append(xs.size) or f_many(self, xs))
     quad(lambda x: jnp.sqrt(x) * jnp.log(x), 0.0, 1.0)  # 315 requests
-    assert calls[0] == 21 and set(calls[1:]) == {42} and sum(calls) == 315
+    assert set(calls) == {42} and len(calls) == 8  # (315 requests: 21 + 7 x 42)
 
 
 def test_a_scipy_asking_in_another_order_gets_the_functions_values(monkeypatch):

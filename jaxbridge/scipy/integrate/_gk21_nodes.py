@@ -45,6 +45,7 @@ XGK = (0.995657163025808080735527280689003, 0.973906528517171720077964012084452,
        0.294392862701460198131126603103866, 0.148874338981631210884826001129720)
 
 Interval = tuple[float, float]
+_BATCH = 42  # abscissae per vectorized call (or a multiple)
 
 
 def gk21_nodes(lo: float, hi: float) -> list[float]:
@@ -124,8 +125,11 @@ class NodeTable:
         for lo, hi in group:
             self._expected.pop(0.5 * (lo + hi), None)
         xs = np.array([x for lo, hi in group for x in gk21_nodes(lo, hi)], np.float64)
+        # padded to a multiple of 42 (a bisection's two intervals): one compiled shape
+        # serves the limits' interval and every bisection
+        padded = np.resize(xs, -(-xs.size // _BATCH) * _BATCH)
         try:
-            values = np.asarray(self._many(xs), np.float64).reshape(xs.shape)
+            values = np.asarray(self._many(padded), np.float64)[:xs.size]
         except Exception:  # noqa: BLE001 - e.g. a callback JAX cannot vmap: point by point
             self._expected.clear()  # (and an error of the function's own is raised by
             return                  # `one` at the point SciPy asks for, as before)
