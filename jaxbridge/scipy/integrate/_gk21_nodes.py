@@ -134,7 +134,7 @@ class NodeTable:
             self._expected.clear()  # (and an error of the function's own is raised by
             return                  # `one` at the point SciPy asks for, as before)
         self._counts["evaluated"] += xs.size
-        self._values.update(zip(xs.tolist(), values.tolist()))  # type: ignore[call-overload]
+        self._values.update(zip(xs.tolist(), values.tolist()))
         for lo, hi in group:
             mid = 0.5 * (lo + hi)
             self._expect(((lo, mid), (mid, hi)))
