@@ -211,3 +211,17 @@ def test_an_error_of_the_integrand_surfaces_as_itself():
     with pytest.raises(Exception) as info:
         quad(f, 0.0, 3.0)
     assert "x = " in str(info.value)
+
+
+def test_the_limits_dtype_follows_jax_settings_between_calls():
+    """The limits' promotion is memoized: it must still follow x64 and strict
+    promotion as jnp.asarray and jnp.result_type do."""
+    f = lambda x: jnp.exp(-x)  # noqa: E731
+    assert quad(f, 0, 1)[0].dtype == jnp.float64
+    with jax.enable_x64(False):
+        y, err = quad(f, 0, 1)
+        assert y.dtype == err.dtype == jnp.float32
+    assert quad(f, np.float32(0.0), 1.0)[0].dtype == jnp.float64  # (memoized now)
+    with jax.numpy_dtype_promotion("strict"):  # float32 with float64: JAX's error
+        with pytest.raises(Exception, match="promot"):
+            quad(f, np.float32(0.0), 1.0)

@@ -150,13 +150,14 @@ def _limits_dtype(a: Any, b: Any) -> Any:
         if type(x) in (bool, int, float):
             return jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)
         return jnp.asarray(x).dtype
-    return _promoted(np.dtype(dtype(a)), np.dtype(dtype(b)), jax_setting("jax_enable_x64"))
+    return _promoted(np.dtype(dtype(a)), np.dtype(dtype(b)), jax_setting("jax_enable_x64"),
+                     jax_setting("jax_numpy_dtype_promotion"))
 
 
 @functools.lru_cache(maxsize=64)
-def _promoted(a: np.dtype, b: np.dtype, x64: bool) -> Any:
+def _promoted(a: np.dtype, b: np.dtype, x64: bool, promotion: str) -> Any:
     """JAX's promotion of the limits' dtypes with float (JAX's `result_type` costs a
-    repeat call ~20 us; `x64` keys the setting it depends on)."""
+    repeat call ~20 us; `x64` and `promotion` key the settings it depends on)."""
     return jnp.result_type(a, b, float)
 
 
