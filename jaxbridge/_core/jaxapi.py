@@ -22,6 +22,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Primitive, jaxpr_as_fun
 from jax.interpreters import ad, batching, mlir
 
 __all__ = [
+    "is_eager",
     "Primitive",
     "ShapedArray",
     "Jaxpr",
@@ -63,6 +64,25 @@ __all__ = [
 def is_tracer(x: Any) -> bool:
     """True for a traced value (inside jit, grad, vmap or a loop), not a concrete array."""
     return isinstance(x, Tracer)
+
+
+# Whether JAX evaluates operations at once (no jit, grad, vmap or loop being traced,
+# not even one whose operands are all constants). Without JAX's tracing context (another
+# JAX version) nothing is eager here, and callers take their general path.
+try:
+    from jax._src.core import trace_ctx as _TRACE_CTX
+except ImportError:  # pragma: no cover - a JAX without it
+    _TRACE_CTX = None  # type: ignore[assignment]
+
+
+def is_eager() -> bool:
+    """True where JAX runs operations as they come (outside jit, grad, vmap and loops,
+    or inside `jax.ensure_compile_time_eval`), so a host computation's result can be
+    handed back as it is."""
+    try:
+        return _TRACE_CTX is not None and bool(_TRACE_CTX.is_top_level())
+    except AttributeError:  # pragma: no cover - a JAX whose context lacks it
+        return False
 
 
 # Reverse mode (grad, vjp, linearize) traces with LinearizeTracer, forward mode (jvp)

@@ -371,7 +371,8 @@ def _trace_key(name: str, what: str, example: Sequence[Any], tree: Any, leaves: 
     static_key = values_key(static)
     if static_key is None:
         return None
-    avals = tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
+    # (dtypes as themselves: their str() costs a repeat call ~4 us apiece)
+    avals = tuple((tuple(x.shape), np.dtype(x.dtype), bool(getattr(x, "weak_type", False)))
                   for x in (*example, *dyn))
     settings = tuple(jax_setting(s) for s in _TRACE_SETTINGS)
     return (name, what, tree, static_key, avals, settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -11,12 +12,14 @@ import numpy as np
 import scipy.integrate
 
 from ... import _foreign
+from ..._core.jaxapi import is_eager, is_tracer, jax_setting
 from .._common import (
     check_policy,
     f64,
     failure,
     fill_zeros,
     host_copies,
+    host_float,
     host_jit,
     jnp_ravel,
     nan_like,
@@ -24,43 +27,66 @@ from .._common import (
     on_cpu,
     static_options,
     tangent_like,
+    to_device,
     unsupported,
 )
 from .._numpy_functions import runs_as_scipy
 from .._trace import HostFun, check_args, convert
 from ._arguments import check_returns
+from ._gk21_nodes import NodeTable, seed_intervals
 from ._numpy_fallback import QUAD
 
 __all__ = ["quad"]
 
 
+def _roles(fun: HostFun, xdtype: Any) -> dict[str, Callable[..., Any]]:
+    """The JAX functions of the integrand `fun` the host side calls, each taking the
+    fixed operands, the abscissa(e) and the parameters: the value `f`, `f_many` at a
+    vector of abscissae, the parameter gradient `df` and a tangent `jvp`."""
+    def f(fx: Any, x: Any, p: Any) -> Any:
+        return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(
+            jnp.result_type(float))
+
+    def df_dp(fx: Any, x: Any, p: Any) -> Any:
+        return jnp_ravel(jax.grad(f, argnums=2)(fx, x, p))
+
+    def jvp_p(fx: Any, x: Any, p: Any, dp: Any) -> Any:
+        return jax.jvp(lambda q: f(fx, x, q), (p,), (tangent_like(dp, p),))[1]
+
+    def f_many(fx: Any, xs: Any, p: Any) -> Any:
+        return jax.vmap(f, in_axes=(None, 0, None))(fx, xs, p)
+
+    return {"f": f, "f_many": f_many, "df": df_dp, "jvp": jvp_p}
+
+
 class _Integrand:
+    """The integrand on the host, its JAX functions compiled once per converted
+    function and role (`host_jit`), looked up when first used."""
+
     def __init__(self, fun: HostFun, xdtype: Any, params: tuple, fixed: tuple) -> None:
-        key = (fun, np.dtype(xdtype))
+        self._fun, self._xdtype = fun, np.dtype(xdtype)
         self.params, self.fixed = host_copies((params, fixed))
 
-        def f(fx: Any, x: Any, p: Any) -> Any:
-            return jnp.asarray(fun(fun.merge(p, fx), x.astype(xdtype))).astype(
-                jnp.result_type(float))
-
-        def df_dp(fx: Any, x: Any, p: Any) -> Any:
-            return jnp_ravel(jax.grad(f, argnums=2)(fx, x, p))
-
-        def jvp_p(fx: Any, x: Any, p: Any, dp: Any) -> Any:
-            return jax.jvp(lambda q: f(fx, x, q), (p,), (tangent_like(dp, p),))[1]
-
-        self._f = host_jit(key + ("f",), lambda: f)
-        self._df = host_jit(key + ("df",), lambda: df_dp)
-        self._jvp = host_jit(key + ("jvp",), lambda: jvp_p)
+    def _jitted(self, role: str) -> Callable[..., Any]:
+        return host_jit((self._fun, self._xdtype, role),
+                        lambda: _roles(self._fun, self._xdtype)[role])
 
     def f(self, x: float) -> float:
-        return float(self._f(self.fixed, x, self.params))
+        return host_float(self._jitted("f")(self.fixed, x, self.params))
+
+    def f_many(self, xs: np.ndarray) -> np.ndarray:
+        return np.asarray(self._jitted("f_many")(self.fixed, xs, self.params))
+
+    def nodes(self, a: float, b: float, options: tuple) -> NodeTable:
+        """`f` for SciPy's quad, evaluated a Gauss-Kronrod interval at a time."""
+        seeds = seed_intervals(a, b, dict(options).get("points", ()))
+        return NodeTable(self.f, self.f_many, seeds)
 
     def df(self, x: float) -> np.ndarray:
-        return f64(self._df(self.fixed, x, self.params))
+        return f64(self._jitted("df")(self.fixed, x, self.params))
 
     def jvp(self, x: float, dp: Any) -> float:
-        return float(self._jvp(self.fixed, x, self.params, dp))
+        return host_float(self._jitted("jvp")(self.fixed, x, self.params, dp))
 
 
 def _quad_result(a: Any, b: Any, params: Any, fixed: Any, **_: Any) -> Any:
@@ -77,14 +103,62 @@ def _quad_run(integrand: Any, a: Any, b: Any, options: tuple, on_failure: str, w
     return res[0], res[1]
 
 
-@_foreign.foreign(_quad_result)
-def _quad(a: Any, b: Any, params: Any, fixed: Any, *, fun: Any, options: tuple,
-          on_failure: str) -> Any:
+def _solve(a: np.ndarray, b: np.ndarray, params: Any, fixed: Any, fun: Any, options: tuple,
+           on_failure: str) -> tuple[np.ndarray, np.ndarray]:
+    """SciPy's quad of the converted integrand on the host: (y, abserr)."""
     dtype = np.result_type(a.dtype, b.dtype)
     with on_cpu():
         q = _Integrand(fun, a.dtype, params, fixed)
-        val, err = _quad_run(q.f, float(a), float(b), options, on_failure, "")
+        val, err = _quad_run(q.nodes(float(a), float(b), options), float(a), float(b),
+                             options, on_failure, "")
     return np.asarray(val, dtype), np.asarray(err, dtype)
+
+
+@_foreign.foreign(_quad_result)
+def _quad(a: Any, b: Any, params: Any, fixed: Any, *, fun: Any, options: tuple,
+          on_failure: str) -> Any:
+    return _solve(a, b, params, fixed, fun, options, on_failure)
+
+
+def _solve_eagerly(a: Any, b: Any, params: Any, fixed: Any, fun: Any, options: tuple,
+                   on_failure: str, dtype: Any) -> tuple[jax.Array, jax.Array] | None:
+    """`_quad`'s value without the host-call machinery, where nothing is traced (an eager
+    call: no derivative or program can see the call, so the host call's primitive has
+    nothing to do); None where something is (also a `jit` of constants: its host call
+    runs when the program runs, as before). Saves the conversions of the operands and
+    results one by one, which cost a repeat call more than SciPy's whole quad."""
+    if not is_eager():
+        return None
+    operands = jax.tree_util.tree_leaves((a, b, params, fixed))
+    if any(is_tracer(x) for x in operands):  # (a tracer leaked out of its trace)
+        return None
+    devices = {d for x in operands if isinstance(x, jax.Array) for d in x.devices()}
+    if len(devices) > 1:
+        return None
+    y, err = _solve(np.asarray(a, dtype), np.asarray(b, dtype), params, fixed, fun, options,
+                    on_failure)
+    y_out, err_out = to_device(y, err, device=next(iter(devices), None))
+    return y_out, err_out
+
+
+def _limits_dtype(a: Any, b: Any) -> Any:
+    """The limits' common float dtype, as `jnp.asarray` would make them, without moving
+    scalars to the device (a dispatch each)."""
+    def dtype(x: Any) -> Any:
+        if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            return x.dtype
+        if type(x) in (bool, int, float):
+            return jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)
+        return jnp.asarray(x).dtype
+    return _promoted(np.dtype(dtype(a)), np.dtype(dtype(b)), jax_setting("jax_enable_x64"),
+                     jax_setting("jax_numpy_dtype_promotion"))
+
+
+@functools.lru_cache(maxsize=64)
+def _promoted(a: np.dtype, b: np.dtype, x64: bool, promotion: str) -> Any:
+    """JAX's promotion of the limits' dtypes with float (JAX's `result_type` costs a
+    repeat call ~20 us; `x64` and `promotion` key the settings it depends on)."""
+    return jnp.result_type(a, b, float)
 
 
 def _f_at(q: Any, x: Any) -> Any:
@@ -202,8 +276,7 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: 
         raise unsupported(name, "complex_func", "only real integrands are differentiable here")
     call = "func(x, *args)"
     args = check_args(args, name, call, "wrap")
-    dtype = jnp.result_type(jnp.asarray(a).dtype, jnp.asarray(b).dtype, float)
-    a, b = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
+    dtype = _limits_dtype(a, b)
     f_hf, ops = convert(func, name, "func", (jax.ShapeDtypeStruct((), dtype),), args, call)
     try:
         check_returns(f_hf, (), name, "func")
@@ -215,6 +288,9 @@ def quad(func: Callable[..., Any], a: Any, b: Any, args: Any = (), full_output: 
         "maxp1": int(maxp1), "limlst": int(limlst)}
     if points is not None:
         options["points"] = tuple(float(p) for p in np.ravel(points))
-    y, err = _quad(a, b, params, fixed, fun=f_hf, options=static_options(options, name),
-                   on_failure=on_failure)
-    return y, err
+    static = static_options(options, name)
+    eager = _solve_eagerly(a, b, params, fixed, f_hf, static, on_failure, dtype)
+    if eager is not None:
+        return eager
+    return _quad(jnp.asarray(a, dtype), jnp.asarray(b, dtype), params, fixed, fun=f_hf,
+                 options=static, on_failure=on_failure)

@@ -12,7 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from .._common import as_float_array, check_policy, const, program, static_options
+from .._common import (
+    as_float_array,
+    as_float_operand,
+    check_policy,
+    const,
+    program,
+    static_options,
+)
 from .._trace import HostFun, check_args, convert
 from . import _constrained, _fields, _implicit
 from ._options import LINEAR_SOLVERS, SolveOptions
@@ -82,10 +89,13 @@ def canonical_method(method: Any, kind: str) -> Any:
     return {m.lower(): m for m in names}.get(method.lower(), method)
 
 
-def starting_point(x0: Any, kind: str) -> jax.Array:
+def starting_point(x0: Any, kind: str, operand: bool = False) -> Any:
     """`x0` as a float array as SciPy takes it: a scalar is shape (1,) (so is `x`), and
-    minimize and least_squares refuse more than one dimension (SciPy's ValueError)."""
-    x0 = as_float_array(x0, f"optimize.{kind}", "x0")
+    minimize and least_squares refuse more than one dimension (SciPy's ValueError).
+    `operand`: a NumPy `x0` stays NumPy (`as_float_operand`), for a jitted program to
+    take as it is (moving it to the device first costs a repeat call ~100 us)."""
+    convert_x0 = as_float_operand if operand else as_float_array
+    x0 = convert_x0(x0, f"optimize.{kind}", "x0")
     if x0.ndim > 1 and kind != "root":
         raise ValueError(f"jaxbridge.scipy.optimize.{kind}: x0 must have at most one "
                          f"dimension, as in SciPy; got shape {x0.shape}")
@@ -170,7 +180,7 @@ def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
                             f"static); got {type(request.callback).__name__}") from None
     call = "fun(x, *args)"
     args = check_args(args, qual, call, "unpack" if kind == "least_squares" else "wrap")
-    x0 = starting_point(x0, kind)
+    x0 = starting_point(x0, kind, operand=True)
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, qual, "fun", (x_aval,), args, call)
     params, fixed = hf.split(ops)
