@@ -134,11 +134,13 @@ class ThreadTuner {
  private:
   enum class Phase { kExplore, kExploit, kProbe };
   static constexpr int kOne = 0, kShare = 1;
+  static constexpr int kSamples = 5;  // kept per choice, and explored per choice
   Phase phase_ = Phase::kExplore;
   int arm_ = -1;  // the choice of the call running now (-1: none)
   int chosen_ = kShare;
   int explored_ = 0, probed_ = 0;
-  std::array<std::array<double, 3>, 2> samples_{};
+  bool warm_ = false;  // the first call (caches, first-touch memory) is not a sample
+  std::array<std::array<double, kSamples>, 2> samples_{};
   std::array<int, 2> next_{};
   Clock::time_point decided_at_;
 };

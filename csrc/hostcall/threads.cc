@@ -15,7 +15,7 @@
 //   is known to run at once (its devices) as well as those running now.
 // * A call that runs alone gets either the libraries' own thread count or one thread,
 //   whichever its function has been measured to run faster with: the first calls
-//   alternate between the two (kExplore each), then the faster one (by the median of
+//   after the first alternate between the two (ThreadTuner::kSamples each), then the faster one (by the median of
 //   its samples; a tie keeps every thread) is used -- with a core held by another
 //   process one thread won by 10-20% for a 1500x1500 matmul, which a margin asked of
 //   one thread had thrown away; every kProbeSeconds the other one is tried again
@@ -33,8 +33,6 @@
 namespace jaxbridge::hostcall {
 namespace {
 
-constexpr int kExplore = 3;               // calls per choice before deciding (the
-                                          // samples kept per choice: ThreadTuner)
 constexpr int kProbeCalls = 2;            // calls of the other choice when probing again
 constexpr double kProbeSeconds = 2.0;     // how often the other choice is tried again
 
@@ -60,8 +58,9 @@ Budgets& TheBudgets() {
 
 thread_local int t_budget = 0;  // this thread's call's budget (0: the libraries' own)
 
-double Median3(const std::array<double, 3>& v, int n) {
-  std::array<double, 3> s = v;
+template <size_t N>
+double Median(const std::array<double, N>& v, int n) {
+  std::array<double, N> s = v;
   std::sort(s.begin(), s.begin() + n);
   return s[n / 2];
 }
@@ -102,19 +101,24 @@ int ThreadTuner::Choose(int share) {
 
 void ThreadTuner::Record(double seconds) {
   if (arm_ < 0) return;  // no choice was made (shared or fixed budget)
-  std::array<double, 3>& ring = samples_[arm_];
-  ring[next_[arm_] % kExplore] = seconds;
+  if (!warm_) {  // the function's first call: slower whatever its threads
+    warm_ = true;
+    arm_ = -1;
+    return;
+  }
+  std::array<double, kSamples>& ring = samples_[arm_];
+  ring[next_[arm_] % kSamples] = seconds;
   ++next_[arm_];
   bool decide = false;
   if (phase_ == Phase::kExplore) {
-    decide = ++explored_ >= 2 * kExplore;
+    decide = ++explored_ >= 2 * kSamples;
   } else if (phase_ == Phase::kProbe) {
     decide = ++probed_ >= kProbeCalls;
   }
   arm_ = -1;
   if (!decide) return;
-  int n_one = std::min(next_[kOne], kExplore), n_share = std::min(next_[kShare], kExplore);
-  double one = Median3(samples_[kOne], n_one), share = Median3(samples_[kShare], n_share);
+  int n_one = std::min(next_[kOne], kSamples), n_share = std::min(next_[kShare], kSamples);
+  double one = Median(samples_[kOne], n_one), share = Median(samples_[kShare], n_share);
   chosen_ = one < share ? kOne : kShare;
   phase_ = Phase::kExploit;
   decided_at_ = Clock::now();
