@@ -126,17 +126,20 @@ def rule_matmul(n: int = 256):
 
 
 def inside_both_ways(make, repeats: int) -> dict[str, float]:
-    """outside / inside (auto) / inside (one thread), each fresh (its own tuner)."""
-    out = {}
+    """outside / inside (auto) / inside (one thread), each fresh (its own tuner), in
+    interleaved rounds (this machine's speed drifts by tens of percent between seconds):
+    the best of `repeats` rounds of each."""
     outside, inside = make()
-    out["outside"] = best_ms(outside, repeats)
-    threads.use("auto")
-    out["auto"] = best_ms(inside, repeats)
-    threads.use(1)
     _, inside_one = make()
-    out["one thread"] = best_ms(inside_one, repeats)
+    ways = {"outside": (outside, None), "auto": (inside, "auto"), "one thread": (inside_one, 1)}
+    best = {name: float("inf") for name in ways}
+    for round_ in range(repeats):
+        for name, (fn, setting) in ways.items():
+            if setting is not None:
+                threads.use(setting)
+            best[name] = min(best[name], best_ms(fn, 1, warmup=12 if round_ == 0 else 2))
     threads.use(None)
-    return out
+    return best
 
 
 SHARDED = textwrap.dedent("""

@@ -14,12 +14,14 @@
 //   cores: each gets max(1, threads / concurrent calls), counting the calls a program
 //   is known to run at once (its devices) as well as those running now.
 // * A call that runs alone gets either the libraries' own thread count or one thread,
-//   whichever its function has been measured to run faster with: the first calls
-//   after the first alternate between the two (ThreadTuner::kSamples each), then the faster one (by the median of
-//   its samples; a tie keeps every thread) is used -- with a core held by another
-//   process one thread won by 10-20% for a 1500x1500 matmul, which a margin asked of
-//   one thread had thrown away; every kProbeSeconds the other one is tried again
-//   (kProbeCalls calls), so that the choice follows the machine's load.
+//   whichever its function has been measured to run faster with: after its first call
+//   the calls alternate between the two (ThreadTuner::kSamples each), then the choice
+//   with the smaller median is used, every thread only where it wins by
+//   kThreadsMustWinBy: threads that bring nothing are better left to XLA and to other
+//   processes (with a core held by another process, a 1500x1500 matmul ran as fast or
+//   10% faster with one thread, and a margin asked of one thread instead threw that
+//   away). Every kProbeSeconds the other choice is tried again (kProbeCalls calls), so
+//   that the choice follows the machine's load.
 //
 // JAXBRIDGE_HOST_BLAS_THREADS=N fixes the count at N during host calls (never raising a
 // library's own setting); =unlimited leaves the libraries alone (see
@@ -35,6 +37,7 @@ namespace {
 
 constexpr int kProbeCalls = 2;            // calls of the other choice when probing again
 constexpr double kProbeSeconds = 2.0;     // how often the other choice is tried again
+constexpr double kThreadsMustWinBy = 1.05;  // every thread is chosen when this much faster
 
 struct BlasLibrary {
   int (*get)() = nullptr;
@@ -119,7 +122,7 @@ void ThreadTuner::Record(double seconds) {
   if (!decide) return;
   int n_one = std::min(next_[kOne], kSamples), n_share = std::min(next_[kShare], kSamples);
   double one = Median(samples_[kOne], n_one), share = Median(samples_[kShare], n_share);
-  chosen_ = one < share ? kOne : kShare;
+  chosen_ = share * kThreadsMustWinBy < one ? kShare : kOne;
   phase_ = Phase::kExploit;
   decided_at_ = Clock::now();
 }
