@@ -12,9 +12,11 @@ import numpy as np
 import scipy.integrate
 
 from ... import _foreign
-from ..._core.jaxapi import is_eager, is_tracer, jax_setting
+from ..._core.jaxapi import jax_setting
 from .._common import (
+    NotEager,
     check_policy,
+    eager_device,
     f64,
     failure,
     fill_zeros,
@@ -127,17 +129,13 @@ def _solve_eagerly(a: Any, b: Any, params: Any, fixed: Any, fun: Any, options: t
     nothing to do); None where something is (also a `jit` of constants: its host call
     runs when the program runs, as before). Saves the conversions of the operands and
     results one by one, which cost a repeat call more than SciPy's whole quad."""
-    if not is_eager():
-        return None
-    operands = jax.tree_util.tree_leaves((a, b, params, fixed))
-    if any(is_tracer(x) for x in operands):  # (a tracer leaked out of its trace)
-        return None
-    devices = {d for x in operands if isinstance(x, jax.Array) for d in x.devices()}
-    if len(devices) > 1:
+    try:
+        device = eager_device((a, b, params, fixed))
+    except NotEager:
         return None
     y, err = _solve(np.asarray(a, dtype), np.asarray(b, dtype), params, fixed, fun, options,
                     on_failure)
-    y_out, err_out = to_device(y, err, device=next(iter(devices), None))
+    y_out, err_out = to_device(y, err, device=device)
     return y_out, err_out
 
 
