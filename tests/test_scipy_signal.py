@@ -178,3 +178,25 @@ def test_lfilter_broadcast_zi_as_scipy():
     y0, _ = lfilter(b, a, x.T, axis=0, zi=zi.T)  # along axis 0: zi (2, 1)
     np.testing.assert_allclose(y0, scipy.signal.lfilter(b, a, x.T, axis=0, zi=zi.T)[0],
                                rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_eager_call_is_scipys_own_and_equals_the_compiled_program(dtype):
+    """An eager call without zi runs SciPy's lfilter directly: the same values as the
+    compiled program under jit, a JAX array of JAX's dtype, and a NumPy signal changed in
+    place between calls gives the new answer (nothing of it is kept)."""
+    x = np.random.default_rng(0).normal(size=(3, 2000)).astype(dtype)
+    b, a = np.asarray(B, dtype), np.asarray(A, dtype)
+    y = lfilter(b, a, x, axis=1)
+    assert isinstance(y, jax.Array) and y.dtype == jnp.result_type(dtype)
+    np.testing.assert_array_equal(y, jax.jit(lambda x: lfilter(b, a, x, axis=1))(x))
+    np.testing.assert_allclose(y, scipy.signal.lfilter(b, a, x, axis=1),
+                               rtol=1e-5 if dtype == np.float32 else 1e-13, atol=1e-6)
+    x[:, :10] = 7.0
+    np.testing.assert_allclose(lfilter(b, a, x, axis=1), scipy.signal.lfilter(b, a, x, axis=1),
+                               rtol=1e-5 if dtype == np.float32 else 1e-13, atol=1e-5)
+    grad = jax.grad(lambda x: lfilter(b, a, x, axis=1).sum())(jnp.asarray(x))  # traced
+    b64, a64 = jnp.asarray(b, jnp.float64), jnp.asarray(a, jnp.float64)
+    want = jax.grad(lambda x: jax.vmap(lambda r: twin(b64, a64, r, jnp.zeros(3))[0])(x).sum())(
+        jnp.asarray(x, jnp.float64))
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-4)
