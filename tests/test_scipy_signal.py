@@ -185,7 +185,7 @@ def test_eager_call_is_scipys_own_and_equals_the_compiled_program(dtype):
     """An eager call without zi runs SciPy's lfilter directly: the same values as the
     compiled program under jit, a JAX array of JAX's dtype, and a NumPy signal changed in
     place between calls gives the new answer (nothing of it is kept)."""
-    x = np.random.default_rng(0).normal(size=(3, 2000)).astype(dtype)
+    x = np.random.default_rng(0).normal(size=(3, 20000)).astype(dtype)  # the direct path
     b, a = np.asarray(B, dtype), np.asarray(A, dtype)
     y = lfilter(b, a, x, axis=1)
     assert isinstance(y, jax.Array) and y.dtype == jnp.result_type(dtype)
