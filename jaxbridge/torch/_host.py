@@ -156,6 +156,11 @@ def write_results(name: str, value: Any, out: Any) -> None:
     if type(out) is np.ndarray:  # fast path: one result
         _write_one(name, "output", value, out)
         return
+    if type(out) is list and type(value) is list and len(value) == len(out) and \
+            all(type(o) is np.ndarray for o in out):  # a list of results (VJP calls):
+        for i, (v, o) in enumerate(zip(value, out)):  # the same structure, unflattened
+            _write_one(name, f"output leaf {i}", v, o)
+        return
     outs, out_tree = jax.tree_util.tree_flatten(out)
     values, tree = jax.tree_util.tree_flatten(value)
     declared: Any = out_tree
@@ -305,8 +310,10 @@ def run_keeping_graph(name: str, call: Callable[[list[Any]], Any], leaves: Seque
         with torch.enable_grad():
             value = call(copies)
         outputs = jax.tree_util.tree_leaves(value)
-        write_results(name, jax.tree_util.tree_map(
-            lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value), out)
+        write_results(name, value.detach() if type(value) is torch.Tensor else
+                      jax.tree_util.tree_map(
+                          lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value),
+                      out)
         kept = any(isinstance(o, torch.Tensor) and o.requires_grad for o in outputs)
         token[...] = _graphs.keep(inputs, outputs) if kept else _graphs.NONE
     finally:
