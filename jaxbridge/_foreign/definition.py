@@ -192,18 +192,20 @@ class CallLayout:
             leaves.append(self.static_map[j] if j in self.static_map else next(dyn))
         return tuple(jax.tree_util.tree_unflatten(self.in_tree, leaves))
 
-    def per_argument(self, dyn_leaves: Sequence[Any | None]) -> tuple:
-        """Per positional argument: None if all its dynamic leaves are None, else its
-        pytree with None at those leaves and at static leaves (tangents, `out=`)."""
+    def per_argument(self, dyn_leaves: Sequence[Any], static: Any = None,
+                     collapse: bool = True) -> tuple:
+        """Per positional argument, its pytree with `dyn_leaves` at its dynamic leaves
+        and `static` at its static ones; with `collapse`, None for an argument whose
+        leaves are all None (tangents, `out=`, a rule's input cotangents)."""
         dyn = iter(dyn_leaves)
         flat_index = 0
         result = []
         for child in self.in_tree.children():
             leaves = []
             for _ in range(child.num_leaves):
-                leaves.append(None if flat_index in self.static_map else next(dyn))
+                leaves.append(static if flat_index in self.static_map else next(dyn))
                 flat_index += 1
-            result.append(None if all(v is None for v in leaves)
+            result.append(None if collapse and all(v is None for v in leaves)
                           else jax.tree_util.tree_unflatten(child, leaves))
         return tuple(result)
 

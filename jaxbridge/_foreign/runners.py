@@ -251,15 +251,7 @@ def wanted_trees(sig: CallLayout, nz: tuple) -> tuple:
     """Per positional argument, its pytree of bools: True at the inputs whose cotangent
     is used (marked in `nz`), False at the others and at static leaves (a VJP rule's
     ``wanted=``; None in the rule's result is enough there)."""
-    each = iter(nz)
-    flat_index, result = 0, []
-    for child in sig.in_tree.children():
-        leaves = []
-        for _ in range(child.num_leaves):
-            leaves.append(False if flat_index in sig.static_map else bool(next(each)))
-            flat_index += 1
-        result.append(jax.tree_util.tree_unflatten(child, leaves))
-    return tuple(result)
+    return sig.per_argument([bool(z) for z in nz], static=False, collapse=False)
 
 
 def _input_trees(sig: CallLayout, leaves: Sequence[Any], nz: tuple) -> tuple:
