@@ -19,6 +19,10 @@ from conftest import extension_missing
 from jaxbridge.scipy import SolverError
 from jaxbridge.scipy.optimize import _hybrj, _run_scipy, root
 
+# MINPACK's steps are CPU handlers: where a GPU is JAX's default, the compiled loop
+# runs for operands on the CPU (elsewhere SciPy's loop does, as before)
+pytestmark = pytest.mark.cpu
+
 if not _hybrj.available():  # pragma: no cover - only with JAXBRIDGE_TESTS_WITHOUT_EXTENSIONS=1
     pytest.skip(f"jaxbridge._builtin not built: {extension_missing('_builtin')}",
                 allow_module_level=True)
