@@ -53,7 +53,8 @@ def root(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> Optim
         return None
     x_aval = jax.ShapeDtypeStruct(x0.shape, x0.dtype)
     hf, ops = convert(fun, QUAL, "fun", (x_aval,), args, "fun(x, *args)")
-    jac_hf, jac_ops = None, []
+    jac_hf: HostFun | None = None
+    jac_ops: list = []
     if callable(request.jac):
         jac_hf, jac_ops = convert(request.jac, QUAL, "jac", (x_aval,), args, "jac(x, *args)")
     if _out_size(hf) != n or (jac_hf is not None and _out_size(jac_hf) != n * n) or \

@@ -44,11 +44,10 @@ def available() -> bool:
     with _lock:
         if not _registered:
             ext = extensions.load("_builtin")
-            ok = ext is not None and hasattr(ext, "minpack")
-            if ok:
-                for name, capsule in ext.minpack().items():
-                    jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-            _registered.append(ok)
+            handlers = getattr(ext, "minpack", None)  # (an extension built before it: None)
+            for name, capsule in (handlers() if handlers is not None else {}).items():
+                jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+            _registered.append(handlers is not None)
         return _registered[0]
 
 
@@ -118,9 +117,9 @@ def solve(fun: Callable[[jax.Array], jax.Array], jac: Callable[[jax.Array], jax.
     state = jnp.concatenate([x0, zeros(n, f64), x0, zeros(2 * n, f64), diag,
                              zeros(lay.size - 6 * n - 2, f64),
                              jnp.array([settings.xtol, settings.factor], f64)])
-    ints = np.zeros(INT_SLOTS, np.int32)
-    ints[[_REQUEST, _MAXFEV, _MODE]] = (_WANT_FUN, settings.maxfev,
-                                        1 if settings.diag is None else 2)
+    start = np.zeros(INT_SLOTS, np.int32)
+    start[[_REQUEST, _MAXFEV, _MODE]] = (_WANT_FUN, settings.maxfev,
+                                         1 if settings.diag is None else 2)
     shapes = (jax.ShapeDtypeStruct((lay.size,), f64), jax.ShapeDtypeStruct((INT_SLOTS,),
                                                                           jnp.int32))
 
@@ -139,7 +138,7 @@ def solve(fun: Callable[[jax.Array], jax.Array], jac: Callable[[jax.Array], jax.
         return jax.lax.cond(ints[_REQUEST] == _WANT_JAC, after_jac, after_fun, state, ints)
 
     state, ints = jax.lax.while_loop(lambda c: c[1][_REQUEST] != _DONE, body,
-                                     (state, jnp.asarray(ints)))
+                                     (state, jnp.asarray(start)))
     return Outcome(x=state[:n], fvec=state[n:2 * n],
                    fjac=state[lay.fjac:lay.r].reshape(n, n),
                    r=state[lay.r:lay.r + n * (n + 1) // 2], qtf=state[4 * n:5 * n],
