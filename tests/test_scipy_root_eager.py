@@ -250,3 +250,22 @@ def test_steps_refuse_a_state_of_the_wrong_size(target):
         jax.block_until_ready(call(jnp.zeros(5), jnp.zeros(12, jnp.int32), value))
     with pytest.raises(Exception, match=f"{target}: argument 'istate': expected int32"):
         jax.block_until_ready(call(jnp.zeros(5), jnp.zeros(12), value))
+
+
+def test_changed_python_float_closure_gives_the_new_root():
+    # a closed-over Python float is part of the trace: each new value is a new
+    # configuration (SciPy's loop on its first sight), never a stale compiled one
+    x0 = np.array([0.3])
+    for a in (1.0, 2.0, 1.0, 2.0, 5.0):
+        x = float(root(lambda x: x ** 3 + a * x - 1.0, x0).x[0])
+        assert abs(x ** 3 + a * x - 1.0) < 1e-12
+
+
+def test_float32_x0_as_scipys_loop_gives_it(monkeypatch):
+    x0 = np.array([-1.2, 1.0], np.float32)
+    general = root(_rosen, x0, stepping="scipy")
+    _, again = _compiled_root(monkeypatch, _rosen, x0)
+    assert again.x.dtype == np.float32 and again.fun.dtype == general.fun.dtype
+    np.testing.assert_array_equal(again.x, general.x)
+    assert int(again.nfev) == int(general.nfev) and int(again.status) == int(general.status)
+    np.testing.assert_allclose(again.r, general.r, rtol=1e-7)
