@@ -3,6 +3,7 @@
 //   targets()       -> {op: {role: target}}                         (targets.h)
 //   guarded_call()  -> {"cpu": capsule, "CUDA": capsule}             (guard.h)
 //   guard_register(platform, target, capsule): a handler the guarded call may run
+//   minpack()       -> {target: capsule}   CPU handlers of root(method="hybr")'s loop
 #include <pybind11/pybind11.h>
 
 #include <string>
@@ -12,6 +13,9 @@
 #include "math/cpu_isa.h"
 
 extern "C" XLA_FFI_Error* JaxbridgeGuardedCpu(XLA_FFI_CallFrame* frame);
+// minpack_handlers.cc: MINPACK's hybrj in reverse communication (not kernel-table ops)
+extern "C" XLA_FFI_Error* JaxbridgeHybrjAfterFunCpu(XLA_FFI_CallFrame* frame);
+extern "C" XLA_FFI_Error* JaxbridgeHybrjAfterJacCpu(XLA_FFI_CallFrame* frame);
 #ifdef JAXBRIDGE_WITH_CUDA
 extern "C" XLA_FFI_Error* JaxbridgeGuardedCuda(XLA_FFI_CallFrame* frame);
 #endif
@@ -90,6 +94,15 @@ PYBIND11_MODULE(_builtin, m) {
                     reinterpret_cast<XLA_FFI_Handler*>(handler.get_pointer()));
       },
       "Records the handler registered with XLA under `target`, for the guarded call.");
+  m.def(
+      "minpack",
+      []() {
+        py::dict cpu;
+        cpu["jaxbridge_hybrj_after_fun"] = Capsule(JaxbridgeHybrjAfterFunCpu);
+        cpu["jaxbridge_hybrj_after_jac"] = Capsule(JaxbridgeHybrjAfterJacCpu);
+        return cpu;
+      },
+      "CPU handler capsules of MINPACK's hybrj steps: {target_name: capsule}.");
   // CPU instruction-set dispatch of the kernels (csrc/math/cpu_isa.h), for tests
   // and benchmarks: run the baseline / AVX2 code paths on an AVX-512 machine.
   m.def(

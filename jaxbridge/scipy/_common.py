@@ -26,7 +26,7 @@ from .._core.jaxapi import is_eager, is_tracer, jax_setting
 from ..errors import SolverError  # re-exported: jaxbridge.scipy.SolverError
 
 __all__ = ["SolverError", "host_jit", "host_cache_info", "HOST_CACHE_SIZE", "program",
-           "program_cache_info", "PROGRAM_CACHE_SIZE", "Result"]
+           "program_cache_info", "PROGRAM_CACHE_SIZE", "Result", "seen_program"]
 
 ON_FAILURE = ("raise", "nan")
 
@@ -151,6 +151,26 @@ def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[.
     if _seen.get(key) is None:  # first sight: run as written, compile if it comes again
         _seen.put(key, True)
         return make()
+    return _programs.put(key, jax.jit(make()))
+
+
+def seen_program(key: Hashable, make: Callable[[], Callable[..., Any]]
+                 ) -> Callable[..., Any] | None:
+    """`program(key, make)` compiled, where `key` has been met before; None at its first
+    sight, where the caller takes a path that compiles nothing (for a program too costly
+    to run op by op: a loop whose every call has a new key then compiles nothing).
+
+    >>> seen_program(("doc seen", 1), lambda: lambda x: x) is None  # first sight
+    True
+    >>> int(seen_program(("doc seen", 1), lambda: lambda x: 2 * x)(jnp.int32(3)))
+    6
+    """
+    fn = _programs.get(key)
+    if fn is not None:
+        return fn
+    if _seen.get(key) is None:
+        _seen.put(key, True)
+        return None
     return _programs.put(key, jax.jit(make()))
 
 

@@ -168,6 +168,11 @@ class HostFun:
         outs = eval_jaxpr(jaxpr, consts, flat)
         return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
+    def out_size(self) -> int:
+        """How many values the function returns (the elements of all its outputs)."""
+        return sum(int(np.prod(array_aval(v.aval).shape, dtype=int))
+                   for v in self.jaxpr.outvars)
+
     def split(self, ops: Sequence[Any]) -> tuple[tuple, tuple]:
         """(differentiable operands, fixed operands)."""
         return (tuple(o for o, d in zip(ops, self.diff) if d),

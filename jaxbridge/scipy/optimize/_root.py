@@ -12,7 +12,7 @@ import numpy as np
 from .._common import check_policy, static_options
 from .._numpy_functions import runs_as_scipy
 from .._trace import check_args, convert
-from . import _compiled_root, _frontend
+from . import _compiled_root, _eager_hybr, _frontend
 from ._numpy_fallback import ROOT
 from ._result import OptimizeResult
 
@@ -69,7 +69,9 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
         products). An option it cannot honour is named in a ValueError. Its
         gradients: `jax.lax.custom_root` with the same `linear_solver` choices,
         matrix-free GMRES on JAX's exact products above 64 unknowns. "auto"
-        (default): "compiled" where it applies, else "scipy".
+        (default): "compiled" where it applies, else "scipy"; and an eager "hybr"
+        call whose configuration came before runs MINPACK's loop as one program,
+        with SciPy's results (`_eager_hybr`); "scipy" keeps SciPy's own loop.
 
     Returns:
       :class:`OptimizeResult` (SciPy's, a dict) with `x`, `fun` (1-D, as SciPy's),
@@ -95,6 +97,10 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
                                 on_failure=on_failure)
     if _stepping(stepping, method, options, callback) == "compiled":
         return _compiled(fun, x0, args, request)
+    if method == "hybr" and stepping == "auto":
+        eager = _eager_hybr.root(fun, x0, args, request)
+        if eager is not None:
+            return eager
     sol = _frontend.solve(fun, x0, args, request)
     return OptimizeResult(x=sol.x, fun=jnp.ravel(sol.user_fun(sol.x)), success=sol.success,
                           status=sol.stats[0], nfev=sol.stats[1], njev=sol.stats[2],
