@@ -8,7 +8,7 @@
 // so that the iterates are SciPy's to the bit. MINPACK itself: Argonne National
 // Laboratory, MINPACK project, March 1980, B. S. Garbow, K. E. Hillstrom, J. J. More
 // (the Minpack Copyright Notice (1999) University of Chicago: redistribution with this
-// acknowledgment).
+// acknowledgment). Both licences: THIRD_PARTY_NOTICES.md at the repository root.
 #ifndef JAXBRIDGE_MATH_MINPACK_HYBRJ_H_
 #define JAXBRIDGE_MATH_MINPACK_HYBRJ_H_
 
