@@ -124,7 +124,8 @@ _programs = LruCache(lambda: max(PROGRAM_CACHE_SIZE, 1))
 _seen = LruCache(lambda: 4 * max(PROGRAM_CACHE_SIZE, 1))  # keys met once
 
 
-def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+def program(key: Hashable, make: Callable[[], Callable[..., Any]],
+            compile_first: bool = False) -> Callable[..., Any]:
     """`jax.jit(make())` once per `key`, kept in a bounded LRU cache (`PROGRAM_CACHE_SIZE`).
 
     The front ends run everything after their argument checks as one such program,
@@ -138,7 +139,10 @@ def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[.
     never from the user's Python functions, whose closed-over values a compiled
     program would keep (the converted functions take them as operands). Dropping the
     least recently used program frees JAX's caches of it, so a loop over problems of
-    ever new structure does not grow memory without bound.
+    ever new structure does not grow memory without bound. `compile_first=True`
+    compiles at first sight too: for a program whose values follow XLA's rounding
+    closely enough that run op by op it would give a first call other values than the
+    next (a step loop whose step-size control amplifies rounding).
 
     >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # first: as written
     >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # again: compiled
@@ -148,7 +152,8 @@ def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[.
     fn = _programs.get(key)
     if fn is not None:
         return fn
-    if _seen.get(key) is None:  # first sight: run as written, compile if it comes again
+    if not compile_first and _seen.get(key) is None:
+        # first sight: run as written, compile if it comes again
         _seen.put(key, True)
         return make()
     return _programs.put(key, jax.jit(make()))
