@@ -1,7 +1,7 @@
 """A repeat eager call of solve_ivp with dense output, events or step times (issue #44
 item 8): RK23 and RK45 run SciPy's loop compiled (`_compiled_trajectory`) and give
-SciPy's values; whatever that loop cannot vouch for, and every traced call, runs
-SciPy's own loop (`_trajectory`) as before."""
+SciPy's values; a configuration's first call, whatever that loop cannot vouch for,
+and every traced call run SciPy's own loop (`_trajectory`) as before."""
 
 import warnings
 
@@ -130,11 +130,11 @@ def test_dense_output_is_scipys_without_scipys_loop(method, scipy_loops):
     y0, args = jnp.array([1.0, 0.0]), (2.0,)
     ref = scipy_reference(oscillator, (0.0, 12.0), y0, args, method=method,
                           dense_output=True, rtol=1e-6, atol=1e-9)
-    for _ in range(3):  # first, second (compiled), repeat
+    for _ in range(3):  # first (SciPy's loop), second (compiled), repeat
         res = solve_ivp(oscillator, (0.0, 12.0), y0, method=method, args=args,
                         dense_output=True, rtol=1e-6, atol=1e-9)
         assert_matches(res, ref)
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1  # the first call (a new configuration)
     m = int(res.n_points)
     assert np.all(np.isinf(np.asarray(res.t[m:])))
 
@@ -170,7 +170,7 @@ def test_dense_output_with_t_eval_backward_and_a_state_of_any_shape(scipy_loops)
     for _ in range(2):
         res = solve_ivp(fun, (5.0, 1.0), y0, t_eval=t_eval, dense_output=True, rtol=1e-8,
                         atol=1e-10)
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1  # the first call (a new configuration)
     assert res.y.shape == (2, 2, 9)
     close(res.y.reshape(4, 9), ref.y)
     assert int(res.nfev) == ref.nfev and int(res.n_points) == 9
@@ -190,7 +190,7 @@ def test_options_max_step_first_step_tolerance_arrays_vectorized(scipy_loops):
     for _ in range(2):
         res = solve_ivp(vec, (0.0, 5.0), y0, args=(2.0,), vectorized=True, **kw)
     assert_matches(res, ref)
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1  # the first call (a new configuration)
     assert np.all(np.diff(ref.t) <= 0.7)
 
 
@@ -211,7 +211,7 @@ def test_events_are_scipys_without_scipys_loop(method, scipy_loops):
                         t_eval=t_eval, events=events, rtol=1e-8, atol=1e-10)
     assert_matches(res, ref)
     assert np.all(np.isnan(np.asarray(res.y[:, int(res.n_points):])))
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1  # the first call (a new configuration)
 
 
 @pytest.mark.parametrize("method", RK)
@@ -226,7 +226,7 @@ def test_terminal_event_with_dense_output_and_step_times(method, scipy_loops):
     assert_matches(res, ref)
     m = int(res.n_points)
     assert float(res.t[m - 1]) == pytest.approx(ref.t_events[0][-1], rel=1e-12)
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1  # the first call (a new configuration)
 
 
 def test_more_events_than_slots_are_counted():
@@ -255,10 +255,11 @@ def test_event_at_t0_and_at_a_step_end(scipy_loops):
         t_k = jnp.asarray(t_k)
         return solve_ivp(fun, (0.0, 10.0), y0, events=[event(lambda t, y: t),
                                                        event(lambda t, y: t - t_k)])
+    solve(-1.0)  # (a configuration's first call runs SciPy's loop)
     t_k = float(solve(-1.0).t[3])
     res = solve(t_k)
     assert float(res.t[3]) == t_k
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1
     np.testing.assert_array_equal(res.n_events, [1, 2])
     assert float(res.t_events[0][0]) == 0.0
     np.testing.assert_array_equal(res.t_events[1][:2], [t_k, t_k])
@@ -276,7 +277,7 @@ def test_terminal_event_at_t0_with_step_times_and_dense_output(scipy_loops):
     for _ in range(2):
         res = solve_ivp(lambda t, y: -y, (0.0, 1.0), y0, events=ev, dense_output=True)
     assert_matches(res, ref, ts=np.array([0.0, 0.5, 1.0]))
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1  # the first call (a new configuration)
 
 
 # ------------------------------------------------------------------ repeat calls
@@ -293,7 +294,7 @@ def test_closed_over_values_and_a_fresh_function_each_call(scipy_loops):
                               events=ev, dense_output=True, rtol=1e-8, atol=1e-10)
         assert_matches(res, ref)
         close(res.t_events[0][:1], [np.log(2.0) / k], 1e-7)  # (the solution's accuracy)
-    assert scipy_loops == []
+    assert len(scipy_loops) == 1  # the first call (a new configuration)
 
 
 def test_traced_calls_keep_scipys_loop_with_the_same_values(scipy_loops):
@@ -303,11 +304,11 @@ def test_traced_calls_keep_scipys_loop_with_the_same_values(scipy_loops):
         return solve_ivp(oscillator, (0.0, 20.0), y0, args=(k,), events=events,
                          t_eval=jnp.linspace(0.0, 20.0, 21), dense_output=True, rtol=1e-8,
                          atol=1e-10)
+    eager = solve(y0, 4.0)  # (a configuration's first call runs SciPy's loop)
     eager = solve(y0, 4.0)
-    eager = solve(y0, 4.0)
-    assert scipy_loops == []
-    jitted = jax.jit(solve)(y0, 4.0)
     assert len(scipy_loops) == 1
+    jitted = jax.jit(solve)(y0, 4.0)
+    assert len(scipy_loops) == 2
     for field in ("y", "t_events", "y_events", "nfev", "status", "n_events", "n_points"):
         a, b = getattr(jitted, field), getattr(eager, field)
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
@@ -319,7 +320,7 @@ def test_traced_calls_keep_scipys_loop_with_the_same_values(scipy_loops):
     def t_first(k):
         return solve(y0, k).t_events[0][0]
     g = jax.grad(t_first)(4.0)
-    assert len(scipy_loops) > 1  # grad: SciPy's loop and its forward sensitivities
+    assert len(scipy_loops) > 2  # grad: SciPy's loop and its forward sensitivities
     h = 1e-5
     fd = (t_first(4.0 + h) - t_first(4.0 - h)) / (2 * h)
     np.testing.assert_allclose(g, fd, rtol=1e-5)

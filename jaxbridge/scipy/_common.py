@@ -26,6 +26,7 @@ from .._core.jaxapi import is_eager, is_tracer, jax_setting
 from ..errors import SolverError  # re-exported: jaxbridge.scipy.SolverError
 
 __all__ = ["SolverError", "host_jit", "host_cache_info", "HOST_CACHE_SIZE", "program",
+           "repeat_program",
            "program_cache_info", "PROGRAM_CACHE_SIZE", "Result"]
 
 ON_FAILURE = ("raise", "nan")
@@ -124,8 +125,7 @@ _programs = LruCache(lambda: max(PROGRAM_CACHE_SIZE, 1))
 _seen = LruCache(lambda: 4 * max(PROGRAM_CACHE_SIZE, 1))  # keys met once
 
 
-def program(key: Hashable, make: Callable[[], Callable[..., Any]],
-            compile_first: bool = False) -> Callable[..., Any]:
+def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
     """`jax.jit(make())` once per `key`, kept in a bounded LRU cache (`PROGRAM_CACHE_SIZE`).
 
     The front ends run everything after their argument checks as one such program,
@@ -139,10 +139,7 @@ def program(key: Hashable, make: Callable[[], Callable[..., Any]],
     never from the user's Python functions, whose closed-over values a compiled
     program would keep (the converted functions take them as operands). Dropping the
     least recently used program frees JAX's caches of it, so a loop over problems of
-    ever new structure does not grow memory without bound. `compile_first=True`
-    compiles at first sight too: for a program whose values follow XLA's rounding
-    closely enough that run op by op it would give a first call other values than the
-    next (a step loop whose step-size control amplifies rounding).
+    ever new structure does not grow memory without bound.
 
     >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # first: as written
     >>> double = program(("doc", 2), lambda: lambda x: 2 * x)  # again: compiled
@@ -152,10 +149,31 @@ def program(key: Hashable, make: Callable[[], Callable[..., Any]],
     fn = _programs.get(key)
     if fn is not None:
         return fn
-    if not compile_first and _seen.get(key) is None:
-        # first sight: run as written, compile if it comes again
+    if _seen.get(key) is None:  # first sight: run as written, compile if it comes again
         _seen.put(key, True)
         return make()
+    return _programs.put(key, jax.jit(make()))
+
+
+def repeat_program(key: Hashable, make: Callable[[], Callable[..., Any]]
+                   ) -> Callable[..., Any] | None:
+    """:func:`program`'s compiled program for a `key` met before (compiled at its second
+    sight), None at its first sight: for a path only a repeat call should take, whose
+    values follow how XLA compiles it (a step loop whose step-size control amplifies
+    rounding: run op by op, a first call would give other values than the next), and
+    which a loop whose every call has a new key should not compile each time.
+
+    >>> repeat_program(("doc repeat", 1), lambda: lambda x: x) is None  # first sight
+    True
+    >>> int(repeat_program(("doc repeat", 1), lambda: lambda x: x + 1)(jnp.int32(1)))
+    2
+    """
+    fn = _programs.get(key)
+    if fn is not None:
+        return fn
+    if _seen.get(key) is None:
+        _seen.put(key, True)
+        return None
     return _programs.put(key, jax.jit(make()))
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._core.jaxapi import jax_setting
-from .._common import NotEager, const, eager_device, program
+from .._common import NotEager, const, eager_device, program, repeat_program
 from .._numpy_functions import runs_as_scipy
 from . import _dense
 from ._arguments import IvpRequest, PreparedIvp, prepare
@@ -68,8 +68,8 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
         also those past `max_events`); event times are differentiable by the
         implicit function theorem. After a terminal event `y` is NaN at later
         `t_eval` times and `status` is 1. These three run SciPy's own loop
-        (forward sensitivities for gradients); an eager call of RK23 or RK45 runs it
-        compiled (its step times then follow XLA's rounding, ~1e-9 relative to
+        (forward sensitivities for gradients); a repeat eager call of RK23 or RK45
+        runs it compiled (its step times then follow XLA's rounding, ~1e-9 relative to
         SciPy's; `stepping="scipy"` keeps SciPy's); see docs/guides/ode-events.md.
       vectorized: as in SciPy, True means `fun(t, y)` takes `y` of shape (n, k) and
         returns (n, k); it is called with y of shape (n, 1) for one state, as SciPy
@@ -193,19 +193,21 @@ def _with_events(p: PreparedIvp) -> OdeEventResult:
 def _compiled_eagerly(p: PreparedIvp, given: bool, operands: tuple) -> OdeEventResult | None:
     """The result from SciPy's RK loop compiled (`_compiled_trajectory`), where the call
     is eager (`eager_device`: nothing is traced, so nothing is differentiated and the
-    host call's derivative rules have nothing to do) on the CPU, and the loop is sure
-    of SciPy's result; else None (the caller runs SciPy's loop). One evaluation of the
-    user's function from SciPy's loop is one JAX call (~20 us); compiled, a repeat
-    call is one dispatch."""
+    host call's derivative rules have nothing to do) on the CPU, repeats a
+    configuration met before (`repeat_program`) and the loop is sure of SciPy's result;
+    else None (the caller runs SciPy's loop). One evaluation of the user's function
+    from SciPy's loop is one JAX call (~20 us); compiled, a repeat call is one
+    dispatch."""
     try:
         device = eager_device(operands)
     except NotEager:
         return None
     if not _cpu(device) or not applies(p.cfg, p.t0, p.t1, p.y0.size):
         return None
-    run = program(("solve_ivp events compiled", p.cfg, given),
-                  const(functools.partial(_compiled_program, p.cfg, given)),
-                  compile_first=True)  # (step times: the same on every call)
+    run = repeat_program(("solve_ivp events compiled", p.cfg, given),
+                         const(functools.partial(_compiled_program, p.cfg, given)))
+    if run is None:  # a first call: SciPy's loop (a new configuration compiles nothing)
+        return None
     result, sure = run(operands)
     return result if bool(np.asarray(sure)) else None
 
