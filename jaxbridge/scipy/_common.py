@@ -26,7 +26,8 @@ from .._core.jaxapi import is_eager, is_tracer, jax_setting
 from ..errors import SolverError  # re-exported: jaxbridge.scipy.SolverError
 
 __all__ = ["SolverError", "host_jit", "host_cache_info", "HOST_CACHE_SIZE", "program",
-           "program_cache_info", "PROGRAM_CACHE_SIZE", "Result", "seen_program"]
+           "repeat_program",
+           "program_cache_info", "PROGRAM_CACHE_SIZE", "Result"]
 
 ON_FAILURE = ("raise", "nan")
 
@@ -154,16 +155,20 @@ def program(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[.
     return _programs.put(key, jax.jit(make()))
 
 
-def seen_program(key: Hashable, make: Callable[[], Callable[..., Any]]
-                 ) -> Callable[..., Any] | None:
-    """`program(key, make)` compiled, where `key` has been met before; None at its first
-    sight, where the caller takes a path that compiles nothing (for a program too costly
-    to run op by op: a loop whose every call has a new key then compiles nothing).
+def repeat_program(key: Hashable, make: Callable[[], Callable[..., Any]]
+                   ) -> Callable[..., Any] | None:
+    """:func:`program`'s compiled program for a `key` met before (compiled at its second
+    sight), None at its first sight: for a path only a repeat call should take, whose
+    values follow how XLA compiles it (a step loop whose step-size control amplifies
+    rounding: run op by op, a first call would give other values than the next), and
+    which a loop whose every call has a new key should not compile each time (a
+    program too costly to run op by op: the caller then takes a path that compiles
+    nothing).
 
-    >>> seen_program(("doc seen", 1), lambda: lambda x: x) is None  # first sight
+    >>> repeat_program(("doc repeat", 1), lambda: lambda x: x) is None  # first sight
     True
-    >>> int(seen_program(("doc seen", 1), lambda: lambda x: 2 * x)(jnp.int32(3)))
-    6
+    >>> int(repeat_program(("doc repeat", 1), lambda: lambda x: x + 1)(jnp.int32(1)))
+    2
     """
     fn = _programs.get(key)
     if fn is not None:

@@ -21,6 +21,7 @@ import scipy.sparse
 
 from .._common import as_float_operand, check_policy, static_options, unsupported
 from .._trace import HostFun, array_aval, check_args, convert
+from . import _rk
 from ._events import event_spec
 from ._ode import IMPLICIT_METHODS, METHODS
 from ._options import (
@@ -348,7 +349,9 @@ def prepare(req: IvpRequest) -> PreparedIvp:
                                                                sizes[0])
     static = static_options(options, NAME)
     if events_path:  # SciPy's loop locates the events; gradients by forward sensitivities
-        stepping, sensitivity = "scipy", "forward"
+        # ("compiled": a repeat eager call may run the loop compiled, `_compiled_trajectory`)
+        compiled = req.stepping == "auto" and _rk.supported(method, static)
+        stepping, sensitivity = ("compiled" if compiled else "scipy"), "forward"
     else:
         stepping = stepping_choice(req.stepping, method, static, NAME)
         sensitivity = sensitivity_choice(

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["OdeSolution", "DenseArrays", "n_coefficients", "coefficients"]
+__all__ = ["OdeSolution", "DenseArrays", "n_coefficients", "coefficients", "segment"]
 
 sg = jax.lax.stop_gradient
 
@@ -75,7 +75,7 @@ def coefficients(method: str, interpolant: Any, n: int) -> tuple[float, float, n
     return interpolant.t, interpolant.h, y_old, C
 
 
-def _segment(method: str, t_ref: Any, h: Any, y_old: Any, C: Any, t: Any) -> Any:
+def segment(method: str, t_ref: Any, h: Any, y_old: Any, C: Any, t: Any) -> Any:
     """SciPy's interpolant of one step at scalar `t` (the arithmetic of `_call_impl`)."""
     kind = _KIND[method]
     rows = C.shape[0]
@@ -177,10 +177,16 @@ class OdeSolution:
         seg = jnp.clip(ind - 1, 0, m - 2)
         return jnp.where(ascending, seg, m - 2 - seg)
 
+    def value(self, t: Any) -> Any:
+        """SciPy's interpolant at a scalar `t`, flat (n,): the value alone (no
+        derivative with respect to parameters)."""
+        k = self._index(t)
+        return segment(self.method, self.t_ref[k], self.h[k], self.y_old[k], self.C[k], t)
+
     def _single(self, t: Any) -> Any:
         t = jnp.asarray(t, self.ts.dtype)
         k = self._index(sg(t))
-        value = _segment(self.method, sg(self.t_ref[k]), sg(self.h[k]), sg(self.y_old[k]),
+        value = segment(self.method, sg(self.t_ref[k]), sg(self.h[k]), sg(self.y_old[k]),
                          sg(self.C[k]), t)
         # value zero, derivative: the sensitivity interpolated on the step
         ta, tb = sg(self.ts[k]), sg(self.ts[k + 1])

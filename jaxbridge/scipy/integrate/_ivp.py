@@ -14,12 +14,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .._common import const, program
+from ..._core.jaxapi import jax_setting
+from .._common import NotEager, const, eager_device, program, repeat_program
 from .._numpy_functions import runs_as_scipy
 from . import _dense
 from ._arguments import IvpRequest, PreparedIvp, prepare
 from ._compiled import compiled_ivp_program, stiff_ivp_program
+from ._compiled_trajectory import applies, compiled_trajectory
 from ._events import event_slot
 from ._numpy_fallback import SOLVE_IVP
 from ._ode import IMPLICIT_METHODS, OdeEventResult, OdeResult
@@ -65,7 +68,9 @@ def solve_ivp(fun: Callable[..., Any], t_span: Any, y0: Any, method: Any = "RK45
         also those past `max_events`); event times are differentiable by the
         implicit function theorem. After a terminal event `y` is NaN at later
         `t_eval` times and `status` is 1. These three run SciPy's own loop
-        (forward sensitivities for gradients); see docs/guides/ode-events.md.
+        (forward sensitivities for gradients); a repeat eager call of RK23 or RK45
+        runs it compiled (its step times then follow XLA's rounding, ~1e-9 relative to
+        SciPy's; `stepping="scipy"` keeps SciPy's); see docs/guides/ode-events.md.
       vectorized: as in SciPy, True means `fun(t, y)` takes `y` of shape (n, k) and
         returns (n, k); it is called with y of shape (n, 1) for one state, as SciPy
         does (Jacobians come from JAX, so never with k > 1). `y0` must be 1-D.
@@ -173,11 +178,58 @@ def _plain_program(cfg: IvpConfig, t0: Any, t1: Any, y0: Any, t_eval: Any, param
 def _with_events(p: PreparedIvp) -> OdeEventResult:
     """SciPy's solve with events, dense output or its step times (`_trajectory`), its
     event times, dense output and step outputs differentiable in JAX on top: one
-    program per configuration, as `_plain`."""
+    program per configuration, as `_plain`. A repeat eager call of an explicit method
+    runs SciPy's loop compiled instead (`_compiled_eagerly`)."""
     given = p.events is not None
+    operands = (p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, p.jac_ops, p.ev_ops)
+    eager = _compiled_eagerly(p, given, operands)
+    if eager is not None:
+        return eager
     run = program(("solve_ivp events", p.cfg, given),
                   const(functools.partial(_events_program, p.cfg, given)))
-    return run((p.t0, p.t1, p.y0, p.t_eval, p.params, p.fixed, p.jac_ops, p.ev_ops))
+    return run(operands)
+
+
+def _compiled_eagerly(p: PreparedIvp, given: bool, operands: tuple) -> OdeEventResult | None:
+    """The result from SciPy's RK loop compiled (`_compiled_trajectory`), where the call
+    is eager (`eager_device`: nothing is traced, so nothing is differentiated and the
+    host call's derivative rules have nothing to do) on the CPU, repeats a
+    configuration met before (`repeat_program`) and the loop is sure of SciPy's result;
+    else None (the caller runs SciPy's loop). One evaluation of the user's function
+    from SciPy's loop is one JAX call (~20 us); compiled, a repeat call is one
+    dispatch."""
+    try:
+        device = eager_device(operands)
+    except NotEager:
+        return None
+    if not _cpu(device) or not applies(p.cfg, p.t0, p.t1, p.y0.size):
+        return None
+    run = repeat_program(("solve_ivp events compiled", p.cfg, given),
+                         const(functools.partial(_compiled_program, p.cfg, given)))
+    if run is None:  # a first call: SciPy's loop (a new configuration compiles nothing)
+        return None
+    result, sure = run(operands)
+    return result if bool(np.asarray(sure)) else None
+
+
+def _cpu(device: Any) -> bool:
+    """Whether results on `device` (None: the default device) are computed on the CPU:
+    on an accelerator the host loop of `_trajectory` stays (a step loop there is a
+    launch per operation)."""
+    if device is None:
+        device = jax_setting("jax_default_device")
+    if device is None:
+        return jax.default_backend() == "cpu"
+    return (device if isinstance(device, str) else device.platform) == "cpu"
+
+
+def _compiled_program(cfg: IvpConfig, given: bool, operands: tuple
+                      ) -> tuple[OdeEventResult, Any]:
+    """`_compiled_eagerly`'s program: `_events_program` with the compiled loop's
+    results, and whether they are sure to be SciPy's."""
+    t0, t1, y0, t_eval, params, fixed, _, ev_ops = operands
+    out, sure = compiled_trajectory(cfg, t0, t1, y0, t_eval, params, fixed, ev_ops)
+    return _results(cfg, given, operands, out), sure
 
 
 def _events_program(cfg: IvpConfig, given: bool, operands: tuple) -> OdeEventResult:
@@ -185,9 +237,16 @@ def _events_program(cfg: IvpConfig, given: bool, operands: tuple) -> OdeEventRes
     converted forms (`HostFun`) on this call's operands, never as the Python
     functions: a compiled program keeps nothing of one call's closed-over values."""
     t0, t1, y0, t_eval, params, fixed, jac_ops, ev_ops = operands
-    p = _Operands(cfg, t0, y0, t_eval, params, fixed)
     out = trajectory(t0, t1, y0, t_eval, params, fixed,
                      (jac_ops, tuple(tuple(sg(o) for o in ops) for ops in ev_ops)), cfg=cfg)
+    return _results(cfg, given, operands, out)
+
+
+def _results(cfg: IvpConfig, given: bool, operands: tuple, out: dict) -> OdeEventResult:
+    """The result fields from `trajectory`'s dict: event times and dense output with
+    their derivatives, step outputs."""
+    t0, t1, y0, t_eval, params, fixed, jac_ops, ev_ops = operands
+    p = _Operands(cfg, t0, y0, t_eval, params, fixed)
     stats = out["stats"]
     t_events, y_events = _event_times(p, out, ev_ops)
     sol = _dense_solution(p, out) if cfg.dense else None

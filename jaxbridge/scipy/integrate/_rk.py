@@ -159,15 +159,14 @@ class _Rk:
             return jnp.where((e5 == 0) & (e3 == 0), 0.0, value)
         return _rms((K.T @ jnp.asarray(tab["E"])) * h / scale)
 
-    def dense(self, t_old: Any, y_old: Any, y_new: Any, f_new: Any, K: Any, h: Any) -> Any:
-        """The step's interpolant at all of t_eval: ((T, n), extra evaluations)."""
-        tab, ts = self.tab, self.t_eval
-        T, n = ts.shape[0], y_old.shape[0]
-        x = (ts - t_old) / h
+    def coefficients(self, t_old: Any, y_old: Any, y_new: Any, f_new: Any, K: Any,
+                     h: Any) -> tuple[Any, int]:
+        """The step's interpolant as `_dense.coefficients` lays it out: `(C (rows, n),
+        extra evaluations)`: RK23/RK45 `Q.T` (SciPy's `K.T @ P`), DOP853 its rows `F`
+        (after its extra stages, which SciPy counts in `nfev`)."""
+        tab = self.tab
         if self.method != "DOP853":
-            Q = K.T @ jnp.asarray(tab["P"])               # (n, order + 1)
-            p = jnp.cumprod(jnp.broadcast_to(x[:, None], (T, Q.shape[1])), axis=1)
-            return h * (p @ Q.T) + y_old[None, :], 0
+            return (K.T @ jnp.asarray(tab["P"])).T, 0
         Ks = [K[j] for j in range(K.shape[0])]
         AX, CX = tab["A_EXTRA"], tab["C_EXTRA"]
         for s in range(AX.shape[0]):
@@ -176,16 +175,33 @@ class _Rk:
         Kx = jnp.stack(Ks)
         delta = y_new - y_old
         F0 = [delta, h * Ks[0] - delta, 2 * delta - h * (f_new + Ks[0])]
-        F = jnp.concatenate([jnp.stack(F0), h * (jnp.asarray(tab["D"]) @ Kx)])
+        return jnp.concatenate([jnp.stack(F0), h * (jnp.asarray(tab["D"]) @ Kx)]), \
+            int(AX.shape[0])
+
+    def dense(self, t_old: Any, y_old: Any, y_new: Any, f_new: Any, K: Any, h: Any) -> Any:
+        """The step's interpolant at all of t_eval: ((T, n), extra evaluations)."""
+        ts = self.t_eval
+        T, n = ts.shape[0], y_old.shape[0]
+        x = (ts - t_old) / h
+        C, extra = self.coefficients(t_old, y_old, y_new, f_new, K, h)
+        if self.method != "DOP853":
+            p = jnp.cumprod(jnp.broadcast_to(x[:, None], (T, C.shape[0])), axis=1)
+            return h * (p @ C) + y_old[None, :], 0
         y = jnp.zeros((T, n), y_old.dtype)
-        for i, Fi in enumerate(F[::-1]):
+        for i, Fi in enumerate(C[::-1]):
             y = y + Fi[None, :]
             y = y * (x[:, None] if i % 2 == 0 else (1 - x)[:, None])
-        return y + y_old[None, :], int(AX.shape[0])
+        return y + y_old[None, :], extra
 
     def attempt(self, state: LoopState, outputs: bool = True) -> tuple[LoopState, Any, Any]:
         """One step attempt of SciPy's `RungeKutta._step_impl`; also returns whether it
         was accepted and the step `h` taken. `outputs=False` skips the dense output."""
+        return self.attempt_stages(state, outputs)[:3]
+
+    def attempt_stages(self, state: LoopState, outputs: bool = True
+                       ) -> tuple[LoopState, Any, Any, Any]:
+        """:meth:`attempt`, also returning the attempt's stages `K` (S + 1, n), from
+        which the step's interpolant is built (`coefficients`)."""
         direction, max_step, t_bound = self.direction, self.max_step, self.t_bound
         # Step sizes (and times) are not differentiated: the discrete adjoint holds them
         # at the values chosen, and this makes JAX's own jvp of the loop the same thing.
@@ -230,7 +246,7 @@ class _Rk:
             f=jnp.where(accepted, f_new, state.f), h_abs=h_next, rejected=~accepted, ys=ys,
             done_eval=done_eval, nfev=nfev, status=status,
             n_accepted=state.n_accepted + accepted.astype(jnp.int32))
-        return new, accepted, h
+        return new, accepted, h, K
 
     def start(self, t0: Any, y0: Any, first_step: float | None) -> LoopState:
         f0 = self.f(t0, y0)
@@ -260,6 +276,13 @@ def _setup(controls: _Controls, fun: Callable, t0: Any, y0: Any, t_bound: Any, t
     atol = jnp.broadcast_to(atol, (y0.shape[0],))
     return _Rk(controls.method, fun, controls.rtol, atol, controls.max_step, t_bound, t_eval,
                direction)
+
+
+def stepper(method: str, fun: Callable[[Any, Any], Any], t0: Any, y0: Any, t_bound: Any,
+            t_eval: Any, rtol: float | tuple, atol: Any, max_step: float = np.inf) -> _Rk:
+    """SciPy's RK method `method` for `y' = fun(t, y)` on (t0, t_bound), outputs at
+    `t_eval`: `start` and `attempt_stages` run its step loop one attempt at a time."""
+    return _setup(_Controls(method, rtol, max_step), fun, t0, y0, t_bound, t_eval, atol)
 
 
 def solve(method: str, fun: Callable[[jax.Array, jax.Array], jax.Array], t0: jax.Array,

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.optimize
 
 from ..._core.jaxapi import jax_setting
-from .._common import NotEager, check_policy, const, eager_device, failure, seen_program
+from .._common import NotEager, check_policy, const, eager_device, failure, repeat_program
 from .._trace import HostFun, check_args, convert
 from . import _frontend, _hybrj
 from ._result import OptimizeResult
@@ -62,7 +62,7 @@ def root(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> Optim
         return None  # (SciPy's own shape errors; the steps run on the CPU)
     extra = _scipy_extra_calls()
     key = ("optimize hybrj", hf, jac_hf, x0.shape, np.dtype(x0.dtype), settings, extra)
-    run = seen_program(key, const(functools.partial(_program, hf, jac_hf, settings, extra)))
+    run = repeat_program(key, const(functools.partial(_program, hf, jac_hf, settings, extra)))
     if run is None:
         return None
     x, value, ok, stats, fields = run(x0, ops, jac_ops)
