@@ -137,7 +137,7 @@ def test_handlers_that_bind_different_attributes_are_refused(tmp_path):
         lib = jb.cpp.load("rms_double", sources=[tmp_path / "rms_double.cc"])
     with pytest.raises(KernelError, match=r"kernel 'rms_mixed': handler 'RmsNorm' \(forward\) "
                                           r"binds \.Attr<float>\(\"eps\"\) and handler "
-                                          r"'RmsNormDerivative' \(adjoint\) binds "
+                                          r"'RmsNormDerivative' \(vjp\) binds "
                                           r"\.Attr<double>\(\"eps\"\)"):
         lib.kernel("RmsNorm", vjp="RmsNormDerivative", name="rms_mixed",
                    result=lambda x, **_: x)

@@ -251,6 +251,20 @@ def eager_device(operands: Any) -> Any:
     return next(iter(devices), None)
 
 
+def computes_on_cpu(device: Any) -> bool:
+    """Whether results on `device` (an `eager_device` answer; None: the default device)
+    are computed on the CPU, where the compiled eager paths' CPU handlers and loops run.
+
+    >>> computes_on_cpu(jax.devices("cpu")[0])
+    True
+    """
+    if device is None:
+        device = jax_setting("jax_default_device")  # a Device, a platform name or None
+    if device is None:
+        return jax.default_backend() == "cpu"
+    return (device if isinstance(device, str) else device.platform) == "cpu"
+
+
 def host_copies(tree: Any) -> Any:
     """Private NumPy copies of a host call's input arrays, for host code that hands them
     to JAX: JAX may hold an input array after the call returns (a host call on one of

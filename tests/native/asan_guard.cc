@@ -3,9 +3,9 @@
 // are built here as XLA builds them (attributes sorted by name), over exact-size heap
 // buffers, and a stand-in of the FFI API creates the errors. Built and run by
 // benchmarks/asan_kernels.sh with guard.cc, rms_norm.cc and tests/native/kernel_checks.cc.
-// Checks: guarded RMS norm (forward, forward with residuals, the aliased adjoint) equals
-// the unguarded handlers; writes past the end and before the start (forward, adjoint,
-// tangent) are reported, and a handler relying on aliasing sees its operand; a bad layout,
+// Checks: guarded RMS norm (forward, forward with residuals, the aliased vjp) equals
+// the unguarded handlers; writes past the end and before the start (forward, vjp,
+// jvp) are reported, and a handler relying on aliasing sees its operand; a bad layout,
 // a missing target and an unknown handler are errors, never an out-of-bounds access.
 #include <cmath>
 #include <cstdint>
@@ -336,14 +336,14 @@ int main() {
   g::Register(g::Platform::kCpu, "rms_forward", RmsNorm);
   g::Register(g::Platform::kCpu, "rms_derivative", RmsNormDerivative);
   g::Register(g::Platform::kCpu, "scale_forward", ScaleFwd);
-  g::Register(g::Platform::kCpu, "scale_adjoint", ScaleAdj);
-  g::Register(g::Platform::kCpu, "scale_tangent", ScaleTan);
+  g::Register(g::Platform::kCpu, "scale_vjp", ScaleAdj);
+  g::Register(g::Platform::kCpu, "scale_jvp", ScaleTan);
   g::Register(g::Platform::kCpu, "double_in_place", DoubleInPlace);
   RmsNormGuardedEqualsPlain();
   const struct {
     const char* role;
     XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
-  } roles[] = {{"forward", ScaleFwd}, {"adjoint", ScaleAdj}, {"tangent", ScaleTan}};
+  } roles[] = {{"forward", ScaleFwd}, {"vjp", ScaleAdj}, {"jvp", ScaleTan}};
   for (const auto& r : roles) {
     ScaleWritesOutside(r.role, r.handler, 0, 0);
     ScaleWritesOutside(r.role, r.handler, 3, 0);

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._core.jaxapi import jax_setting
-from .._common import NotEager, const, eager_device, program, repeat_program
+from .._common import NotEager, computes_on_cpu, const, eager_device, program, repeat_program
 from .._numpy_functions import runs_as_scipy
 from . import _dense
 from ._arguments import IvpRequest, PreparedIvp, prepare
@@ -202,7 +201,7 @@ def _compiled_eagerly(p: PreparedIvp, given: bool, operands: tuple) -> OdeEventR
         device = eager_device(operands)
     except NotEager:
         return None
-    if not _cpu(device) or not applies(p.cfg, p.t0, p.t1, p.y0.size):
+    if not computes_on_cpu(device) or not applies(p.cfg, p.t0, p.t1, p.y0.size):
         return None
     run = repeat_program(("solve_ivp events compiled", p.cfg, given),
                          const(functools.partial(_compiled_program, p.cfg, given)))
@@ -210,17 +209,6 @@ def _compiled_eagerly(p: PreparedIvp, given: bool, operands: tuple) -> OdeEventR
         return None
     result, sure = run(operands)
     return result if bool(np.asarray(sure)) else None
-
-
-def _cpu(device: Any) -> bool:
-    """Whether results on `device` (None: the default device) are computed on the CPU:
-    on an accelerator the host loop of `_trajectory` stays (a step loop there is a
-    launch per operation)."""
-    if device is None:
-        device = jax_setting("jax_default_device")
-    if device is None:
-        return jax.default_backend() == "cpu"
-    return (device if isinstance(device, str) else device.platform) == "cpu"
 
 
 def _compiled_program(cfg: IvpConfig, given: bool, operands: tuple

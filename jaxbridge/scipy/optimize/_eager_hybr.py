@@ -25,7 +25,15 @@ import numpy as np
 import scipy.optimize
 
 from ..._core.jaxapi import jax_setting
-from .._common import NotEager, check_policy, const, eager_device, failure, repeat_program
+from .._common import (
+    NotEager,
+    check_policy,
+    computes_on_cpu,
+    const,
+    eager_device,
+    failure,
+    repeat_program,
+)
 from .._trace import HostFun, check_args, convert
 from . import _frontend, _hybrj
 from ._result import OptimizeResult
@@ -79,14 +87,9 @@ def _on_cpu(operands: Any) -> bool:
     """Whether the operands are on the CPU (or on no device, with the CPU the default):
     the hybrj steps are CPU handlers."""
     try:
-        device = eager_device(operands)
+        return computes_on_cpu(eager_device(operands))
     except NotEager:
         return False
-    if device is None:
-        default = jax_setting("jax_default_device")  # a Device, a platform name or None
-        return (jax.default_backend() if default is None
-                else getattr(default, "platform", default)) == "cpu"
-    return bool(device.platform == "cpu")
 
 
 def _program(hf: HostFun, jac_hf: HostFun | None, settings: _hybrj.Settings, extra: int,
