@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from ..._core.jaxapi import jax_setting
+from ..._core.jaxapi import is_eager, jax_setting
 from .._common import (
     NotEager,
     check_policy,
@@ -49,9 +49,7 @@ def root(fun: Callable, x0: Any, args: Any, request: _frontend.Request) -> Optim
     if request.callback is not None or not (request.jac is None or callable(request.jac)) \
             or not jax_setting("jax_enable_x64") or not _hybrj.available():
         return None
-    try:
-        eager_device((x0, args))
-    except NotEager:
+    if not is_eager():  # (traced: the general path; the operands are checked below)
         return None
     args = check_args(args, QUAL, "fun(x, *args)", "wrap")
     x0 = _frontend.starting_point(x0, "root", operand=True)
@@ -134,14 +132,19 @@ def _scipy_extra_calls() -> int:
 
 def _message(status: int, settings: _hybrj.Settings) -> str:
     """SciPy's message for hybr's `status` (scipy.optimize._minpack_py._root_hybr)."""
-    messages = {
-        0: "Improper input parameters were entered.",
-        1: "The solution converged.",
-        2: f"The number of calls to function has reached maxfev = {settings.maxfev}.",
-        3: f"xtol={settings.xtol:f} is too small, no further improvement in the "
-           "approximate\n solution is possible.",
-        4: "The iteration is not making good progress, as measured by the \n improvement "
-           "from the last five Jacobian evaluations.",
-        5: "The iteration is not making good progress, as measured by the \n improvement "
-           "from the last ten iterations."}
-    return messages.get(status, "An error occurred.")
+    if status == 1:
+        return "The solution converged."
+    if status == 2:
+        return f"The number of calls to function has reached maxfev = {settings.maxfev}."
+    if status == 3:
+        return (f"xtol={settings.xtol:f} is too small, no further improvement in the "
+                "approximate\n solution is possible.")
+    return _MESSAGES.get(status, "An error occurred.")
+
+
+_MESSAGES = {
+    0: "Improper input parameters were entered.",
+    4: "The iteration is not making good progress, as measured by the \n improvement "
+       "from the last five Jacobian evaluations.",
+    5: "The iteration is not making good progress, as measured by the \n improvement "
+       "from the last ten iterations."}
