@@ -89,6 +89,8 @@ def root(fun: Callable[..., Any], x0: Any, args: Any = (), method: str = "hybr",
       >>> print(f"{float(g(2.0)):.5f}")  # -x / (3 x^2 + a)
       -0.17327
     """
+    # Over 80 lines: SciPy's signature and its documentation; the body picks the path
+    # (compiled, eager hybr, SciPy's loop) and builds SciPy's result.
     method = _frontend.canonical_method(method, "root")
     if method in FLAT_METHODS and np.ndim(x0) > 1:
         x0 = jnp.reshape(x0, -1)  # SciPy's hybr and lm flatten x0: fun sees, x is, 1-D
