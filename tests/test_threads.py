@@ -89,6 +89,38 @@ def test_the_choice_is_tried_again_as_the_load_changes(auto):
     assert seen[-1] == 1, seen[-12:]
 
 
+@needs_threads
+def test_one_probe_that_favours_the_other_choice_does_not_switch(auto):
+    """A burst of noise (the machine slowing for one probe's six calls) must not send the
+    call to one thread until the next probe: only probes in a row that agree switch."""
+    seen: list[int] = []
+    noisy_calls = {"left": 0}
+
+    @jb.foreign(lambda x: x)
+    def f(x):
+        n = blas_threads()
+        seen.append(n)
+        if n == 1 and noisy_calls["left"] == 0 and len(seen) > 11:
+            noisy_calls["left"] = 6  # the probe that starts here sees one thread faster
+        noisy = noisy_calls["left"] > 0
+        noisy_calls["left"] -= noisy
+        time.sleep((0.002 if n == 1 else 0.02) if noisy else (0.02 if n == 1 else 0.002))
+        return np.asarray(x)
+
+    step = jax.jit(f)
+    for _ in range(13):  # a warm-up call, ten exploring, two with every thread
+        step(jnp.ones(3)).block_until_ready()
+    assert seen[-2:] == [OWN, OWN]
+    deadline = time.monotonic() + 20
+    while 1 not in seen[11:] and time.monotonic() < deadline:  # the first probe
+        step(jnp.ones(3)).block_until_ready()
+    probe = seen.index(1, 11)
+    for _ in range(8):
+        step(jnp.ones(3)).block_until_ready()
+    assert seen[probe:probe + 6] == [1, OWN] * 3, seen[probe:]
+    assert seen[probe + 6:] == [OWN] * (len(seen) - probe - 6), seen[probe:]
+
+
 def test_an_explicit_count_is_used_in_every_call_and_never_raises_the_library():
     seen: list[int] = []
     f = jax.jit(timed_by_threads(0.0, 0.0, seen))

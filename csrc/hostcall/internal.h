@@ -134,15 +134,18 @@ class ThreadTuner {
  private:
   enum class Phase { kExplore, kExploit, kProbe };
   static constexpr int kOne = 0, kShare = 1;
-  static constexpr int kSamples = 5;  // kept per choice, and explored per choice
+  static constexpr int kSamples = 5;  // per choice when exploring, the most kept
   Phase phase_ = Phase::kExplore;
-  int arm_ = -1;  // the choice of the call running now (-1: none)
+  int arm_ = -1;  // the choice of the call running now (-1: none, or not measured)
   int chosen_ = kShare;
-  int explored_ = 0, probed_ = 0;
+  int measured_ = 0;  // calls measured in this exploration or probe
+  int doubts_ = 0;    // probes in a row that found the other choice faster
   bool warm_ = false;  // the first call (caches, first-touch memory) is not a sample
-  std::array<std::array<double, kSamples>, 2> samples_{};
+  std::array<std::array<double, kSamples>, 2> samples_{};  // this round's, per choice
   std::array<int, 2> next_{};
   Clock::time_point decided_at_;
+
+  void StartRound(Phase phase);
 };
 
 // ------------------------------------------------------------------ registry.cc

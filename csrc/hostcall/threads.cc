@@ -20,8 +20,12 @@
 //   kThreadsMustWinBy: threads that bring nothing are better left to XLA and to other
 //   processes (with a core held by another process, a 1500x1500 matmul ran as fast or
 //   10% faster with one thread, and a margin asked of one thread instead threw that
-//   away). Every kProbeSeconds the other choice is tried again (kProbeCalls calls), so
-//   that the choice follows the machine's load.
+//   away). Every kProbeSeconds the two are timed again in alternation (kProbePairs
+//   calls each), so that the choice follows the machine's load; it switches when
+//   kProbesToSwitch probes in a row find the other faster. Only samples taken side by
+//   side are compared: on a machine whose speed drifts, a fresh sample of one choice
+//   against old ones of the other switched a torch MLP step to one thread for seconds
+//   at a time (its matmuls then ran on one core of two).
 //
 // JAXBRIDGE_HOST_BLAS_THREADS=N fixes the count at N during host calls (never raising a
 // library's own setting); =unlimited leaves the libraries alone (see
@@ -35,8 +39,9 @@
 namespace jaxbridge::hostcall {
 namespace {
 
-constexpr int kProbeCalls = 2;            // calls of the other choice when probing again
-constexpr double kProbeSeconds = 2.0;     // how often the other choice is tried again
+constexpr int kProbePairs = 3;     // calls of each choice when probing again
+constexpr int kProbesToSwitch = 2;  // probes in a row that must find the other faster
+constexpr double kProbeSeconds = 2.0;  // how often the other choice is tried again
 constexpr double kThreadsMustWinBy = 1.05;  // every thread is chosen when this much faster
 
 struct BlasLibrary {
@@ -81,49 +86,57 @@ void Apply(Budgets& b, int count) {
 }  // namespace
 
 // ------------------------------------------------------------------ ThreadTuner
+void ThreadTuner::StartRound(Phase phase) {
+  phase_ = phase;
+  measured_ = 0;
+  next_ = {0, 0};
+}
+
 int ThreadTuner::Choose(int share) {
   if (share <= 1) return 1;
-  Clock::time_point now = Clock::now();
+  if (phase_ == Phase::kExploit &&
+      std::chrono::duration<double>(Clock::now() - decided_at_).count() >= kProbeSeconds) {
+    StartRound(Phase::kProbe);
+  }
   switch (phase_) {
-    case Phase::kExplore:
-      arm_ = (explored_ % 2 == 0) ? kShare : kOne;
+    case Phase::kExplore:  // alternate, one thread second
+      arm_ = measured_ % 2 == 0 ? kShare : kOne;
+      break;
+    case Phase::kProbe:  // alternate, the other choice first
+      arm_ = measured_ % 2 == 0 ? 1 - chosen_ : chosen_;
       break;
     case Phase::kExploit:
-      if (std::chrono::duration<double>(now - decided_at_).count() >= kProbeSeconds) {
-        phase_ = Phase::kProbe;
-        probed_ = 0;
-      }
-      arm_ = phase_ == Phase::kProbe ? 1 - chosen_ : chosen_;
-      break;
-    case Phase::kProbe:
-      arm_ = 1 - chosen_;
-      break;
+      arm_ = -1;
+      return chosen_ == kOne ? 1 : share;
   }
   return arm_ == kOne ? 1 : share;
 }
 
 void ThreadTuner::Record(double seconds) {
-  if (arm_ < 0) return;  // no choice was made (shared or fixed budget)
+  if (arm_ < 0) return;  // not measured (shared or fixed budget, or the chosen count)
   if (!warm_) {  // the function's first call: slower whatever its threads
     warm_ = true;
     arm_ = -1;
     return;
   }
-  std::array<double, kSamples>& ring = samples_[arm_];
-  ring[next_[arm_] % kSamples] = seconds;
-  ++next_[arm_];
-  bool decide = false;
-  if (phase_ == Phase::kExplore) {
-    decide = ++explored_ >= 2 * kSamples;
-  } else if (phase_ == Phase::kProbe) {
-    decide = ++probed_ >= kProbeCalls;
-  }
+  samples_[arm_][next_[arm_]++] = seconds;
   arm_ = -1;
-  if (!decide) return;
-  int n_one = std::min(next_[kOne], kSamples), n_share = std::min(next_[kShare], kSamples);
-  double one = Median(samples_[kOne], n_one), share = Median(samples_[kShare], n_share);
-  chosen_ = share * kThreadsMustWinBy < one ? kShare : kOne;
-  phase_ = Phase::kExploit;
+  int round = phase_ == Phase::kExplore ? kSamples : kProbePairs;
+  if (++measured_ < 2 * round) return;
+  // Both choices were timed in alternation just now, so the machine's drift (its speed
+  // moves by tens of percent within seconds) weighs on both alike.
+  double one = Median(samples_[kOne], next_[kOne]);
+  double share = Median(samples_[kShare], next_[kShare]);
+  int faster = share * kThreadsMustWinBy < one ? kShare : kOne;
+  if (phase_ == Phase::kExplore) {
+    chosen_ = faster;
+  } else if (faster == chosen_) {
+    doubts_ = 0;
+  } else if (++doubts_ >= kProbesToSwitch) {  // one noisy probe does not switch
+    chosen_ = faster;
+    doubts_ = 0;
+  }
+  StartRound(Phase::kExploit);
   decided_at_ = Clock::now();
 }
 
