@@ -350,6 +350,47 @@ def test_failing_solve_raises_scipys_failure_or_gives_nan():
     assert int(res.nfev) == ref.nfev
 
 
+def test_a_configuration_that_keeps_giving_up_tries_the_compiled_loop_less_often(
+        monkeypatch, scipy_loops):
+    """A solve the compiled loop cannot vouch for runs it and then SciPy's loop; when
+    that repeats, the compiled loop is tried on fewer and fewer calls, and on every
+    call again once it succeeds."""
+    from jaxbridge.scipy.integrate import _ivp
+    compiled_runs = []
+
+    def counting(key, make):
+        run = _ivp_repeat_program(key, make)
+        if run is None:
+            return None
+        return lambda operands: compiled_runs.append(key) or run(operands)
+    _ivp_repeat_program = _ivp.repeat_program
+    monkeypatch.setattr(_ivp, "repeat_program", counting)
+
+    def blows_up(t, y):
+        return y ** 2
+    ref = SCIPY_SOLVE_IVP(lambda t, y: y ** 2, (0.0, 2.0), np.ones(1), dense_output=True)
+    for _ in range(12):
+        res = solve_ivp(blows_up, (0.0, 2.0), jnp.ones(1), dense_output=True,
+                        on_failure="nan")
+        assert int(res.status) == ref.status == -1 and int(res.nfev) == ref.nfev
+    assert len(scipy_loops) == 12  # every answer is SciPy's loop's
+    assert len(compiled_runs) == 4  # the 2nd, 3rd, 5th and 9th calls tried it
+    # the same configuration on data it can solve: tried again within 8 calls, and
+    # from then on every call is the compiled loop's alone
+    fine = SCIPY_SOLVE_IVP(lambda t, y: y ** 2, (0.0, 2.0), np.full(1, 0.1),
+                           dense_output=True)
+    for _ in range(8):
+        res = solve_ivp(blows_up, (0.0, 2.0), jnp.full(1, 0.1), dense_output=True,
+                        on_failure="nan")
+    loops, runs = len(scipy_loops), len(compiled_runs)
+    for _ in range(3):
+        res = solve_ivp(blows_up, (0.0, 2.0), jnp.full(1, 0.1), dense_output=True,
+                        on_failure="nan")
+    assert (len(scipy_loops), len(compiled_runs)) == (loops, runs + 3)
+    assert int(res.status) == fine.status == 0 and int(res.nfev) == fine.nfev
+    close(res.sol(1.5), fine.sol(1.5))
+
+
 def test_more_steps_than_max_steps_raises_as_before():
     for _ in range(2):
         with pytest.raises(ValueError, match="max_steps=5"):

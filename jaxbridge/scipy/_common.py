@@ -179,6 +179,45 @@ def repeat_program(key: Hashable, make: Callable[[], Callable[..., Any]]
     return _programs.put(key, jax.jit(make()))
 
 
+class FallbackBackoff:
+    """Which repeat calls try a fast path that can give up after running (its compiled
+    program then says it is not sure of SciPy's result, and SciPy's loop runs): a key
+    that gave up `n` times in a row skips the next `2 ** (n - 1) - 1` tries (at most
+    `MAX_SKIPPED`), so a configuration that always gives up (a solve that fails, a root
+    SciPy would drop) pays the program on few of its calls, and one that gave up on one
+    call's data tries again on the next.
+
+    >>> backoff = FallbackBackoff()
+    >>> tried = []
+    >>> for call in range(12):
+    ...     if backoff.should_try("key"):
+    ...         tried.append(call)
+    ...         backoff.record("key", succeeded=False)
+    >>> tried
+    [0, 1, 3, 7]
+    """
+
+    MAX_SKIPPED = 63
+
+    def __init__(self) -> None:
+        self._state = LruCache(lambda: 4 * max(PROGRAM_CACHE_SIZE, 1))  # [gave up, to skip]
+
+    def should_try(self, key: Hashable) -> bool:
+        state = self._state.get(key)
+        if state is None or state[1] == 0:
+            return True
+        state[1] -= 1
+        return False
+
+    def record(self, key: Hashable, succeeded: bool) -> None:
+        if succeeded:
+            self._state.pop(key)
+            return
+        state = self._state.get(key) or self._state.put(key, [0, 0])
+        state[0] += 1
+        state[1] = min(2 ** (state[0] - 1) - 1, self.MAX_SKIPPED)
+
+
 def program_cache_info() -> dict:
     """Hits, misses, current size and bound of the whole-call program cache."""
     return _programs.info()

@@ -16,7 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._common import NotEager, computes_on_cpu, const, eager_device, program, repeat_program
+from .._common import (
+    FallbackBackoff,
+    NotEager,
+    computes_on_cpu,
+    const,
+    eager_device,
+    program,
+    repeat_program,
+)
 from .._numpy_functions import runs_as_scipy
 from . import _dense
 from ._arguments import IvpRequest, PreparedIvp, prepare
@@ -189,6 +197,9 @@ def _with_events(p: PreparedIvp) -> OdeEventResult:
     return run(operands)
 
 
+_compiled_gave_up = FallbackBackoff()
+
+
 def _compiled_eagerly(p: PreparedIvp, given: bool, operands: tuple) -> OdeEventResult | None:
     """The result from SciPy's RK loop compiled (`_compiled_trajectory`), where the call
     is eager (`eager_device`: nothing is traced, so nothing is differentiated and the
@@ -196,19 +207,24 @@ def _compiled_eagerly(p: PreparedIvp, given: bool, operands: tuple) -> OdeEventR
     configuration met before (`repeat_program`) and the loop is sure of SciPy's result;
     else None (the caller runs SciPy's loop). One evaluation of the user's function
     from SciPy's loop is one JAX call (~20 us); compiled, a repeat call is one
-    dispatch."""
+    dispatch. A configuration whose loop keeps giving up tries it on fewer and fewer
+    calls (`FallbackBackoff`)."""
     try:
         device = eager_device(operands)
     except NotEager:
         return None
     if not computes_on_cpu(device) or not applies(p.cfg, p.t0, p.t1, p.y0.size):
         return None
-    run = repeat_program(("solve_ivp events compiled", p.cfg, given),
-                         const(functools.partial(_compiled_program, p.cfg, given)))
+    key = ("solve_ivp events compiled", p.cfg, given)
+    if not _compiled_gave_up.should_try(key):
+        return None
+    run = repeat_program(key, const(functools.partial(_compiled_program, p.cfg, given)))
     if run is None:  # a first call: SciPy's loop (a new configuration compiles nothing)
         return None
     result, sure = run(operands)
-    return result if bool(np.asarray(sure)) else None
+    sure = bool(np.asarray(sure))
+    _compiled_gave_up.record(key, sure)
+    return result if sure else None
 
 
 def _compiled_program(cfg: IvpConfig, given: bool, operands: tuple
