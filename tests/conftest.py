@@ -39,7 +39,8 @@ def pytest_configure(config):
             f"with the reason).")
 
 
-#: Long tests the default run leaves to the slow stage (see the file's header).
+#: Tests over the default run's time budget: marked `budget` and `slow` (see the file's
+#: header); CI runs them in a stage of their own (`pytest -m budget -n 2`).
 with open(os.path.join(os.path.dirname(__file__), "slow_by_budget.txt")) as _listed:
     SLOW_BY_BUDGET = frozenset(line.strip() for line in _listed
                                if line.strip() and not line.startswith("#"))
@@ -47,10 +48,12 @@ with open(os.path.join(os.path.dirname(__file__), "slow_by_budget.txt")) as _lis
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by mark
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests of `SLOW_BY_BUDGET` slow (the default run deselects slow tests)."""
+    """Mark the tests of `SLOW_BY_BUDGET` budget and slow (the default run deselects
+    slow tests)."""
     for item in items:
         node = item.nodeid.split("tests/", 1)[-1]
         if node in SLOW_BY_BUDGET:
+            item.add_marker(pytest.mark.budget)
             item.add_marker(pytest.mark.slow)
 
 

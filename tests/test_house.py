@@ -349,3 +349,19 @@ def test_functions_over_80_lines_say_why():
             if lines > 80 and "# over 80 lines" not in src.lower()]
     assert not long, ("functions over 80 lines without a comment saying why "
                       "(\"# Over 80 lines: ...\"):\n" + "\n".join(long))
+
+
+def test_every_test_the_budget_list_names_exists():
+    """tests/slow_by_budget.txt names tests by node id: a renamed or removed test would
+    silently drop out of its effect (and the renamed one back into the default run)."""
+    missing = []
+    for line in (ROOT / "tests" / "slow_by_budget.txt").read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        path, _, name = line.strip().partition("::")
+        test = name.split("[", 1)[0]
+        source = ROOT / "tests" / path
+        if not source.is_file() or not re.search(rf"^\s*(async )?def {re.escape(test)}\(",
+                                                 source.read_text(), re.MULTILINE):
+            missing.append(line)
+    assert not missing, f"tests/slow_by_budget.txt names tests that do not exist: {missing}"
