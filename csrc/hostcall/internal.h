@@ -141,8 +141,8 @@ class ThreadTuner {
   int measured_ = 0;  // calls measured in this exploration or probe
   int doubts_ = 0;    // probes in a row that found the other choice faster
   bool warm_ = false;  // the first call (caches, first-touch memory) is not a sample
-  std::array<std::array<double, kSamples>, 2> samples_{};  // this round's, per choice
-  std::array<int, 2> next_{};
+  std::array<std::array<double, kSamples>, 2> samples_{};  // per choice, the latest
+  std::array<int, 2> next_{};  // samples taken since the round began (a ring's count)
   Clock::time_point decided_at_;
 
   void StartRound(Phase phase);

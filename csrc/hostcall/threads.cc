@@ -20,12 +20,15 @@
 //   kThreadsMustWinBy: threads that bring nothing are better left to XLA and to other
 //   processes (with a core held by another process, a 1500x1500 matmul ran as fast or
 //   10% faster with one thread, and a margin asked of one thread instead threw that
-//   away). Every kProbeSeconds the two are timed again in alternation (kProbePairs
-//   calls each), so that the choice follows the machine's load; it switches when
-//   kProbesToSwitch probes in a row find the other faster. Only samples taken side by
-//   side are compared: on a machine whose speed drifts, a fresh sample of one choice
-//   against old ones of the other switched a torch MLP step to one thread for seconds
-//   at a time (its matmuls then ran on one core of two).
+//   away). Every kProbeSeconds the other choice is tried again (kProbeCalls calls in a
+//   row) and compared with the chosen one's last kSamples calls just before, so that
+//   the choice follows the machine's load; it switches when kProbesToSwitch probes in a
+//   row find the other faster, or one finds it kClearWin times faster (a wrong choice
+//   must not last: a torch forward and backward explored in step and then run with
+//   different counts resize torch's pool on every call, which cost an MLP step 2.4x
+//   with a core busy). Only recent samples are compared: on a machine whose speed
+//   drifts, a probe's samples against ones seconds old switched a torch MLP step to one
+//   thread for seconds at a time (its matmuls then ran on one core of two).
 //
 // JAXBRIDGE_HOST_BLAS_THREADS=N fixes the count at N during host calls (never raising a
 // library's own setting); =unlimited leaves the libraries alone (see
@@ -39,8 +42,9 @@
 namespace jaxbridge::hostcall {
 namespace {
 
-constexpr int kProbePairs = 3;     // calls of each choice when probing again
-constexpr int kProbesToSwitch = 2;  // probes in a row that must find the other faster
+constexpr int kProbeCalls = 3;     // calls of the other choice when probing again
+constexpr int kProbesToSwitch = 2;  // probes in a row that must find the other faster,
+constexpr double kClearWin = 1.5;   // unless one finds it this much faster
 constexpr double kProbeSeconds = 2.0;  // how often the other choice is tried again
 constexpr double kThreadsMustWinBy = 1.05;  // every thread is chosen when this much faster
 
@@ -89,50 +93,60 @@ void Apply(Budgets& b, int count) {
 void ThreadTuner::StartRound(Phase phase) {
   phase_ = phase;
   measured_ = 0;
-  next_ = {0, 0};
+  if (phase == Phase::kProbe) {
+    next_[1 - chosen_] = 0;  // the other choice's samples: this probe's only
+  } else if (phase == Phase::kExploit) {
+    next_[chosen_] = 0;  // the chosen one's: the calls since
+  }
 }
 
 int ThreadTuner::Choose(int share) {
   if (share <= 1) return 1;
   if (phase_ == Phase::kExploit &&
-      std::chrono::duration<double>(Clock::now() - decided_at_).count() >= kProbeSeconds) {
+      std::chrono::duration<double>(Clock::now() - decided_at_).count() >= kProbeSeconds &&
+      next_[chosen_] >= kSamples) {
     StartRound(Phase::kProbe);
   }
   switch (phase_) {
     case Phase::kExplore:  // alternate, one thread second
       arm_ = measured_ % 2 == 0 ? kShare : kOne;
       break;
-    case Phase::kProbe:  // alternate, the other choice first
-      arm_ = measured_ % 2 == 0 ? 1 - chosen_ : chosen_;
+    case Phase::kProbe:  // the other choice, kProbeCalls calls in a row
+      arm_ = 1 - chosen_;
       break;
     case Phase::kExploit:
-      arm_ = -1;
-      return chosen_ == kOne ? 1 : share;
+      arm_ = chosen_;
+      break;
   }
   return arm_ == kOne ? 1 : share;
 }
 
 void ThreadTuner::Record(double seconds) {
-  if (arm_ < 0) return;  // not measured (shared or fixed budget, or the chosen count)
+  if (arm_ < 0) return;  // no choice was made (shared or fixed budget)
   if (!warm_) {  // the function's first call: slower whatever its threads
     warm_ = true;
     arm_ = -1;
     return;
   }
-  samples_[arm_][next_[arm_]++] = seconds;
+  samples_[arm_][next_[arm_]++ % kSamples] = seconds;  // (a ring: the latest kSamples)
   arm_ = -1;
-  int round = phase_ == Phase::kExplore ? kSamples : kProbePairs;
-  if (++measured_ < 2 * round) return;
-  // Both choices were timed in alternation just now, so the machine's drift (its speed
-  // moves by tens of percent within seconds) weighs on both alike.
-  double one = Median(samples_[kOne], next_[kOne]);
-  double share = Median(samples_[kShare], next_[kShare]);
+  if (phase_ == Phase::kExploit) return;
+  int round = phase_ == Phase::kExplore ? 2 * kSamples : kProbeCalls;
+  if (++measured_ < round) return;
+  // Only recent samples are compared (the machine's speed moves by tens of percent
+  // within seconds): exploring, the two alternated; probing, the other choice's calls
+  // just now against the chosen one's last calls before them, each in its steady state
+  // (a choice's cost can depend on the calls around it: torch's pool resized between a
+  // forward and a backward that run with different counts).
+  double one = Median(samples_[kOne], std::min(next_[kOne], kSamples));
+  double share = Median(samples_[kShare], std::min(next_[kShare], kSamples));
   int faster = share * kThreadsMustWinBy < one ? kShare : kOne;
   if (phase_ == Phase::kExplore) {
     chosen_ = faster;
   } else if (faster == chosen_) {
     doubts_ = 0;
-  } else if (++doubts_ >= kProbesToSwitch) {  // one noisy probe does not switch
+  } else if ((faster == kShare ? one / share : share / one) >= kClearWin ||
+             ++doubts_ >= kProbesToSwitch) {  // one probe switches only on a clear win
     chosen_ = faster;
     doubts_ = 0;
   }
