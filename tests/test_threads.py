@@ -105,7 +105,7 @@ def test_one_probe_that_favours_the_other_choice_does_not_switch(auto):
             noisy_calls["left"] = 3  # the probe that starts here
         noisy = noisy_calls["left"] > 0
         noisy_calls["left"] -= noisy
-        time.sleep(0.0016 if noisy else 0.02 if n == 1 else 0.002)
+        time.sleep(0.0019 if noisy else 0.02 if n == 1 else 0.002)
         return np.asarray(x)
 
     step = jax.jit(f)
