@@ -119,6 +119,15 @@ def test_scipy_solver_lowers_for_cuda():
     assert "jaxbridge_host_call" in text
 
 
+@pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
+def test_eigsh_of_a_dense_matrix_lowers_for_cuda(how):
+    from jaxbridge.scipy.sparse.linalg import eigsh
+
+    A = jnp.diag(jnp.arange(1.0, 7.0)) + 0.1 * (jnp.eye(6, k=1) + jnp.eye(6, k=-1))
+    text = cuda_hlo(transforms(lambda A: eigsh(A, k=2)[0], 1)[how], A)
+    assert "jaxbridge_host_call" in text
+
+
 @pytest.mark.parametrize("method", ["df-sane", "krylov"])
 @pytest.mark.parametrize("how", ["jit", "grad", "jvp", "vmap"])
 def test_compiled_root_lowers_for_cuda(how, method):

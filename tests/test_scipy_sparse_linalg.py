@@ -235,6 +235,39 @@ def test_eigsh_gradients_vs_dense_jax_and_fd():
     np.testing.assert_allclose(g_si, g_d, rtol=1e-8)
 
 
+def test_eigsh_of_a_dense_matrix_differentiates_every_entry_under_every_transform():
+    """A dense A runs ARPACK on the dense matrix itself (as SciPy does); its gradient is
+    the whole matrix, symmetrized as jnp.linalg.eigh's, under grad, jit, jacfwd and vmap."""
+    A = laplacian_like(TH_E).todense() + 0.05 * jnp.outer(jnp.arange(M), jnp.ones(M))
+    A = 0.5 * (A + A.T)
+
+    def loss(A, eig):
+        w, v = eig(A)
+        v = v * jnp.sign(v[jnp.argmax(jnp.abs(v), axis=0), jnp.arange(3)])[None, :]
+        return jnp.sum(w * jnp.arange(1.0, 4.0)) + jnp.sum(v[:, 0] ** 3)
+
+    ours = lambda A: eigsh(A, k=3, which="LA")  # noqa: E731
+    ref = lambda A: tuple(x[..., -3:] for x in jnp.linalg.eigh(A))  # noqa: E731
+    w, v = ours(A)
+    np.testing.assert_allclose(w, scipy.sparse.linalg.eigsh(
+        np.asarray(A), k=3, which="LA", return_eigenvectors=False), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(A) @ v, v * w[None, :], atol=1e-10)
+    g_ref = jax.grad(loss)(A, ref)
+    np.testing.assert_allclose(jax.grad(loss)(A, ours), g_ref, atol=1e-9)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss), static_argnums=1)(A, ours), g_ref,
+                               atol=1e-9)
+    dA = jnp.asarray(np.random.default_rng(3).normal(size=(M, M)))
+    t_ours = jax.jvp(lambda A: loss(A, ours), (A,), (dA,))[1]
+    t_ref = jax.jvp(lambda A: loss(A, ref), (A,), (dA,))[1]
+    np.testing.assert_allclose(t_ours, t_ref, rtol=1e-8)
+    batch = jnp.stack([A, 2.0 * A])
+    np.testing.assert_allclose(jax.vmap(lambda A: ours(A)[0])(batch),
+                               jnp.stack([w, 2.0 * w]), rtol=1e-12)
+    w32 = eigsh(A.astype(jnp.float32), k=3, which="LA")[0]
+    assert w32.dtype == jnp.float32
+    np.testing.assert_allclose(w32, w, rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_eigsh_vmap_and_check_rules():
     ths = jnp.stack([TH_E, TH_E * 1.2])

@@ -13,8 +13,8 @@ import scipy.sparse
 
 def as_coo(A: Any, n: int | None,
            name: str = "spsolve") -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(data, row, col) from a BCOO/BCSR, a SciPy sparse matrix (constant), a dense
-    array (eigsh), or a SciPy-style constructor tuple (spsolve)."""
+    """(data, row, col) from a BCOO/BCSR, a SciPy sparse matrix (constant), or (spsolve)
+    a SciPy-style constructor tuple or a dense array."""
     from jax.experimental import sparse as jsparse
 
     if scipy.sparse.issparse(A):  # a constant matrix: no gradient flows to it
@@ -22,13 +22,6 @@ def as_coo(A: Any, n: int | None,
             raise shape_error(A.shape, n)
         coo = scipy.sparse.coo_matrix(A)
         return jnp.asarray(coo.data), jnp.asarray(coo.row), jnp.asarray(coo.col)
-    if name == "eigsh" and isinstance(A, (jax.Array, np.ndarray)):
-        A = jnp.asarray(A)
-        if A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(f"jaxbridge.scipy.sparse.linalg.eigsh: A must be square, got "
-                             f"shape {A.shape}")
-        row, col = jnp.meshgrid(jnp.arange(A.shape[0]), jnp.arange(A.shape[0]), indexing="ij")
-        return A.ravel(), row.ravel(), col.ravel()
     if isinstance(A, jsparse.BCOO):
         if A.n_batch or A.n_dense or A.ndim != 2:
             raise ValueError("jaxbridge.scipy.sparse.linalg.spsolve: BCOO must be a plain 2-D "

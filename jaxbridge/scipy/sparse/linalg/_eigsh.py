@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -29,6 +30,7 @@ class EigshOptions:
     tol: float = 0.0
     mode: str = "normal"
     on_failure: str = "raise"
+    dense: bool = False  # A came dense: `data` is the (n, n) matrix; row, col are empty
 
 
 def _eig_result(data: Any, row: Any, col: Any, v0: Any, *, opts: EigshOptions) -> Any:
@@ -39,6 +41,19 @@ def _eig_result(data: Any, row: Any, col: Any, v0: Any, *, opts: EigshOptions) -
 def _csr(data: np.ndarray, row: np.ndarray, col: np.ndarray, n: int) -> Any:
     return scipy.sparse.coo_matrix((np.asarray(data, np.float64), (row, col)),
                                    shape=(n, n)).tocsr()
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The row and column of each entry of a dense (n, n) matrix, row-major."""
+    row, col = np.indices((n, n), dtype=np.int32)
+    return row.ravel(), col.ravel()
+
+
+def _entries(data: np.ndarray, row: np.ndarray, col: np.ndarray,
+             opts: EigshOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A's stored values with their rows and columns (for a dense A, every entry)."""
+    return (np.ravel(data), *_grid(opts.n)) if opts.dense else (data, row, col)
 
 
 def _sym_apply(d: np.ndarray, row: np.ndarray, col: np.ndarray, n: int,
@@ -126,7 +141,11 @@ def _start(n: int) -> np.ndarray:
 @_foreign.foreign(_eig_result)
 def _eigsh(data: Any, row: Any, col: Any, v0: Any, *, opts: EigshOptions) -> Any:
     n, k = opts.n, opts.k
-    A = _csr(data, row, col, n)
+    # A dense matrix stays dense, as in SciPy: ARPACK's ~100s of products then cost a
+    # BLAS matvec each, not a sparse product over every entry and its Python dispatch
+    # (eigsh of a dense 100x100 matrix: 2x SciPy's time through CSR); and it goes to the
+    # host call as it is, without the (row, col) grid of its entries.
+    A = f64(data) if opts.dense else _csr(data, row, col, n)
     try:
         w, v = scipy.sparse.linalg.eigsh(
             A, k=k, sigma=opts.sigma, which=opts.which,
@@ -145,12 +164,13 @@ def _eigsh(data: Any, row: Any, col: Any, v0: Any, *, opts: EigshOptions) -> Any
 
 @_eigsh.defvjp
 def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, opts: EigshOptions) -> Any:
-    data, row, col, v0 = primals
     n, k, on_failure = opts.n, opts.k, opts.on_failure
+    data, row, col = _entries(primals[0], primals[1], primals[2], opts)
+    shape, dtype = primals[0].shape, primals[0].dtype
     w, v = f64(out[0]), f64(out[1])
     w_bar, v_bar = f64(ct[0]), f64(ct[1])
     if not np.all(np.isfinite(w)):
-        return np.full(data.shape, np.nan, data.dtype), None, None, None
+        return np.full(shape, np.nan, dtype), None, None, None
     A = _csr(data, row, col, n)
     for i in map(int, np.flatnonzero(w_bar)):  # each needs its whole eigenspace
         problem = _eigenspace_problem(A, w, v, w_bar, i)
@@ -161,26 +181,26 @@ def _eigsh_vjp(primals: tuple, out: Any, ct: Any, *, opts: EigshOptions) -> Any:
                     f"on an arbitrary basis of the eigenspace. Compute (with k) and weight "
                     f"all copies of a degenerate eigenvalue equally, e.g. differentiate "
                     f"their sum.")
-            return np.full(data.shape, np.nan, data.dtype), None, None, None
+            return np.full(shape, np.nan, dtype), None, None, None
     d_bar = _sym_outer(row, col, v * w_bar, v)
     for i in range(k):
         if np.any(v_bar[:, i]):
             u = _pinv_solve(A, w[i], v[:, i], v_bar[:, i], i, w, on_failure)
             d_bar = d_bar - _sym_outer(row, col, u[:, None], v[:, i:i + 1])
-    return d_bar.astype(data.dtype), None, None, None
+    return d_bar.reshape(shape).astype(dtype), None, None, None
 
 
 @_eigsh.defjvp
 def _eigsh_jvp(primals: tuple, out: Any, tangents: Any, *, opts: EigshOptions) -> Any:
-    data, row, col, v0 = primals
     n, k = opts.n, opts.k
+    data, row, col = _entries(primals[0], primals[1], primals[2], opts)
     d_data = tangents[0]
     w, v = f64(out[0]), f64(out[1])
     if d_data is None:
         return None
     if not np.all(np.isfinite(w)):
         return np.full(k, np.nan, data.dtype), np.full((n, k), np.nan, data.dtype)
-    dAv = _sym_apply(f64(d_data), row, col, n, v)
+    dAv = _sym_apply(f64(np.ravel(d_data)), row, col, n, v)
     dw = np.einsum("ik,ik->k", v, dAv)
     A = _csr(data, row, col, n)
     # "nan", whatever the policy: the rule cannot tell whether dv is used, and
@@ -290,11 +310,18 @@ def _eigenpairs(A: Any, v0: Any, opts: EigshOptions) -> tuple[jax.Array, jax.Arr
     from jax.experimental import sparse as jsparse
 
     n = opts.n
+    row: Any
+    col: Any
     if isinstance(A, (jsparse.BCOO, jsparse.BCSR)) or scipy.sparse.issparse(A):
         data, row, col = as_coo(A, n, "eigsh")
-    else:
-        data, row, col = as_coo(jnp.asarray(A), None, "eigsh")
+        row, col = row.astype(jnp.int32), col.astype(jnp.int32)
+    else:  # dense: the matrix itself (its gradient: the whole matrix)
+        data, row, col = A, _NO_INDICES, _NO_INDICES
+        opts = dataclasses.replace(opts, dense=True)
     data = as_float_array(data, "sparse.linalg.eigsh", "A")
     v0 = jnp.zeros(0, data.dtype) if v0 is None else jax.lax.stop_gradient(
         jnp.asarray(v0, data.dtype).reshape(n))
-    return _eigsh(data, row.astype(jnp.int32), col.astype(jnp.int32), v0, opts=opts)
+    return _eigsh(data, row, col, v0, opts=opts)
+
+
+_NO_INDICES = np.zeros(0, np.int32)
