@@ -368,6 +368,34 @@ def test_minimize_least_squares_quad_see_changed_closures():
             (1 - np.exp(-value[0])) / value[0], rel=1e-10)
 
 
+def test_least_squares_fields_program_follows_the_closure_and_f_scale():
+    """least_squares' result fields (fun, cost, jac, grad, optimality) come from one
+    compiled program from the second call on: on every call they are SciPy's for the
+    closed-over data and `f_scale` of that call."""
+    import scipy.optimize
+
+    c = np.array([1.0, -2.0, 0.5])
+
+    def residual(x):
+        return jnp.array([x[0] - c[0], 10.0 * (x[1] - x[0] ** 2) - c[1], x[1] - c[2]])
+
+    def np_residual(x):
+        return np.array([x[0] - c[0], 10.0 * (x[1] - x[0] ** 2) - c[1], x[1] - c[2]])
+
+    for value, f_scale in [([1.0, -2.0, 0.5], 1.0)] * 3 + [([0.3, 4.0, -1.0], 1.0),
+                                                           ([0.3, 4.0, -1.0], 0.2)]:
+        c[:] = value
+        ours = least_squares(residual, np.zeros(2), loss="soft_l1", f_scale=f_scale)
+        ref = scipy.optimize.least_squares(np_residual, np.zeros(2), loss="soft_l1",
+                                           f_scale=f_scale, jac="3-point")
+        assert ref.success
+        np.testing.assert_allclose(np.asarray(ours.x), ref.x, atol=1e-6)
+        for field in ("fun", "cost", "jac", "grad"):
+            np.testing.assert_allclose(np.asarray(ours[field]), ref[field], atol=1e-5,
+                                       err_msg=field)
+        assert float(ours.optimality) == pytest.approx(ref.optimality, abs=1e-5)
+
+
 def test_special_functions_as_one_program_keep_their_dtypes_and_values():
     """The special functions' argument handling moved into one compiled program: lists,
     Python scalars, float32 arrays and broadcasting give what they gave before."""

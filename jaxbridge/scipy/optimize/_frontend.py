@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -61,6 +61,24 @@ class Solution:
     user_fun: Callable[[jax.Array], Any]
     user_grad: Callable[[jax.Array], Any]
     extras: dict = dataclasses.field(default_factory=dict)  # the method's own fields
+    fun: HostFun | None = None  # the user's function, converted (with `jac=True`:
+    with_jac: bool = False      # it returns (f, J))
+    ops: tuple = ()             # its operands in this call
+
+    def program(self, key: Hashable, body: Callable[..., Any]) -> Callable[..., Any]:
+        """`body(fun, *operands)`, `fun(x)` the user's function, as one compiled program
+        per `key` and converted function (`_common.program`: a repeat eager call pays
+        one dispatch, not one per operation). `body` must be built from `key` alone
+        (a module function, or a partial of one with the key's static values)."""
+        if self.fun is None:
+            raise ValueError("Solution.program: this solution carries no converted `fun`")
+        value = functools.partial(_value, self.fun, self.with_jac)
+
+        def run(ops: tuple, *operands: Any) -> Any:
+            return body(functools.partial(value, ops), *operands)
+
+        compiled = program((key, self.fun, self.with_jac), const(run))
+        return functools.partial(compiled, self.ops)
 
     @property
     def message(self) -> str | None:
@@ -211,7 +229,7 @@ def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
     gradient = program(("optimize grad", hf, jac is True),
                        const(jax.grad(lambda o, x: jnp.sum(value(o, x)), argnums=1)))
     return Solution(x, active, stats, success, functools.partial(evaluate, ops),
-                    functools.partial(gradient, ops), extras)
+                    functools.partial(gradient, ops), extras, hf, jac is True, tuple(ops))
 
 
 def _solve_program(solve: Callable[..., Any], opts: SolveOptions, x0: Any, lb: Any,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -137,21 +138,33 @@ def _fit(call: _Call) -> OptimizeResult:
         bounds=call.bounds, options=_scipy_options(call), callback=call.callback,
         linear_solver=call.linear_solver, on_failure=call.on_failure)
     sol = _frontend.solve(call.fun, call.x0, call.args, request)
-    x, loss, f_scale = sol.x, call.loss, call.f_scale
-    r = jnp.ravel(sol.user_fun(x))
-    J = jax.jacfwd(lambda x: jnp.ravel(sol.user_fun(x)))(x).reshape(r.size, -1)
+    loss, f_scale = call.loss, float(call.f_scale)
+    # one program (a repeat eager call: one dispatch, not ~30)
+    fields = sol.program(("least_squares fields", loss, f_scale),
+                         functools.partial(_fields_at, loss, f_scale))
+    r, cost, jac, grad, optimality, active = fields(sol.x, sol.active)
+    stats = sol.stats
+    return OptimizeResult(x=sol.x, cost=cost, fun=r, jac=jac, grad=grad,
+                          optimality=optimality, active_mask=active, success=sol.success,
+                          status=stats[0], nfev=stats[1], njev=stats[2], nit=None,
+                          message=sol.message)
+
+
+def _fields_at(loss: str, f_scale: float, fun: Callable[[jax.Array], Any], x: jax.Array,
+               active: jax.Array) -> tuple:
+    """SciPy's result fields at x*, recomputed in JAX (differentiable in x* and the
+    operands): residuals, cost, Jacobian (scaled by the robust loss as SciPy's is),
+    gradient, optimality and the active mask."""
+    r = jnp.ravel(fun(x))
+    J = jax.jacfwd(lambda x: jnp.ravel(fun(x)))(x).reshape(r.size, -1)
     z = (r / f_scale) ** 2
     rho1 = jax.grad(lambda z: jnp.sum(rho(loss, z)))(z)
     cost = 0.5 * f_scale ** 2 * jnp.sum(rho(loss, z))
     grad = (J.T @ (rho1 * r)).reshape(jnp.shape(x))
-    free = sol.active == 0
+    free = active == 0
     optimality = jnp.max(jnp.abs(jnp.where(free, grad, 0.0))) if grad.size else jnp.zeros(())
-    stats = sol.stats
     jac = J if loss == "linear" else robust_jacobian(J, z, rho1, loss)
-    return OptimizeResult(x=x, cost=cost, fun=r, jac=jac, grad=grad, optimality=optimality,
-                          active_mask=sol.active.astype(jnp.int32), success=sol.success,
-                          status=stats[0], nfev=stats[1], njev=stats[2], nit=None,
-                          message=sol.message)
+    return r, cost, jac, grad, optimality, active.astype(jnp.int32)
 
 
 def robust_jacobian(J: jax.Array, z: jax.Array, rho1: jax.Array, loss: str) -> jax.Array:
