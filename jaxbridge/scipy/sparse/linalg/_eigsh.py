@@ -45,9 +45,11 @@ def _csr(data: np.ndarray, row: np.ndarray, col: np.ndarray, n: int) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _grid(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The row and column of each entry of a dense (n, n) matrix, row-major."""
-    row, col = np.indices((n, n), dtype=np.int32)
-    return row.ravel(), col.ravel()
+    """The row and column of each entry of a dense (n, n) matrix, row-major (read-only:
+    every call of the rules shares them)."""
+    row, col = (a.ravel() for a in np.indices((n, n), dtype=np.int32))
+    row.flags.writeable = col.flags.writeable = False
+    return row, col
 
 
 def _entries(data: np.ndarray, row: np.ndarray, col: np.ndarray,
