@@ -50,28 +50,25 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Solution:
-    """The implicit solve's outputs, `user_fun(x)`: the user's function at x (in JAX),
-    and `user_grad(x)`: the gradient of its sum (minimize's `jac`; `fun` may return
-    shape (1,))."""
+    """The implicit solve's outputs, and the user's function `fun` (converted, on this
+    call's operands `ops`) for the result's fields: `user_fun(x)`, its value at x (in
+    JAX), `user_grad(x)`, the gradient of its sum (minimize's `jac`; `fun` may return
+    shape (1,)), and any other `program` of it."""
 
     x: jax.Array
     active: jax.Array
     stats: tuple           # SciPy's status, nfev, njev, nit, message number (scalars)
     success: jax.Array
-    user_fun: Callable[[jax.Array], Any]
-    user_grad: Callable[[jax.Array], Any]
+    fun: HostFun           # with `with_jac`, it returns (f, J)
+    with_jac: bool
+    ops: tuple
     extras: dict = dataclasses.field(default_factory=dict)  # the method's own fields
-    fun: HostFun | None = None  # the user's function, converted (with `jac=True`:
-    with_jac: bool = False      # it returns (f, J))
-    ops: tuple = ()             # its operands in this call
 
     def program(self, key: Hashable, body: Callable[..., Any]) -> Callable[..., Any]:
         """`body(fun, *operands)`, `fun(x)` the user's function, as one compiled program
         per `key` and converted function (`_common.program`: a repeat eager call pays
         one dispatch, not one per operation). `body` must be built from `key` alone
         (a module function, or a partial of one with the key's static values)."""
-        if self.fun is None:
-            raise ValueError("Solution.program: this solution carries no converted `fun`")
         value = functools.partial(_value, self.fun, self.with_jac)
 
         def run(ops: tuple, *operands: Any) -> Any:
@@ -79,6 +76,12 @@ class Solution:
 
         compiled = program((key, self.fun, self.with_jac), const(run))
         return functools.partial(compiled, self.ops)
+
+    def user_fun(self, x: jax.Array) -> Any:
+        return self.program("optimize fun", _at)(x)
+
+    def user_grad(self, x: jax.Array) -> Any:
+        return self.program("optimize grad", _grad_of_sum)(x)
 
     @property
     def message(self) -> str | None:
@@ -224,12 +227,7 @@ def solve(fun: Callable, x0: Any, args: Any, request: Request) -> Solution:
     solve = _implicit.solve if constraints is None else _constrained.solve
     run = program(("optimize", opts), const(functools.partial(_solve_program, solve, opts)))
     x, active, stats, success, extras = run(x0, lb, ub, params, fixed, host_ops)
-    value = functools.partial(_value, hf, jac is True)
-    evaluate = program(("optimize fun", hf, jac is True), const(value))
-    gradient = program(("optimize grad", hf, jac is True),
-                       const(jax.grad(lambda o, x: jnp.sum(value(o, x)), argnums=1)))
-    return Solution(x, active, stats, success, functools.partial(evaluate, ops),
-                    functools.partial(gradient, ops), extras, hf, jac is True, tuple(ops))
+    return Solution(x, active, stats, success, hf, jac is True, tuple(ops), extras)
 
 
 def _solve_program(solve: Callable[..., Any], opts: SolveOptions, x0: Any, lb: Any,
@@ -245,3 +243,11 @@ def _value(hf: HostFun, with_jac: bool, ops: Sequence[Any], x: jax.Array) -> Any
     """The user's function at `x` (its value alone where it returns `(f, J)`)."""
     y = hf(ops, x)
     return y[0] if with_jac and isinstance(y, tuple) else y
+
+
+def _at(fun: Callable[[jax.Array], Any], x: jax.Array) -> Any:
+    return fun(x)
+
+
+def _grad_of_sum(fun: Callable[[jax.Array], Any], x: jax.Array) -> Any:
+    return jax.grad(lambda x: jnp.sum(fun(x)))(x)
