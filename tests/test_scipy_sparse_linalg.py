@@ -260,9 +260,11 @@ def test_eigsh_of_a_dense_matrix_differentiates_every_entry_under_every_transfor
     t_ours = jax.jvp(lambda A: loss(A, ours), (A,), (dA,))[1]
     t_ref = jax.jvp(lambda A: loss(A, ref), (A,), (dA,))[1]
     np.testing.assert_allclose(t_ours, t_ref, rtol=1e-8)
-    batch = jnp.stack([A, 2.0 * A])
-    np.testing.assert_allclose(jax.vmap(lambda A: ours(A)[0])(batch),
-                               jnp.stack([w, 2.0 * w]), rtol=1e-12)
+    batch = jnp.stack([A, 2.0 * A + jnp.diag(jnp.arange(M) * 0.1)])
+    np.testing.assert_allclose(jax.vmap(lambda A: ours(A)[0])(batch)[0], w, rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(jax.grad(loss), in_axes=(0, None))(batch, ours),
+                               jax.vmap(jax.grad(loss), in_axes=(0, None))(batch, ref),
+                               atol=1e-9)
     w32 = eigsh(A.astype(jnp.float32), k=3, which="LA")[0]
     assert w32.dtype == jnp.float32
     np.testing.assert_allclose(w32, w, rtol=1e-5)
